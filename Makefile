@@ -1,0 +1,88 @@
+# withruntime build. `make` builds build/; `make SAN=1` builds an ASan+UBSan
+# tree in build-san/; `make check` runs the unit tests and fuzz-corpus replays.
+
+CC ?= gcc
+SAN ?= 0
+PREFIX ?= /usr/local
+
+ifeq ($(SAN),1)
+BUILD := build-san
+SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+OPT := -O1 -g
+else
+BUILD := build
+SANFLAGS :=
+OPT := -O2 -g
+endif
+
+WARN := -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -Wformat=2 -Wvla \
+        -Wmissing-prototypes -Wstrict-prototypes -Wno-format-nonliteral -Wno-format-truncation
+CFLAGS_BASE := -std=c17 -D_GNU_SOURCE $(OPT) $(WARN) -Isrc -pthread -fstack-protector-strong
+CFLAGS_ALL := $(CFLAGS_BASE) $(SANFLAGS) $(CFLAGS)
+LIBS := -levent -levent_pthreads -ljansson -lsqlite3 -lssl -lcrypto -lpthread
+
+COMMON_SRC := $(wildcard src/common/*.c) $(wildcard src/proto/*.c)
+DAEMON_SRC := $(wildcard src/driver/*.c src/image/*.c src/store/*.c src/http/*.c \
+                src/api/*.c src/daemon/*.c src/cli/*.c)
+LIB_SRC := $(COMMON_SRC) $(filter-out src/cli/main.c,$(DAEMON_SRC))
+AGENT_SRC := $(wildcard src/agent/*.c)
+
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
+AGENT_OBJ := $(AGENT_SRC:%.c=$(BUILD)/agent-obj/%.o) $(COMMON_SRC:%.c=$(BUILD)/agent-obj/%.o)
+
+UNIT_SRC := $(wildcard tests/unit/test_*.c)
+UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/tests/%)
+
+.PHONY: all check install clean format format-check
+
+all: $(BUILD)/withruntime $(BUILD)/withruntime-agent
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+
+# The agent is static and runs inside the sandbox; it is never built with sanitizers
+# (their runtimes do not link statically) but gets the same warnings.
+$(BUILD)/agent-obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/libwr.a: $(LIB_OBJ)
+	ar rcs $@ $^
+
+$(BUILD)/withruntime: $(BUILD)/src/cli/main.o $(BUILD)/libwr.a
+	$(CC) $(CFLAGS_ALL) -o $@ $^ $(LIBS)
+
+$(BUILD)/withruntime-agent: $(AGENT_OBJ)
+	$(CC) $(CFLAGS_BASE) $(CFLAGS) -static -o $@ $^ -lpthread
+
+$(BUILD)/tests/test_%: tests/unit/test_%.c tests/unit/tap.h $(BUILD)/libwr.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -Itests/unit -o $@ $< $(BUILD)/libwr.a $(LIBS)
+
+$(BUILD)/tests/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/replay_main.c $(BUILD)/libwr.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -o $@ $< tests/fuzz/replay_main.c $(BUILD)/libwr.a $(LIBS)
+
+check: all $(UNIT_BIN) $(FUZZ_BIN)
+	@set -e; for t in $(UNIT_BIN); do echo "# $$t"; $$t; done; \
+	for f in $(FUZZ_BIN); do n=$${f##*/fuzz_}; echo "# $$f tests/fuzz/corpus/$$n"; \
+	  $$f tests/fuzz/corpus/$$n; done
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/withruntime
+	install -m 0755 $(BUILD)/withruntime $(DESTDIR)$(PREFIX)/bin/withruntime
+	install -m 0755 $(BUILD)/withruntime-agent $(DESTDIR)$(PREFIX)/lib/withruntime/withruntime-agent
+
+format:
+	clang-format -i $$(git ls-files '*.c' '*.h')
+
+format-check:
+	clang-format --dry-run --Werror $$(git ls-files '*.c' '*.h')
+
+clean:
+	rm -rf build build-san
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

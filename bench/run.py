@@ -1,0 +1,581 @@
+#!/usr/bin/env python3
+"""withruntime benchmark: the daemon against its baselines, in one run.
+
+Measures, with the baselines beside each number because these machines are noisy:
+  * create-to-first-exec latency through the daemon (POST /v1/sandboxes, then POST exec `true`),
+    one at a time and N at once; against raw `runsc run /bin/true` of the same image rootfs
+    (an OCI bundle generated here) and a plain host subprocess (`/bin/true`);
+  * exec `true` round trip through the daemon against a host subprocess;
+  * 100 MiB write and read through the files API against `dd` to a file on the host.
+
+Writes bench/results/latest.json and latest.png and prints a Markdown table. Starts its own
+daemon on a temporary state directory (building the image there, or reusing one with
+--state-dir) unless RUNTIME_URL (or --url) names one. Traffic goes to loopback only.
+"""
+
+import argparse
+import concurrent.futures
+import datetime
+import http.client
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+
+
+# ---------------------------------------------------------------- small helpers
+
+def percentile(xs, q):
+    """Linear interpolation between closest ranks (numpy's default)."""
+    s = sorted(xs)
+    if not s:
+        return None
+    k = (len(s) - 1) * q / 100.0
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def stats_ms(seconds):
+    ms = [x * 1000.0 for x in seconds]
+    return {
+        "n": len(ms),
+        "p50_ms": round(percentile(ms, 50), 2),
+        "p90_ms": round(percentile(ms, 90), 2),
+        "p99_ms": round(percentile(ms, 99), 2),
+        "mean_ms": round(statistics.fmean(ms), 2),
+        "min_ms": round(min(ms), 2),
+        "max_ms": round(max(ms), 2),
+    }
+
+
+def log(msg):
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def in_parallel(n, fn):
+    """Runs fn(i) for i in range(n) in n threads released together; returns the results."""
+    barrier = threading.Barrier(n)
+
+    def run(i):
+        barrier.wait()
+        return fn(i)
+
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        return list(pool.map(run, range(n)))
+
+
+class Api:
+    """Just enough of the HTTP API (standard library)."""
+
+    def __init__(self, url, key=None):
+        u = urllib.parse.urlsplit(url)
+        if u.scheme != "http" or u.hostname not in ("127.0.0.1", "localhost", "::1"):
+            raise SystemExit(f"bench: {url}: only http:// on loopback is allowed")
+        self.host, self.port = u.hostname, u.port or 80
+        self.headers = {"Authorization": f"Bearer {key}"} if key else {}
+
+    def call(self, method, path, body=None, data=None, query=None, timeout=600):
+        if query:
+            path += "?" + urllib.parse.urlencode(query)
+        headers = dict(self.headers)
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        elif data is not None:
+            headers["Content-Type"] = "application/octet-stream"
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        try:
+            conn.request(method, path, body=data, headers=headers)
+            r = conn.getresponse()
+            payload = r.read()
+        finally:
+            conn.close()
+        if r.status >= 300:
+            raise RuntimeError(f"{method} {path} -> {r.status}: {payload[:300]!r}")
+        return payload
+
+    def json(self, method, path, body=None, **kw):
+        return json.loads(self.call(method, path, body, **kw))
+
+
+# ---------------------------------------------------------------- the daemon
+
+class Daemon:
+    def __init__(self, binary, agent, state_dir):
+        self.binary, self.agent, self.state_dir = binary, agent, state_dir
+        self.proc = None
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = os.path.join(state_dir, "bench-daemon.log")
+
+    def start(self):
+        log(f"image build in {self.state_dir} (cached after the first time)")
+        subprocess.run([self.binary, "--state-dir", self.state_dir, "image", "build"],
+                       check=True, stdin=subprocess.DEVNULL)
+        logf = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [self.binary, "serve", "--state-dir", self.state_dir,
+             "--listen", f"127.0.0.1:{self.port}",
+             "--socket", os.path.join(self.state_dir, "withruntime.sock"),
+             "--agent", self.agent],
+            stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT)
+        logf.close()
+        api = Api(self.url)
+        deadline = time.monotonic() + 60
+        while True:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"bench: daemon exited ({self.proc.returncode}); see "
+                                 f"{self.log_path}")
+            try:
+                api.call("GET", "/v1/health", timeout=2)
+                return
+            except (OSError, RuntimeError):
+                if time.monotonic() > deadline:
+                    raise SystemExit("bench: daemon did not answer /v1/health in 60 s")
+                time.sleep(0.1)
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def find_rootfs(state_dir):
+    """The image's root filesystem inside a state directory (a Debian root with python3)."""
+    best = None
+    for root, dirs, _ in os.walk(state_dir):
+        depth = root[len(state_dir):].count(os.sep)
+        if os.path.isfile(os.path.join(root, "etc/debian_version")) and \
+                os.path.exists(os.path.join(root, "usr/bin/python3")):
+            if "default" in root or best is None:
+                best = root
+            dirs[:] = []
+        elif depth >= 4 or os.path.basename(root) in ("sandboxes", "runsc", "upper", "work"):
+            dirs[:] = []
+    return best
+
+
+# ---------------------------------------------------------------- measurements
+
+class Bench:
+    def __init__(self, api, rootfs, args, workdir):
+        self.api = api
+        self.rootfs = rootfs
+        self.args = args
+        self.workdir = workdir
+        self.live = set()
+        self.lock = threading.Lock()
+        self.runsc_root = os.path.join(workdir, "runsc-root")
+        self.bundle = os.path.join(workdir, "bundle")
+        os.makedirs(self.runsc_root)
+        self.make_bundle()
+
+    # -- daemon side
+
+    def create(self):
+        sb = self.api.json("POST", "/v1/sandboxes", {"memory_mib": self.args.memory_mib})
+        with self.lock:
+            self.live.add(sb["id"])
+        return sb["id"]
+
+    def delete(self, sid):
+        self.api.call("DELETE", f"/v1/sandboxes/{sid}")
+        with self.lock:
+            self.live.discard(sid)
+
+    def exec_true(self, sid):
+        r = self.api.json("POST", f"/v1/sandboxes/{sid}/exec", {"argv": ["true"]})
+        if r["exit_code"] != 0:
+            raise RuntimeError(f"exec true in {sid}: {r}")
+
+    def daemon_create_first_exec(self, _i=0):
+        t0 = time.perf_counter()
+        sid = self.create()
+        self.exec_true(sid)
+        dt = time.perf_counter() - t0
+        return dt, sid
+
+    def cleanup(self):
+        for sid in list(self.live):
+            try:
+                self.delete(sid)
+            except Exception as e:  # keep cleaning the rest
+                log(f"could not delete {sid}: {e}")
+
+    # -- raw runsc
+
+    def make_bundle(self):
+        os.makedirs(self.bundle)
+        subprocess.run(["runsc", "spec", "--bundle", self.bundle, "--", "/bin/true"],
+                       check=True, stdin=subprocess.DEVNULL)
+        path = os.path.join(self.bundle, "config.json")
+        with open(path) as f:
+            cfg = json.load(f)
+        cfg["root"] = {"path": self.rootfs, "readonly": True}
+        cfg["process"]["terminal"] = False
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+
+    def runsc_run(self, i):
+        cid = f"wrbench-{os.getpid()}-{i:06d}"
+        cmd = ["runsc", "--root", self.runsc_root, "--network=none",
+               f"--platform={self.args.platform}", "run", "--bundle", self.bundle, cid]
+        t0 = time.perf_counter()
+        r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True)
+        dt = time.perf_counter() - t0
+        if r.returncode != 0:
+            subprocess.run(["runsc", "--root", self.runsc_root, "delete", "-force", cid],
+                           capture_output=True)
+            raise RuntimeError(f"runsc run failed ({r.returncode}): {r.stderr[-500:]!r}")
+        return dt
+
+    # -- host
+
+    @staticmethod
+    def host_true(_i=0):
+        t0 = time.perf_counter()
+        subprocess.run(["/bin/true"], check=True, stdin=subprocess.DEVNULL)
+        return time.perf_counter() - t0
+
+
+def measure_latency(b, n, par):
+    out = {"sequential": {}, f"parallel_{par}": {}}
+
+    log(f"create-to-first-exec through the daemon, {n} one at a time")
+    b.daemon_create_first_exec()  # warm-up, not counted
+    b.cleanup()
+    lat, deletes = [], []
+    for _ in range(n):
+        dt, sid = b.daemon_create_first_exec()
+        lat.append(dt)
+        t0 = time.perf_counter()
+        b.delete(sid)
+        deletes.append(time.perf_counter() - t0)
+    out["sequential"]["withruntime"] = stats_ms(lat)
+    out["sequential"]["withruntime_delete"] = stats_ms(deletes)
+
+    log(f"raw runsc run /bin/true, {n} one at a time")
+    b.runsc_run(0)
+    out["sequential"]["runsc_run"] = stats_ms([b.runsc_run(i + 1) for i in range(n)])
+
+    log(f"host subprocess /bin/true, {n} one at a time")
+    b.host_true()
+    out["sequential"]["host_subprocess"] = stats_ms([b.host_true() for _ in range(n)])
+
+    log(f"create-to-first-exec through the daemon, {par} at once")
+    res = in_parallel(par, b.daemon_create_first_exec)
+    out[f"parallel_{par}"]["withruntime"] = stats_ms([dt for dt, _ in res])
+    in_parallel(par, lambda i: b.delete(res[i][1]))
+
+    log(f"raw runsc run, {par} at once")
+    out[f"parallel_{par}"]["runsc_run"] = stats_ms(
+        in_parallel(par, lambda i: b.runsc_run(1000 + i)))
+
+    log(f"host subprocess, {par} at once")
+    out[f"parallel_{par}"]["host_subprocess"] = stats_ms(in_parallel(par, b.host_true))
+    return out
+
+
+def measure_exec(b, n):
+    log(f"exec `true` round trip, {n} times")
+    sid = b.create()
+    try:
+        for _ in range(3):
+            b.exec_true(sid)
+        lat = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            b.exec_true(sid)
+            lat.append(time.perf_counter() - t0)
+    finally:
+        b.delete(sid)
+    host = [b.host_true() for _ in range(n)]
+    return {"withruntime": stats_ms(lat), "host_subprocess": stats_ms(host)}
+
+
+def measure_files(b, mib, reps, workdir):
+    log(f"{mib} MiB write/read through the files API vs dd, {reps} times each")
+    size = mib * 1024 * 1024
+    data = os.urandom(size)
+    sid = b.create()
+    w, r = [], []
+    try:
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            b.api.call("PUT", f"/v1/sandboxes/{sid}/files/content", data=data,
+                       query={"path": "/workspace/bench.bin"})
+            w.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            back = b.api.call("GET", f"/v1/sandboxes/{sid}/files/content",
+                              query={"path": "/workspace/bench.bin"})
+            r.append(time.perf_counter() - t0)
+            if len(back) != size:
+                raise RuntimeError(f"read back {len(back)} bytes, wrote {size}")
+    finally:
+        b.delete(sid)
+    hw, hr = [], []
+    target = os.path.join(workdir, "dd.bin")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        subprocess.run(["dd", "if=/dev/zero", f"of={target}", "bs=1M", f"count={mib}"],
+                       check=True, capture_output=True)
+        hw.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        subprocess.run(["dd", f"if={target}", "of=/dev/null", "bs=1M"], check=True,
+                       capture_output=True)
+        hr.append(time.perf_counter() - t0)
+    os.unlink(target)
+
+    def mibs(times):
+        return round(mib / statistics.median(times), 1)
+
+    return {"size_mib": mib, "repetitions": reps,
+            "write": {"withruntime": mibs(w), "host_dd": mibs(hw)},
+            "read": {"withruntime": mibs(r), "host_dd": mibs(hr)}}
+
+
+# ---------------------------------------------------------------- report
+
+def machine_info(platform_name):
+    mem = 0
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                mem = int(line.split()[1]) * 1024
+    try:
+        runsc = subprocess.run(["runsc", "--version"], capture_output=True,
+                               text=True).stdout.splitlines()[0]
+    except (OSError, IndexError):
+        runsc = "unknown"
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"nproc": os.cpu_count(), "ram_gib": round(mem / 2**30, 1),
+            "kernel": platform.release(), "cpu": cpu, "runsc": runsc,
+            "runsc_platform": platform_name, "python": platform.python_version()}
+
+
+def ratio(a, b):
+    return f"{a / b:.1f}×" if a and b else "n/a"
+
+
+def fmt3(s):
+    return f"{s['p50_ms']:.1f} / {s['p90_ms']:.1f} / {s['p99_ms']:.1f}"
+
+
+def markdown(res):
+    m = res["machine"]
+    lines = [
+        f"withruntime benchmark, {res['started_at']}",
+        "",
+        f"Machine: {m['nproc']} CPUs ({m['cpu']}), {m['ram_gib']} GiB RAM, kernel "
+        f"{m['kernel']}, {m['runsc']} (platform {m['runsc_platform']})",
+        "",
+        "| latency, ms (p50 / p90 / p99) | withruntime | raw `runsc run` | host subprocess "
+        "| p50 vs runsc | p50 vs host |",
+        "|---|---|---|---|---|---|",
+    ]
+    lat = res["results"]["create_to_first_exec"]
+    for mode, d in lat.items():
+        w, rr, h = d["withruntime"], d["runsc_run"], d["host_subprocess"]
+        lines.append(f"| create → first exec, {mode.replace('_', ' ')} (n={w['n']}) | "
+                     f"{fmt3(w)} | {fmt3(rr)} | {fmt3(h)} | {ratio(w['p50_ms'], rr['p50_ms'])} "
+                     f"| {ratio(w['p50_ms'], h['p50_ms'])} |")
+    ex = res["results"]["exec_roundtrip"]
+    w, h = ex["withruntime"], ex["host_subprocess"]
+    lines.append(f"| exec `true` round trip (n={w['n']}) | {fmt3(w)} | — | {fmt3(h)} | — | "
+                 f"{ratio(w['p50_ms'], h['p50_ms'])} |")
+    d = lat["sequential"].get("withruntime_delete")
+    if d:
+        lines.append(f"| delete (n={d['n']}) | {fmt3(d)} | — | — | — | — |")
+    f = res["results"]["files_throughput_mib_s"]
+    lines += [
+        "",
+        f"| {f['size_mib']} MiB, MiB/s (median of {f['repetitions']}) | withruntime files API "
+        "| host `dd` | withruntime / host |",
+        "|---|---|---|---|",
+    ]
+    for op in ("write", "read"):
+        a, b = f[op]["withruntime"], f[op]["host_dd"]
+        lines.append(f"| {op} | {a} | {b} | {a / b:.2f} |")
+    return "\n".join(lines)
+
+
+def chart(res, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib is not installed (pip install -r bench/requirements.txt); no chart")
+        return False
+    r = res["results"]
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    colors = {"withruntime": "#3b6fb6", "runsc_run": "#e08a2c", "host_subprocess": "#6a9f4a",
+              "host_dd": "#6a9f4a"}
+    labels = {"withruntime": "withruntime", "runsc_run": "raw runsc run",
+              "host_subprocess": "host subprocess", "host_dd": "host dd"}
+
+    def bars(ax, groups, title):
+        qs = ["p50_ms", "p90_ms", "p99_ms"]
+        systems = [s for s in ("withruntime", "runsc_run", "host_subprocess") if s in groups]
+        width = 0.8 / len(systems)
+        for k, s in enumerate(systems):
+            xs = [i + k * width for i in range(len(qs))]
+            vals = [groups[s][q] for q in qs]
+            ax.bar(xs, vals, width, label=labels[s], color=colors[s])
+            for x, v in zip(xs, vals):
+                ax.text(x, v, f"{v:.0f}" if v >= 10 else f"{v:.1f}", ha="center",
+                        va="bottom", fontsize=7)
+        ax.set_xticks([i + width * (len(systems) - 1) / 2 for i in range(len(qs))])
+        ax.set_xticklabels(["p50", "p90", "p99"])
+        ax.set_yscale("log")
+        ax.set_ylabel("ms (log)")
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+
+    lat = r["create_to_first_exec"]
+    modes = list(lat)
+    bars(axes[0][0], lat[modes[0]], "create → first exec, one at a time")
+    bars(axes[0][1], lat[modes[1]], f"create → first exec, {modes[1].split('_')[1]} at once")
+    bars(axes[1][0], r["exec_roundtrip"], "exec `true` round trip")
+    ax = axes[1][1]
+    f = r["files_throughput_mib_s"]
+    for k, s in enumerate(("withruntime", "host_dd")):
+        xs = [i + k * 0.4 for i in range(2)]
+        vals = [f["write"][s], f["read"][s]]
+        ax.bar(xs, vals, 0.4, label=labels[s], color=colors[s])
+        for x, v in zip(xs, vals):
+            ax.text(x, v, f"{v:.0f}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks([0.2, 1.2])
+    ax.set_xticklabels(["write", "read"])
+    ax.set_ylabel("MiB/s")
+    ax.set_title(f"{f['size_mib']} MiB through the files API vs dd")
+    ax.legend(fontsize=8)
+    m = res["machine"]
+    fig.suptitle(f"withruntime bench — {m['nproc']} CPUs, {m['ram_gib']} GiB, kernel "
+                 f"{m['kernel']}, {m['runsc']} ({m['runsc_platform']}), {res['started_at']}",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+# ---------------------------------------------------------------- main
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", default=os.environ.get("RUNTIME_URL"),
+                    help="a running daemon (loopback only); default: start one")
+    ap.add_argument("--state-dir", help="state dir for the daemon started here (default: a "
+                    "fresh temporary one); with --url, where to find the image rootfs")
+    ap.add_argument("--rootfs", help="image rootfs for the raw runsc baseline "
+                    "(default: found in the state dir)")
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build/withruntime"))
+    ap.add_argument("--agent", default=os.path.join(ROOT, "build/withruntime-agent"))
+    ap.add_argument("-n", type=int, default=30, help="one-at-a-time samples (default 30)")
+    ap.add_argument("--parallel", type=int, default=20, help="sandboxes at once (default 20)")
+    ap.add_argument("--exec-n", type=int, default=100, help="exec round trips (default 100)")
+    ap.add_argument("--file-mib", type=int, default=100)
+    ap.add_argument("--file-reps", type=int, default=3)
+    ap.add_argument("--memory-mib", type=int, default=512)
+    ap.add_argument("--platform", default="systrap", help="runsc platform for the baseline")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench/results"))
+    args = ap.parse_args()
+
+    if os.geteuid() != 0:
+        raise SystemExit("bench: run as root (runsc and the daemon need it)")
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    workdir = tempfile.mkdtemp(prefix="wr-bench-")
+    own_state = None
+    daemon = None
+    bench = None
+    try:
+        if args.url:
+            url = args.url
+            state_dir = args.state_dir or "/var/lib/withruntime"
+        else:
+            state_dir = args.state_dir
+            if not state_dir:
+                state_dir = own_state = tempfile.mkdtemp(prefix="wr-bench-state-",
+                                                         dir="/var/tmp")
+            os.makedirs(state_dir, exist_ok=True)
+            daemon = Daemon(args.bin, args.agent, state_dir)
+            daemon.start()
+            url = daemon.url
+        rootfs = args.rootfs or find_rootfs(state_dir)
+        if not rootfs:
+            raise SystemExit(f"bench: no image rootfs found under {state_dir}; pass --rootfs")
+        log(f"daemon {url}, rootfs {rootfs}")
+        api = Api(url, os.environ.get("RUNTIME_API_KEY"))
+        bench = Bench(api, rootfs, args, workdir)
+
+        results = {
+            "create_to_first_exec": measure_latency(bench, args.n, args.parallel),
+            "exec_roundtrip": measure_exec(bench, args.exec_n),
+            "files_throughput_mib_s": measure_files(bench, args.file_mib, args.file_reps,
+                                                    workdir),
+        }
+        res = {
+            "started_at": started,
+            "machine": machine_info(args.platform),
+            "daemon": {"url": url, "started_here": daemon is not None,
+                       "health": api.json("GET", "/v1/health")},
+            "config": {"n": args.n, "parallel": args.parallel, "exec_n": args.exec_n,
+                       "file_mib": args.file_mib, "file_reps": args.file_reps,
+                       "memory_mib": args.memory_mib, "rootfs": rootfs},
+            "results": results,
+        }
+        os.makedirs(args.out, exist_ok=True)
+        jpath = os.path.join(args.out, "latest.json")
+        with open(jpath + ".tmp", "w") as f:
+            json.dump(res, f, indent=2)
+            f.write("\n")
+        os.replace(jpath + ".tmp", jpath)
+        ppath = os.path.join(args.out, "latest.png")
+        drew = chart(res, ppath)
+        print(markdown(res))
+        print()
+        print(f"wrote {jpath}" + (f" and {ppath}" if drew else ""))
+    finally:
+        if bench:
+            bench.cleanup()
+        if daemon:
+            daemon.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+        if own_state:
+            with open("/proc/self/mountinfo") as f:
+                left = [ln.split()[4] for ln in f if ln.split()[4].startswith(own_state + "/")]
+            if left:
+                log(f"mounts left under {own_state}, not removing it: {left}")
+            else:
+                shutil.rmtree(own_state, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,506 @@
+/*
+ * Commands: EXEC starts one in its own session with its own pipes; the loop
+ * forwards its output, feeds its stdin and sends EXIT once it has exited and
+ * its output is drained. fork() is used rather than posix_spawn so the child
+ * can say exactly which step failed (cwd or exec) through a close-on-exec
+ * pipe before the daemon is answered.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "agent/agent.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "common/util.h"
+
+/* Chunks read from one pipe per wakeup, so one chatty command cannot starve the others. */
+#define PIPE_BUDGET 4
+/* At the grace deadline the pipes are drained regardless of backpressure, up to this. */
+#define FINAL_DRAIN (1u << 20)
+
+struct exec_req {
+    struct req r;
+    pid_t pid;
+    int out_fd, err_fd, in_fd; /* -1 once closed */
+    struct obuf in;            /* STDIN bytes the command has not taken yet */
+    int in_fin;                /* close stdin once `in` is drained */
+    int exited, status;
+    uint64_t exit_ms;
+};
+
+/* Which step failed in the child, sent up the error pipe. */
+enum child_stage { STAGE_SETUP = 1, STAGE_CWD, STAGE_EXEC };
+
+struct child_report {
+    int32_t stage;
+    int32_t err;
+};
+
+/* What the child needs; everything is prepared before fork so the child only makes syscalls. */
+struct spawn {
+    char **argv_all; /* argv_all[0] spare (for the /bin/sh fallback), argv at argv_all + 1 */
+    char **env;
+    const char *search; /* PATH to search when argv[0] has no '/' */
+    char cwd[AGENT_PATH_BUF];
+    int in_r, out_w, err_w, report_w;
+};
+
+static struct exec_req *as_exec(struct req *r)
+{
+    return (struct exec_req *)r;
+}
+
+static void close_fd(int *fd)
+{
+    if (*fd >= 0) {
+        close(*fd);
+        *fd = -1;
+    }
+}
+
+/* Frees a NULL-terminated array of strings and the array. */
+static void free_strv(char **v)
+{
+    if (!v)
+        return;
+    for (char **p = v; *p; p++)
+        free(*p);
+    free(v);
+}
+
+static __attribute__((noreturn)) void child_fail(int fd, enum child_stage stage, int err)
+{
+    struct child_report rep = {.stage = stage, .err = err};
+    (void)!write(fd, &rep, sizeof(rep));
+    _exit(127);
+}
+
+/* Like execvp's fallback: a file without a #! line is a shell script. */
+static void exec_sh(const struct spawn *s, const char *path)
+{
+    s->argv_all[0] = "/bin/sh";
+    s->argv_all[1] = (char *)path;
+    execve("/bin/sh", s->argv_all, s->env);
+}
+
+static __attribute__((noreturn)) void child_exec(const struct spawn *s)
+{
+    char **argv = s->argv_all + 1;
+    const char *name = argv[0];
+    if (strchr(name, '/')) {
+        execve(name, argv, s->env);
+        int err = errno;
+        if (err == ENOEXEC)
+            exec_sh(s, name);
+        child_fail(s->report_w, STAGE_EXEC, err);
+    }
+    /* The search follows execvp: keep looking past names that are missing, remember that a
+     * match was not executable, stop at any other error. */
+    size_t nlen = strlen(name);
+    int eacces = 0;
+    char buf[PATH_MAX];
+    const char *p = s->search;
+    for (;;) {
+        const char *end = strchrnul(p, ':');
+        size_t dlen = (size_t)(end - p);
+        if (nlen > 0 && dlen + 1 + nlen < sizeof(buf)) {
+            memcpy(buf, p, dlen);
+            buf[dlen] = '/';
+            memcpy(buf + dlen + 1, name, nlen + 1);
+            execve(dlen ? buf : name, argv, s->env);
+            switch (errno) {
+            case EACCES: eacces = 1; break;
+            case ENOENT:
+            case ENOTDIR:
+            case ELOOP:
+            case ENAMETOOLONG:
+            case ESTALE:
+            case ENODEV:
+            case ETIMEDOUT: break;
+            case ENOEXEC:
+                exec_sh(s, dlen ? buf : name);
+                child_fail(s->report_w, STAGE_EXEC, ENOEXEC);
+            default: child_fail(s->report_w, STAGE_EXEC, errno);
+            }
+        }
+        if (!*end)
+            break;
+        p = end + 1;
+    }
+    child_fail(s->report_w, STAGE_EXEC, eacces ? EACCES : ENOENT);
+}
+
+static __attribute__((noreturn)) void child_run(const struct spawn *s)
+{
+    /* Undo what the agent set up for itself: blocked and ignored signals and a raised fd limit
+     * are inherited across exec and would surprise the command. */
+    static const int sigs[] = {SIGPIPE, SIGTERM, SIGINT,  SIGHUP,  SIGQUIT, SIGCHLD,
+                               SIGTSTP, SIGTTIN, SIGTTOU, SIGUSR1, SIGUSR2};
+    for (size_t i = 0; i < WR_ARRAY_LEN(sigs); i++)
+        signal(sigs[i], SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    setrlimit(RLIMIT_NOFILE, &ag.nofile);
+
+    if (setsid() < 0)
+        child_fail(s->report_w, STAGE_SETUP, errno);
+    int in = s->in_r;
+    if (in < 0 && (in = open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0)
+        child_fail(s->report_w, STAGE_SETUP, errno);
+    if (dup2(in, 0) < 0 || dup2(s->out_w, 1) < 0 || dup2(s->err_w, 2) < 0)
+        child_fail(s->report_w, STAGE_SETUP, errno);
+    if (chdir(s->cwd) < 0)
+        child_fail(s->report_w, STAGE_CWD, errno);
+    child_exec(s);
+}
+
+/* Parses EXEC into s. Returns 0, or -1 with err set (the answer to the daemon). */
+static int parse_exec(const uint8_t *payload, size_t len, struct spawn *s, int *want_stdin,
+                      struct wr_err *err)
+{
+    struct proto_iter it;
+    struct proto_field f, cwd = {0};
+    size_t argc = 0, envc = 0;
+    int have_cwd = 0, have_stdin = 0;
+    int r;
+
+    if (proto_fields_valid(payload, len) < 0)
+        return wr_err_set(err, EINVAL, "malformed EXEC payload");
+    proto_iter_init(&it, payload, len);
+    while ((r = proto_iter_next(&it, &f)) > 0) {
+        if (f.tag == PT_ARG) {
+            argc++;
+        } else if (f.tag == PT_ENV) {
+            if (!memchr(f.data, '=', f.len))
+                return wr_err_set(err, EINVAL, "ENV entry without '='");
+            envc++;
+        } else if (f.tag == PT_CWD && !have_cwd) {
+            cwd = f;
+            have_cwd = 1;
+        } else if (f.tag == PT_STDIN_PIPE && !have_stdin) {
+            uint32_t v;
+            if (proto_field_u32(&f, &v) < 0 || v > 1)
+                return wr_err_set(err, EINVAL, "STDIN_PIPE must be a u32 0 or 1");
+            *want_stdin = (int)v;
+            have_stdin = 1;
+        }
+    }
+    if (argc == 0)
+        return wr_err_set(err, EINVAL, "EXEC without ARG");
+    if (argc > PROTO_MAX_ARGS || envc > PROTO_MAX_ENVS)
+        return wr_err_set(err, E2BIG, "more than %d ARG or ENV fields", PROTO_MAX_ARGS);
+
+    if (have_cwd) {
+        if (agent_path(&cwd, "CWD", s->cwd, err) < 0)
+            return -1;
+    } else {
+        memcpy(s->cwd, AGENT_WORKSPACE, sizeof(AGENT_WORKSPACE));
+    }
+
+    s->argv_all = xcalloc(argc + 2, sizeof(char *));
+    s->env = xcalloc(envc + 1, sizeof(char *));
+    size_t ai = 1, ei = 0;
+    proto_iter_init(&it, payload, len);
+    while (proto_iter_next(&it, &f) > 0) {
+        if (f.tag != PT_ARG && f.tag != PT_ENV)
+            continue;
+        char *str = proto_field_strdup(&f);
+        if (!str)
+            return wr_err_set(err, EINVAL, "%s contains a NUL byte",
+                              f.tag == PT_ARG ? "ARG" : "ENV");
+        if (f.tag == PT_ARG)
+            s->argv_all[ai++] = str;
+        else
+            s->env[ei++] = str;
+    }
+    s->search = AGENT_DEFAULT_PATH;
+    for (size_t i = 0; i < envc; i++) {
+        if (!strncmp(s->env[i], "PATH=", 5)) {
+            s->search = s->env[i] + 5;
+            break;
+        }
+    }
+    return 0;
+}
+
+static void report_message(const struct spawn *s, const struct child_report *rep,
+                           struct wr_err *err)
+{
+    const char *name = s->argv_all[1];
+    switch (rep->stage) {
+    case STAGE_CWD: wr_err_sys(err, rep->err, "cwd %s", s->cwd); break;
+    case STAGE_EXEC:
+        if (rep->err == ENOENT)
+            wr_err_set(err, ENOENT, "command not found: %s", name);
+        else
+            wr_err_sys(err, rep->err, "exec %s", name);
+        break;
+    default: wr_err_sys(err, rep->err, "starting %s", name); break;
+    }
+}
+
+static int set_nonblock(int fd)
+{
+    int fl = fcntl(fd, F_GETFL);
+    return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+/* Forks and execs; on success fills e's fds and pid. Returns 0 or -1 with err set. */
+static int spawn_child(struct spawn *s, int want_stdin, struct exec_req *e, struct wr_err *err)
+{
+    int outp[2] = {-1, -1}, errp[2] = {-1, -1}, inp[2] = {-1, -1}, rep[2] = {-1, -1};
+    int ret = -1;
+
+    if (pipe2(outp, O_CLOEXEC) < 0 || pipe2(errp, O_CLOEXEC) < 0 ||
+        (want_stdin && pipe2(inp, O_CLOEXEC) < 0) || pipe2(rep, O_CLOEXEC) < 0) {
+        wr_err_sys(err, errno, "pipe");
+        goto out;
+    }
+    s->in_r = inp[0];
+    s->out_w = outp[1];
+    s->err_w = errp[1];
+    s->report_w = rep[1];
+
+    pid_t pid = fork();
+    if (pid < 0) {
+        wr_err_sys(err, errno, "fork");
+        goto out;
+    }
+    if (pid == 0)
+        child_run(s);
+
+    close_fd(&rep[1]);
+    close_fd(&outp[1]);
+    close_fd(&errp[1]);
+    close_fd(&inp[0]);
+    /* Blocks until the child execs (the pipe closes) or reports a failure; the failed child is
+     * reaped by the loop like any other. */
+    struct child_report report;
+    ssize_t n = read_full(rep[0], &report, sizeof(report));
+    if (n == (ssize_t)sizeof(report)) {
+        report_message(s, &report, err);
+        goto out;
+    }
+    if (set_nonblock(outp[0]) < 0 || set_nonblock(errp[0]) < 0 ||
+        (inp[1] >= 0 && set_nonblock(inp[1]) < 0)) {
+        /* Cannot happen on a pipe; if it did, blocking reads would stall every command. */
+        wr_err_sys(err, errno, "fcntl");
+        kill(pid, SIGKILL);
+        goto out;
+    }
+    e->pid = pid;
+    e->out_fd = steal_fd(&outp[0]);
+    e->err_fd = steal_fd(&errp[0]);
+    e->in_fd = steal_fd(&inp[1]);
+    ret = 0;
+out:
+    close_fd(&outp[0]);
+    close_fd(&outp[1]);
+    close_fd(&errp[0]);
+    close_fd(&errp[1]);
+    close_fd(&inp[0]);
+    close_fd(&inp[1]);
+    close_fd(&rep[0]);
+    close_fd(&rep[1]);
+    return ret;
+}
+
+void exec_start(uint32_t id, const uint8_t *payload, size_t len)
+{
+    struct spawn s = {.in_r = -1, .out_w = -1, .err_w = -1, .report_w = -1};
+    struct wr_err err = {0};
+    int want_stdin = 0;
+
+    if (req_admit(id) < 0)
+        return;
+    struct exec_req *e = xcalloc(1, sizeof(*e));
+    e->out_fd = e->err_fd = e->in_fd = -1;
+    if (parse_exec(payload, len, &s, &want_stdin, &err) < 0 ||
+        spawn_child(&s, want_stdin, e, &err) < 0) {
+        chan_error(id, err.code, "%s", err.msg);
+        free(e);
+    } else {
+        e->r.id = id;
+        e->r.kind = REQ_EXEC;
+        req_add(&e->r);
+    }
+    if (s.argv_all) {
+        for (char **p = s.argv_all + 1; *p; p++)
+            free(*p);
+        free(s.argv_all);
+    }
+    free_strv(s.env);
+}
+
+/* Gives up on the command's stdin: it sees EOF, pending bytes are dropped. */
+static void stdin_close(struct exec_req *e)
+{
+    close_fd(&e->in_fd);
+    obuf_free(&e->in);
+}
+
+static void stdin_pump(struct exec_req *e)
+{
+    while (e->in_fd >= 0 && obuf_pending(&e->in)) {
+        ssize_t n = write(e->in_fd, e->in.data + e->in.off, obuf_pending(&e->in));
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                return;
+            stdin_close(e); /* EPIPE: the command closed its stdin */
+            return;
+        }
+        obuf_consume(&e->in, (size_t)n);
+    }
+    if (e->in_fin && e->in_fd >= 0 && !obuf_pending(&e->in))
+        stdin_close(e);
+}
+
+void exec_stdin(struct req *r, const uint8_t *data, size_t len, int fin)
+{
+    struct exec_req *e = as_exec(r);
+    if (e->in_fd < 0 || e->in_fin)
+        return; /* no stdin pipe, already closed, or FIN seen: nothing to feed */
+    if (obuf_pending(&e->in) + len > AGENT_STDIN_MAX) {
+        log_warn(NULL, "agent.stdin_overflow", "id=%u pending=%zu", e->r.id, obuf_pending(&e->in));
+        stdin_close(e);
+        return;
+    }
+    obuf_append(&e->in, data, len);
+    if (fin)
+        e->in_fin = 1;
+    stdin_pump(e);
+}
+
+void exec_signal(struct req *r, const uint8_t *payload, size_t len)
+{
+    struct exec_req *e = as_exec(r);
+    struct proto_field f;
+    uint32_t sig;
+    if (proto_find(payload, len, PT_SIGNUM, &f) != 1 || proto_field_u32(&f, &sig) < 0 || sig < 1 ||
+        sig >= (uint32_t)NSIG) {
+        log_warn(NULL, "agent.bad_signal", "id=%u", e->r.id);
+        return;
+    }
+    /* Once the main process is reaped its pid may be reused: only its group is still ours. */
+    tree_signal(e->exited ? 0 : e->pid, e->pid, (int)sig);
+}
+
+void exec_pollfds(struct req *r, struct pollfd *fds, struct req **owners, size_t *n, int may_read)
+{
+    struct exec_req *e = as_exec(r);
+    if (may_read && e->out_fd >= 0) {
+        fds[*n] = (struct pollfd){.fd = e->out_fd, .events = POLLIN};
+        owners[(*n)++] = r;
+    }
+    if (may_read && e->err_fd >= 0) {
+        fds[*n] = (struct pollfd){.fd = e->err_fd, .events = POLLIN};
+        owners[(*n)++] = r;
+    }
+    if (e->in_fd >= 0 && obuf_pending(&e->in)) {
+        fds[*n] = (struct pollfd){.fd = e->in_fd, .events = POLLOUT};
+        owners[(*n)++] = r;
+    }
+}
+
+/* Forwards what a pipe has. force ignores backpressure (bounded by limit). */
+static void pump_output(struct exec_req *e, int *fd, uint16_t type, size_t limit, int force)
+{
+    size_t got = 0;
+    while (*fd >= 0 && got < limit && (force || chan_pending() < AGENT_OUT_SOFT)) {
+        uint8_t *p = chan_reserve_data(PROTO_CHUNK);
+        ssize_t n = read(*fd, p, PROTO_CHUNK);
+        if (n > 0) {
+            chan_commit_data(e->r.id, type, (size_t)n);
+            got += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return;
+        close_fd(fd); /* EOF: every writer is gone */
+    }
+}
+
+void exec_event(struct req *r, int fd, short revents)
+{
+    struct exec_req *e = as_exec(r);
+    if (fd == e->out_fd)
+        pump_output(e, &e->out_fd, PROTO_STDOUT, PIPE_BUDGET * PROTO_CHUNK, 0);
+    else if (fd == e->err_fd)
+        pump_output(e, &e->err_fd, PROTO_STDERR, PIPE_BUDGET * PROTO_CHUNK, 0);
+    else if (fd == e->in_fd && (revents & (POLLOUT | POLLERR | POLLHUP)))
+        stdin_pump(e);
+}
+
+void exec_reaped(pid_t pid, int status)
+{
+    for (struct req *r = ag.head; r; r = r->next) {
+        struct exec_req *e = as_exec(r);
+        if (r->kind != REQ_EXEC || e->exited || e->pid != pid)
+            continue;
+        e->exited = 1;
+        e->status = status;
+        e->exit_ms = now_ms_monotonic();
+        /* Nobody is left to read it (a background child that kept stdin gets EOF). */
+        stdin_close(e);
+        return;
+    }
+}
+
+static void send_exit(struct exec_req *e)
+{
+    struct proto_buf b = {0};
+    int32_t code = -1;
+    uint32_t sig = 0;
+    if (WIFEXITED(e->status))
+        code = WEXITSTATUS(e->status);
+    else if (WIFSIGNALED(e->status))
+        sig = (uint32_t)WTERMSIG(e->status);
+    proto_put_u32(&b, PT_EXIT_CODE, (uint32_t)code);
+    proto_put_u32(&b, PT_TERM_SIGNAL, sig);
+    chan_send_fields(e->r.id, PROTO_EXIT, &b);
+    proto_buf_free(&b);
+}
+
+int exec_check(struct req *r, uint64_t now, int *timeout_ms)
+{
+    struct exec_req *e = as_exec(r);
+    if (!e->exited)
+        return 0;
+    if (e->out_fd >= 0 || e->err_fd >= 0) {
+        uint64_t deadline = e->exit_ms + AGENT_EXIT_GRACE_MS;
+        if (now < deadline) {
+            uint64_t wait = deadline - now;
+            if (*timeout_ms < 0 || (uint64_t)*timeout_ms > wait)
+                *timeout_ms = (int)wait;
+            return 0;
+        }
+        /* A background process still holds the pipes. What the command wrote before it exited
+         * may still sit in them (held back by backpressure): take it, then stop listening. */
+        pump_output(e, &e->out_fd, PROTO_STDOUT, FINAL_DRAIN, 1);
+        pump_output(e, &e->err_fd, PROTO_STDERR, FINAL_DRAIN, 1);
+        close_fd(&e->out_fd);
+        close_fd(&e->err_fd);
+    }
+    send_exit(e);
+    return 1;
+}
+
+void exec_free(struct req *r)
+{
+    struct exec_req *e = as_exec(r);
+    close_fd(&e->out_fd);
+    close_fd(&e->err_fd);
+    stdin_close(e);
+    free(e);
+}

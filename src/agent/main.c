@@ -1,0 +1,384 @@
+/*
+ * withruntime-agent: PID 1 inside every sandbox. It reads request frames from
+ * fd 0, writes answers to fd 1 (under gVisor both are the same socket to the
+ * daemon), runs commands, does file operations and reaps every process that
+ * ends up its child. One thread, one poll() loop: nothing here may block on
+ * the daemon or on a command, because the same loop has to deliver SIGKILL.
+ * Run on the host (tests), it is a child subreaper so it still reaps orphans.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "agent/agent.h"
+#include "common/log.h"
+#include "common/util.h"
+
+/* Channel bytes read per loop iteration, so requests cannot starve command output. */
+#define READ_BUDGET (1u << 20)
+
+struct agent ag;
+
+static int sigfd = -1;
+
+/* ---- the request table ---- */
+
+static struct req **bucket(uint32_t id)
+{
+    return &ag.hash[(id * 2654435761u) % AGENT_HASH_SIZE];
+}
+
+struct req *req_find(uint32_t id)
+{
+    for (struct req *r = *bucket(id); r; r = r->hnext)
+        if (r->id == id)
+            return r;
+    return NULL;
+}
+
+int req_admit(uint32_t id)
+{
+    if (req_find(id)) {
+        chan_error(id, EEXIST, "request id %u is already in use", id);
+        return -1;
+    }
+    if (ag.nreqs >= AGENT_MAX_REQUESTS) {
+        chan_error(id, EAGAIN, "too many requests in flight (%d)", AGENT_MAX_REQUESTS);
+        return -1;
+    }
+    return 0;
+}
+
+void req_add(struct req *r)
+{
+    struct req **b = bucket(r->id);
+    r->hnext = *b;
+    *b = r;
+    r->next = NULL;
+    r->prev = ag.tail;
+    if (ag.tail)
+        ag.tail->next = r;
+    else
+        ag.head = r;
+    ag.tail = r;
+    ag.nreqs++;
+}
+
+void req_remove(struct req *r)
+{
+    for (struct req **p = bucket(r->id); *p; p = &(*p)->hnext) {
+        if (*p == r) {
+            *p = r->hnext;
+            break;
+        }
+    }
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        ag.head = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    else
+        ag.tail = r->prev;
+    r->prev = r->next = r->hnext = NULL;
+    ag.nreqs--;
+}
+
+/* ---- ending ---- */
+
+/* Leaves nothing behind on the host. As PID 1 there is nothing to do: when init exits, the
+ * kernel kills every process in the sandbox, faster than we could. */
+static __attribute__((noreturn)) void agent_exit(int code)
+{
+    if (!ag.is_init)
+        tree_signal(ag.pid, 0, SIGKILL);
+    exit(code);
+}
+
+static __attribute__((noreturn)) void protocol_fatal(const char *what, const uint8_t *hdr)
+{
+    log_error(NULL, "agent.protocol_error",
+              "what=\"%s\" header=%02x%02x%02x%02x.%02x%02x%02x%02x.%02x%02x.%02x%02x", what,
+              hdr[0], hdr[1], hdr[2], hdr[3], hdr[4], hdr[5], hdr[6], hdr[7], hdr[8], hdr[9],
+              hdr[10], hdr[11]);
+    agent_exit(2);
+}
+
+/* ---- dispatch ---- */
+
+/* Types that start a request (and are answered on their id). */
+static int is_request(uint16_t type)
+{
+    switch (type) {
+    case PROTO_PING:
+    case PROTO_EXEC:
+    case PROTO_FILE_READ:
+    case PROTO_FILE_WRITE:
+    case PROTO_FILE_LIST:
+    case PROTO_FILE_STAT:
+    case PROTO_FILE_MKDIR:
+    case PROTO_FILE_REMOVE: return 1;
+    default: return 0;
+    }
+}
+
+static void dispatch(const struct proto_header *h, const uint8_t *payload, const uint8_t *hdr)
+{
+    struct req *r;
+    int fin = (h->flags & PROTO_F_FIN) != 0;
+
+    /* FIN belongs to the streams; on a request it means the daemon and agent disagree about
+     * the protocol, which the daemon hears about on that request. */
+    if (fin && is_request(h->type)) {
+        chan_error(h->id, EINVAL, "flag FIN not allowed on %s", proto_type_name(h->type));
+        return;
+    }
+    switch (h->type) {
+    case PROTO_PING: chan_send(h->id, PROTO_PONG, 0, NULL, 0); break;
+    case PROTO_EXEC: exec_start(h->id, payload, h->len); break;
+    case PROTO_STDIN:
+        /* Frames for a request that just ended race with its end: not an error. */
+        if ((r = req_find(h->id)) && r->kind == REQ_EXEC)
+            exec_stdin(r, payload, h->len, fin);
+        break;
+    case PROTO_SIGNAL:
+        if (fin)
+            log_warn(NULL, "agent.bad_signal", "id=%u flags=FIN", h->id);
+        else if ((r = req_find(h->id)) && r->kind == REQ_EXEC)
+            exec_signal(r, payload, h->len);
+        break;
+    case PROTO_FILE_READ: file_read_start(h->id, payload, h->len); break;
+    case PROTO_FILE_WRITE: file_write_start(h->id, payload, h->len); break;
+    case PROTO_DATA:
+        if ((r = req_find(h->id)) && r->kind == REQ_WRITE)
+            file_write_data(r, payload, h->len, fin);
+        break;
+    case PROTO_FILE_LIST: file_list_start(h->id, payload, h->len); break;
+    case PROTO_FILE_STAT: file_stat(h->id, payload, h->len); break;
+    case PROTO_FILE_MKDIR: file_mkdir(h->id, payload, h->len); break;
+    case PROTO_FILE_REMOVE: file_remove(h->id, payload, h->len); break;
+    default:
+        /* HELLO, PONG, STDOUT, ... only ever travel towards the daemon. */
+        protocol_fatal("frame type the daemon never sends", hdr);
+    }
+}
+
+/* Reads and handles what the channel has. Returns 1 at EOF (or a read error: same thing,
+ * the daemon is gone), else 0. */
+static int read_channel(struct proto_reader *rd)
+{
+    static uint8_t buf[65536];
+    size_t total = 0;
+    while (total < READ_BUDGET && chan_pending() < AGENT_OUT_HARD) {
+        ssize_t n = read(ag.in_fd, buf, sizeof(buf));
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                return 0;
+            log_warn(NULL, "agent.channel_read", "error=\"%s\"", strerror(errno));
+            return 1;
+        }
+        if (n == 0) {
+            if (rd->hdr_got && !(rd->hdr_got == PROTO_HEADER_LEN && rd->payload_got == rd->h.len))
+                log_warn(NULL, "agent.channel_eof", "partial_frame=1");
+            return 1;
+        }
+        total += (size_t)n;
+        size_t off = 0;
+        while (off < (size_t)n) {
+            int done;
+            size_t used = proto_reader_feed(rd, buf + off, (size_t)n - off, &done);
+            if (used == (size_t)-1)
+                protocol_fatal("malformed frame header", rd->hdr);
+            off += used;
+            if (done)
+                dispatch(&rd->h, rd->payload, rd->hdr);
+        }
+    }
+    return 0;
+}
+
+static void reap(void)
+{
+    struct signalfd_siginfo si;
+    while (read(sigfd, &si, sizeof(si)) > 0)
+        ;
+    for (;;) {
+        int status;
+        pid_t pid = waitpid(-1, &status, WNOHANG);
+        if (pid <= 0)
+            return; /* 0: children left but none exited; -1: ECHILD */
+        exec_reaped(pid, status);
+    }
+}
+
+/* ---- set-up ---- */
+
+static void setup(void)
+{
+    ag.pid = getpid();
+    ag.is_init = ag.pid == 1;
+    ag.in_fd = 0;
+    ag.out_fd = 1;
+
+    if (fcntl(0, F_GETFD) < 0 || fcntl(1, F_GETFD) < 0) {
+        log_error(NULL, "agent.no_channel", "error=\"fd 0 and 1 must be the channel\"");
+        exit(2);
+    }
+    if (fcntl(2, F_GETFD) < 0) {
+        int fd = open("/dev/null", O_WRONLY);
+        if (fd >= 0 && fd != 2) {
+            dup2(fd, 2);
+            close(fd);
+        }
+    }
+    /* Nothing we inherited should reach the commands. */
+    close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
+
+    signal(SIGPIPE, SIG_IGN);
+    if (ag.is_init) {
+        /* The sandbox's own processes must not be able to stop the agent. */
+        signal(SIGTERM, SIG_IGN);
+        signal(SIGINT, SIG_IGN);
+        signal(SIGHUP, SIG_IGN);
+        if (mkdir(AGENT_WORKSPACE, 0755) < 0 && errno != EEXIST)
+            log_warn(NULL, "agent.workspace", "error=\"%s\"", strerror(errno));
+        if (chdir(AGENT_WORKSPACE) < 0)
+            log_warn(NULL, "agent.workspace", "error=\"%s\"", strerror(errno));
+    } else if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0) {
+        log_warn(NULL, "agent.subreaper", "error=\"%s\"", strerror(errno));
+    }
+
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &mask, NULL);
+    sigfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (sigfd < 0) {
+        log_error(NULL, "agent.signalfd", "error=\"%s\"", strerror(errno));
+        exit(2);
+    }
+
+    /* Three fds per command: let the cap on requests, not the fd limit, be what binds. */
+    getrlimit(RLIMIT_NOFILE, &ag.nofile);
+    struct rlimit raised = ag.nofile;
+    raised.rlim_cur = raised.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &raised);
+
+    fcntl(ag.in_fd, F_SETFL, fcntl(ag.in_fd, F_GETFL) | O_NONBLOCK);
+    fcntl(ag.out_fd, F_SETFL, fcntl(ag.out_fd, F_GETFL) | O_NONBLOCK);
+}
+
+static void send_hello(void)
+{
+    struct proto_buf b = {0};
+    proto_put_u32(&b, PT_VERSION, PROTO_VERSION);
+    proto_put_u32(&b, PT_PID, (uint32_t)ag.pid);
+    chan_send_fields(0, PROTO_HELLO, &b);
+    proto_buf_free(&b);
+}
+
+/* ---- the loop ---- */
+
+int main(void)
+{
+    struct proto_reader rd;
+    struct pollfd *fds = NULL;
+    struct req **owners = NULL;
+    size_t cap = 0;
+    int timeout = -1;
+
+    setup();
+    proto_reader_init(&rd);
+    send_hello();
+    log_info(NULL, "agent.start", "pid=%d init=%d version=%d", (int)ag.pid, ag.is_init,
+             PROTO_VERSION);
+
+    for (;;) {
+        size_t pending = chan_pending();
+        int may_read = pending < AGENT_OUT_SOFT;
+        size_t need = 3 + 3 * (size_t)ag.nreqs;
+        if (need > cap) {
+            cap = need * 2;
+            fds = xrealloc(fds, cap * sizeof(*fds));
+            owners = xrealloc(owners, cap * sizeof(*owners));
+        }
+        size_t n = 0;
+        fds[n] = (struct pollfd){.fd = sigfd, .events = POLLIN};
+        owners[n++] = NULL;
+        ssize_t in_idx = -1, out_idx = -1;
+        if (pending < AGENT_OUT_HARD) {
+            fds[n] = (struct pollfd){.fd = ag.in_fd, .events = POLLIN};
+            owners[n] = NULL;
+            in_idx = (ssize_t)n++;
+        }
+        if (pending) {
+            fds[n] = (struct pollfd){.fd = ag.out_fd, .events = POLLOUT};
+            owners[n] = NULL;
+            out_idx = (ssize_t)n++;
+        }
+        int jobs = 0;
+        for (struct req *r = ag.head; r; r = r->next) {
+            if (r->kind == REQ_EXEC)
+                exec_pollfds(r, fds, owners, &n, may_read);
+            else if (r->kind == REQ_READ || r->kind == REQ_LIST)
+                jobs = 1;
+        }
+        if (jobs && may_read)
+            timeout = 0;
+
+        if (poll(fds, n, timeout) < 0 && errno != EINTR) {
+            log_error(NULL, "agent.poll", "error=\"%s\"", strerror(errno));
+            agent_exit(1);
+        }
+
+        /* Requests are only freed further down, so owners[] stays valid here. */
+        for (size_t i = 0; i < n; i++)
+            if (owners[i] && fds[i].revents)
+                exec_event(owners[i], fds[i].fd, fds[i].revents);
+        if (fds[0].revents)
+            reap();
+        int eof = 0;
+        if (in_idx >= 0 && fds[in_idx].revents)
+            eof = read_channel(&rd);
+        (void)out_idx; /* POLLOUT only wakes us; the flush below does the writing */
+
+        struct req *next;
+        for (struct req *r = ag.head; r; r = next) {
+            next = r->next;
+            if ((r->kind == REQ_READ || r->kind == REQ_LIST) && file_job_step(r)) {
+                req_remove(r);
+                file_free(r);
+            }
+        }
+        uint64_t now = now_ms_monotonic();
+        timeout = -1;
+        for (struct req *r = ag.head; r; r = next) {
+            next = r->next;
+            if (r->kind == REQ_EXEC && exec_check(r, now, &timeout)) {
+                req_remove(r);
+                exec_free(r);
+            }
+        }
+
+        if (chan_flush() < 0) {
+            log_info(NULL, "agent.exit", "reason=\"channel closed for writing\"");
+            agent_exit(0);
+        }
+        if (eof) {
+            /* Fast teardown: the daemon closed the channel, so nobody will read anything more. */
+            log_info(NULL, "agent.exit", "reason=eof");
+            agent_exit(0);
+        }
+    }
+}

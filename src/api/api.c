@@ -1,0 +1,144 @@
+/*
+ * Routing for /v1 and the helpers every handler shares (body parsing with
+ * limits, sandbox lookup with the right 404/409 answers).
+ */
+#include "api/api.h"
+
+#include <string.h>
+
+#include "api/jsonv.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "daemon/agentconn.h"
+#include "daemon/sandbox.h"
+
+typedef void (*handler_fn)(struct daemon *, struct http_req *, struct route_match *);
+
+enum {
+    H_HEALTH, H_IMAGES, H_SB_CREATE, H_SB_LIST, H_SB_GET, H_SB_DELETE, H_SB_EVENTS, H_SB_STOP, H_SB_START, H_SB_TIMEOUT, H_EXEC,
+    H_F_READ, H_F_WRITE, H_F_LIST, H_F_STAT, H_F_MKDIR, H_F_REMOVE,
+};
+
+static const handler_fn handlers[] = {
+    [H_HEALTH] = api_health,
+    [H_IMAGES] = api_images_list,
+    [H_SB_CREATE] = api_sandboxes_create,
+    [H_SB_LIST] = api_sandboxes_list,
+    [H_SB_GET] = api_sandboxes_get,
+    [H_SB_DELETE] = api_sandboxes_delete,
+    [H_SB_EVENTS] = api_sandboxes_events,
+    [H_SB_STOP] = api_sandboxes_stop,
+    [H_SB_START] = api_sandboxes_start,
+    [H_SB_TIMEOUT] = api_sandboxes_timeout,
+    [H_EXEC] = api_exec,
+    [H_F_READ] = api_files_read,
+    [H_F_WRITE] = api_files_write,
+    [H_F_LIST] = api_files_list,
+    [H_F_STAT] = api_files_stat,
+    [H_F_MKDIR] = api_files_mkdir,
+    [H_F_REMOVE] = api_files_remove,
+};
+
+static const struct route routes[] = {
+    {"GET", "/v1/health", H_HEALTH},
+    {"GET", "/v1/images", H_IMAGES},
+    {"POST", "/v1/sandboxes", H_SB_CREATE},
+    {"GET", "/v1/sandboxes", H_SB_LIST},
+    {"GET", "/v1/sandboxes/{id}", H_SB_GET},
+    {"DELETE", "/v1/sandboxes/{id}", H_SB_DELETE},
+    {"GET", "/v1/sandboxes/{id}/events", H_SB_EVENTS},
+    {"POST", "/v1/sandboxes/{id}/stop", H_SB_STOP},
+    {"POST", "/v1/sandboxes/{id}/start", H_SB_START},
+    {"POST", "/v1/sandboxes/{id}/timeout", H_SB_TIMEOUT},
+    {"POST", "/v1/sandboxes/{id}/exec", H_EXEC},
+    {"GET", "/v1/sandboxes/{id}/files/content", H_F_READ},
+    {"PUT", "/v1/sandboxes/{id}/files/content", H_F_WRITE},
+    {"GET", "/v1/sandboxes/{id}/files/list", H_F_LIST},
+    {"GET", "/v1/sandboxes/{id}/files/stat", H_F_STAT},
+    {"POST", "/v1/sandboxes/{id}/files/mkdir", H_F_MKDIR},
+    {"DELETE", "/v1/sandboxes/{id}/files", H_F_REMOVE},
+};
+
+void api_handle(struct http_req *req, void *ctx)
+{
+    struct daemon *d = ctx;
+    const char *method = http_req_method(req);
+    const char *path = http_req_path(req);
+    if (d->shutting_down) {
+        http_reply_error(req, 503, "unavailable", "the daemon is shutting down");
+        return;
+    }
+    if (http_req_query_bad(req)) {
+        http_reply_error(req, 400, "invalid_request", "malformed query string");
+        return;
+    }
+    struct route_match m;
+    switch (route_find(routes, WR_ARRAY_LEN(routes), method, path, &m)) {
+    case ROUTE_OK:
+        handlers[m.handler](d, req, &m);
+        return;
+    case ROUTE_BAD_METHOD:
+        http_reply_header(req, "Allow", m.allow);
+        http_reply_error(req, 405, "method_not_allowed", "%s is not allowed on %.200s (allowed: %s)",
+                         method, path, m.allow);
+        return;
+    default:
+        http_reply_error(req, 404, "not_found", "no such route: %s %.200s", method, path);
+        return;
+    }
+}
+
+json_t *api_json_body(struct daemon *d, struct http_req *req, int empty_ok)
+{
+    size_t n = http_req_body_len(req);
+    if (n > d->cfg.max_json_body) {
+        http_reply_error(req, 413, "payload_too_large",
+                         "request body is %zu bytes; the limit for JSON bodies is %zu", n,
+                         d->cfg.max_json_body);
+        return NULL;
+    }
+    if (n == 0 && empty_ok)
+        return json_object();
+    char *body = http_req_body_string(req);
+    if (!body) {
+        http_reply_error(req, 400, "invalid_request", "request body contains a NUL byte");
+        return NULL;
+    }
+    char msg[JV_MSG];
+    json_t *o = jv_parse_object(body, msg);
+    free(body);
+    if (!o)
+        http_reply_error(req, 400, "invalid_request", "%s", msg);
+    return o;
+}
+
+struct sandbox *api_sandbox(struct daemon *d, struct http_req *req, const char *id)
+{
+    struct sandbox *sb = sandbox_id_valid(id) ? sandbox_find(d, id) : NULL;
+    if (!sb)
+        http_reply_error(req, 404, "not_found", "sandbox %.64s not found", id);
+    return sb;
+}
+
+struct sandbox *api_sandbox_running(struct daemon *d, struct http_req *req, const char *id)
+{
+    struct sandbox *sb = api_sandbox(d, req, id);
+    if (!sb)
+        return NULL;
+    if (sb->state != SB_RUNNING || !agentconn_alive(sb->conn)) {
+        const char *st = sandbox_state_name(sb->state);
+        if (sb->state == SB_STOPPED)
+            http_reply_error(req, 409, "conflict",
+                             "sandbox %s is stopped (%s); start it with POST /v1/sandboxes/%s/start",
+                             sb->id, sb->reason[0] ? sb->reason : "stopped", sb->id);
+        else if (sb->state == SB_FAILED)
+            http_reply_error(req, 409, "conflict",
+                             "sandbox %s has failed (%s); start it again with POST "
+                             "/v1/sandboxes/%s/start, or delete it",
+                             sb->id, sb->reason, sb->id);
+        else
+            http_reply_error(req, 409, "conflict", "sandbox %s is %s, not running", sb->id, st);
+        return NULL;
+    }
+    return sb;
+}

@@ -1,0 +1,244 @@
+/* JSON body validation; see jsonv.h. */
+#include "api/jsonv.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+json_t *jv_parse_object(const char *body, char *msg)
+{
+    json_error_t e;
+    json_t *o = json_loads(body, JSON_REJECT_DUPLICATES, &e);
+    if (!o) {
+        snprintf(msg, JV_MSG, "request body is not valid JSON: %s (line %d, column %d)", e.text,
+                 e.line, e.column);
+        return NULL;
+    }
+    if (!json_is_object(o)) {
+        json_decref(o);
+        snprintf(msg, JV_MSG, "request body must be a JSON object");
+        return NULL;
+    }
+    return o;
+}
+
+int jv_only(json_t *o, const char *const *allowed, char *msg)
+{
+    const char *key;
+    json_t *v;
+    json_object_foreach(o, key, v)
+    {
+        int known = 0;
+        for (const char *const *a = allowed; *a; a++)
+            if (strcmp(*a, key) == 0)
+                known = 1;
+        if (!known) {
+            snprintf(msg, JV_MSG, "%.64s: unknown field", key);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int jv_int(json_t *o, const char *name, long long min, long long max, long long def,
+           long long *out, char *msg)
+{
+    json_t *v = json_object_get(o, name);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return 0;
+    }
+    if (!json_is_integer(v) || json_integer_value(v) < min || json_integer_value(v) > max) {
+        snprintf(msg, JV_MSG, "%s: must be an integer from %lld to %lld", name, min, max);
+        return -1;
+    }
+    *out = json_integer_value(v);
+    return 0;
+}
+
+int jv_number(json_t *o, const char *name, double min_excl, double max, double def, double *out,
+              char *msg)
+{
+    json_t *v = json_object_get(o, name);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return 0;
+    }
+    double d = json_is_number(v) ? json_number_value(v) : NAN;
+    if (!json_is_number(v) || !isfinite(d) || d <= min_excl || d > max) {
+        snprintf(msg, JV_MSG, "%s: must be a number greater than %g and at most %g", name,
+                 min_excl, max);
+        return -1;
+    }
+    *out = d;
+    return 0;
+}
+
+int jv_bool(json_t *o, const char *name, int def, int *out, char *msg)
+{
+    json_t *v = json_object_get(o, name);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return 0;
+    }
+    if (!json_is_boolean(v)) {
+        snprintf(msg, JV_MSG, "%s: must be true or false", name);
+        return -1;
+    }
+    *out = json_is_true(v);
+    return 0;
+}
+
+static int str_ok(json_t *v, size_t maxlen)
+{
+    return json_is_string(v) && json_string_length(v) <= maxlen &&
+           !memchr(json_string_value(v), '\0', json_string_length(v));
+}
+
+int jv_string(json_t *o, const char *name, size_t maxlen, const char **out, char *msg)
+{
+    json_t *v = json_object_get(o, name);
+    if (!v || json_is_null(v))
+        return 0;
+    if (!str_ok(v, maxlen)) {
+        snprintf(msg, JV_MSG, "%s: must be a string of at most %zu bytes without NUL", name,
+                 maxlen);
+        return -1;
+    }
+    *out = json_string_value(v);
+    return 0;
+}
+
+int jv_string_map(json_t *o, const char *name, size_t max_entries, size_t max_key, size_t max_val,
+                  int env_keys, json_t **out, char *msg)
+{
+    json_t *m = json_object_get(o, name);
+    if (!m || json_is_null(m))
+        return 0;
+    if (!json_is_object(m)) {
+        snprintf(msg, JV_MSG, "%s: must be an object of strings", name);
+        return -1;
+    }
+    if (json_object_size(m) > max_entries) {
+        snprintf(msg, JV_MSG, "%s: at most %zu entries", name, max_entries);
+        return -1;
+    }
+    const char *key;
+    json_t *v;
+    json_object_foreach(m, key, v)
+    {
+        size_t klen = strlen(key);
+        if (klen == 0 || klen > max_key || (env_keys && strchr(key, '='))) {
+            snprintf(msg, JV_MSG, "%s: keys must be 1 to %zu bytes%s", name, max_key,
+                     env_keys ? " without '='" : "");
+            return -1;
+        }
+        if (!str_ok(v, max_val)) {
+            snprintf(msg, JV_MSG, "%s.%.64s: must be a string of at most %zu bytes without NUL",
+                     name, key, max_val);
+            return -1;
+        }
+    }
+    *out = m;
+    return 0;
+}
+
+int jv_string_array(json_t *o, const char *name, size_t max_items, size_t max_len, json_t **out,
+                    char *msg)
+{
+    json_t *a = json_object_get(o, name);
+    if (!a || json_is_null(a))
+        return 0;
+    if (!json_is_array(a) || json_array_size(a) == 0 || json_array_size(a) > max_items) {
+        snprintf(msg, JV_MSG, "%s: must be an array of 1 to %zu strings", name, max_items);
+        return -1;
+    }
+    size_t i;
+    json_t *v;
+    json_array_foreach(a, i, v)
+    {
+        if (!str_ok(v, max_len)) {
+            snprintf(msg, JV_MSG, "%s[%zu]: must be a string of at most %zu bytes without NUL",
+                     name, i, max_len);
+            return -1;
+        }
+    }
+    *out = a;
+    return 0;
+}
+
+int jv_parse_mode(const char *s, unsigned *out)
+{
+    if (!s || !*s || strlen(s) > 6)
+        return -1;
+    unsigned v = 0;
+    for (const char *p = s; *p; p++) {
+        if (*p < '0' || *p > '7')
+            return -1;
+        v = v * 8 + (unsigned)(*p - '0');
+    }
+    if (v > 07777)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* Length of the UTF-8 sequence starting at buf (1..4), or 0 if invalid there; needs len bytes. */
+static size_t utf8_seq(const unsigned char *b, size_t len)
+{
+    unsigned char c = b[0];
+    if (c < 0x80)
+        return 1;
+    size_t n;
+    unsigned cp;
+    if ((c & 0xE0) == 0xC0) {
+        n = 2;
+        cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+        n = 3;
+        cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+        n = 4;
+        cp = c & 0x07;
+    } else {
+        return 0;
+    }
+    if (len < n)
+        return 0;
+    for (size_t i = 1; i < n; i++) {
+        if ((b[i] & 0xC0) != 0x80)
+            return 0;
+        cp = (cp << 6) | (b[i] & 0x3F);
+    }
+    if ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) ||
+        cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+        return 0;
+    return n;
+}
+
+int jv_utf8_valid(const unsigned char *buf, size_t len)
+{
+    size_t i = 0;
+    while (i < len) {
+        size_t n = utf8_seq(buf + i, len - i);
+        if (!n)
+            return 0;
+        i += n;
+    }
+    return 1;
+}
+
+size_t jv_utf8_complete_prefix(const unsigned char *buf, size_t len)
+{
+    /* Look back at most 3 bytes for the lead byte of a sequence that runs past the end. */
+    for (size_t back = 1; back <= 3 && back <= len; back++) {
+        unsigned char c = buf[len - back];
+        if ((c & 0xC0) == 0x80)
+            continue; /* continuation byte: keep looking for the lead */
+        size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+        if (c >= 0xC2 && c <= 0xF4 && need > back)
+            return len - back;
+        return len;
+    }
+    return len;
+}

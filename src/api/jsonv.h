@@ -1,0 +1,59 @@
+/*
+ * Validation of JSON request bodies with messages that name the field, so a
+ * client learns exactly what to fix ("cpus: must be an integer from 1 to 2").
+ * Each getter returns 0 on success (absent fields take the default), or -1
+ * with msg filled.
+ */
+#ifndef WR_API_JSONV_H
+#define WR_API_JSONV_H
+
+#include <jansson.h>
+#include <stddef.h>
+
+#define JV_MSG 256
+
+/** Parses body as one JSON object. NULL with msg set if it is not one. */
+json_t *jv_parse_object(const char *body, char *msg);
+
+/** Fails on the first member not in allowed (NULL-terminated). */
+int jv_only(json_t *o, const char *const *allowed, char *msg);
+
+/** An integer in [min, max]; absent = def. */
+int jv_int(json_t *o, const char *name, long long min, long long max, long long def,
+           long long *out, char *msg);
+
+/** A number (integer or real) in (min, max]; absent = def. */
+int jv_number(json_t *o, const char *name, double min_excl, double max, double def, double *out,
+              char *msg);
+
+/** A boolean; absent = def. */
+int jv_bool(json_t *o, const char *name, int def, int *out, char *msg);
+
+/** A string of at most maxlen bytes without NUL; absent = *out stays NULL. Borrowed. */
+int jv_string(json_t *o, const char *name, size_t maxlen, const char **out, char *msg);
+
+/**
+ * An object whose values are strings: at most max_entries, keys non-empty, at most max_key bytes
+ * and (if env_keys) without '=', values at most max_val bytes, no NUL anywhere.
+ * Absent = *out stays NULL. Borrowed.
+ */
+int jv_string_map(json_t *o, const char *name, size_t max_entries, size_t max_key, size_t max_val,
+                  int env_keys, json_t **out, char *msg);
+
+/** An array of 1..max_items strings of at most max_len bytes, no NUL. Borrowed. */
+int jv_string_array(json_t *o, const char *name, size_t max_items, size_t max_len, json_t **out,
+                    char *msg);
+
+/** Parses an octal mode string ("0644", "755") into [0, 07777]. Returns 0 or -1. */
+int jv_parse_mode(const char *s, unsigned *out);
+
+/** Returns 1 if buf[len] is valid UTF-8 (no overlongs, no surrogates). */
+int jv_utf8_valid(const unsigned char *buf, size_t len);
+
+/**
+ * Length of the longest prefix of buf[len] that ends on a whole UTF-8 character, so a stream
+ * can hold back a character split across chunks (at most 3 bytes are held back).
+ */
+size_t jv_utf8_complete_prefix(const unsigned char *buf, size_t len);
+
+#endif

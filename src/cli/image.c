@@ -1,0 +1,177 @@
+/*
+ * The host-side subcommands that work on the state directory directly instead of through the
+ * daemon: `image build`, `image list` and `doctor`. Building runs mmdebstrap and writes under
+ * the state directory, so it needs root and no daemon at all (it is how a host is set up
+ * before the first daemon starts).
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "common/util.h"
+#include "driver/doctor.h"
+#include "image/image.h"
+
+static const char usage_image[] =
+    "Usage: withruntime image COMMAND\n"
+    "\n"
+    "Commands:\n"
+    "  build [--force] [NAME]   build an image (default \"default\")\n"
+    "  list [--json]            list built images\n"
+    "\n"
+    "Images live in the state directory (see --state-dir).\n";
+
+static const char usage_build[] =
+    "Usage: withruntime [--state-dir DIR] image build [--force] [NAME]\n"
+    "\n"
+    "Builds image NAME (default \"default\": Debian bookworm with python3, pip, venv,\n"
+    "git, curl, build tools) with mmdebstrap from this host's apt sources, into\n"
+    "DIR/images/NAME. Does nothing if it is already built, unless --force. Progress\n"
+    "goes to stderr. Needs root; no daemon needs to be running.\n";
+
+static const char usage_ilist[] = "Usage: withruntime [--state-dir DIR] image list [--json]\n"
+                                  "\n"
+                                  "Lists the images built in the state directory.\n";
+
+static const char usage_doctor[] =
+    "Usage: withruntime [--state-dir DIR] doctor\n"
+    "\n"
+    "Checks this host: which sandbox drivers it can run, and why not the others.\n"
+    "Exits 0 if at least one driver works.\n";
+
+static int cmd_build(struct cli_ctx *c, int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"force", no_argument, 0, 'f'},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    bool force = false;
+    int opt;
+    optind = 0;
+    opterr = 0;
+    while ((opt = getopt_long(argc, argv, "fh", opts, NULL)) != -1) {
+        switch (opt) {
+        case 'f':
+            force = true;
+            break;
+        case 'h':
+            fputs(usage_build, stdout);
+            return CLI_EXIT_OK;
+        default:
+            return cli_usage_error("image build", "unknown option '%s'", argv[optind - 1]);
+        }
+    }
+    if (argc - optind > 1)
+        return cli_usage_error("image build", "expected at most one image NAME");
+    const char *name = optind < argc ? argv[optind] : "default";
+    if (!image_name_valid(name))
+        return cli_usage_error("image build", "bad image name '%s'", name);
+    if (geteuid() != 0) {
+        cli_errorf("image build needs root: it runs mmdebstrap and writes to %s", c->state_dir);
+        return CLI_EXIT_ERR;
+    }
+    struct wr_err err = {0};
+    if (image_build(c->state_dir, name, force, 2, &err) < 0)
+        return cli_fail(&err);
+    fprintf(stderr, "withruntime: image %s is built in %s/images/%s\n", name, c->state_dir, name);
+    return CLI_EXIT_OK;
+}
+
+static int add_image(void *arg, const struct image_info *info)
+{
+    char created[32];
+    format_rfc3339(info->created_at, created, sizeof(created));
+    json_array_append_new(arg, json_pack("{s:s, s:I, s:s}", "name", info->name, "size_bytes",
+                                         (json_int_t)info->size_bytes, "created_at", created));
+    return 0;
+}
+
+static int cmd_ilist(struct cli_ctx *c, int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"json", no_argument, 0, 'j'},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    bool as_json = false;
+    int opt;
+    optind = 0;
+    opterr = 0;
+    while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (opt) {
+        case 'j':
+            as_json = true;
+            break;
+        case 'h':
+            fputs(usage_ilist, stdout);
+            return CLI_EXIT_OK;
+        default:
+            return cli_usage_error("image list", "unknown option '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind < argc)
+        return cli_usage_error("image list", "unexpected argument '%s'", argv[optind]);
+    json_t *arr = json_array();
+    struct wr_err err = {0};
+    if (image_list(c->state_dir, add_image, arr, &err) < 0) {
+        json_decref(arr);
+        cli_fail(&err);
+        if (err.code == EACCES && geteuid() != 0)
+            cli_errorf("(run it as root)");
+        return CLI_EXIT_ERR;
+    }
+    if (as_json) {
+        json_t *o = json_pack("{s:o}", "images", arr);
+        char *s = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+        if (s)
+            puts(s);
+        free(s);
+        json_decref(o);
+        return CLI_EXIT_OK;
+    }
+    printf("%-20s  %10s  %s\n", "NAME", "SIZE", "CREATED");
+    size_t i;
+    json_t *img;
+    json_array_foreach(arr, i, img)
+    {
+        double mb = (double)json_integer_value(json_object_get(img, "size_bytes")) / 1e6;
+        printf("%-20s  %8.0fMB  %s\n", json_string_value(json_object_get(img, "name")), mb,
+               json_string_value(json_object_get(img, "created_at")));
+    }
+    json_decref(arr);
+    return CLI_EXIT_OK;
+}
+
+int cli_cmd_image(struct cli_ctx *c, int argc, char **argv)
+{
+    if (argc < 2)
+        return cli_usage_error("image", "missing command");
+    const char *sub = argv[1];
+    if (strcmp(sub, "-h") == 0 || strcmp(sub, "--help") == 0 || strcmp(sub, "help") == 0) {
+        fputs(usage_image, stdout);
+        return CLI_EXIT_OK;
+    }
+    if (strcmp(sub, "build") == 0)
+        return cmd_build(c, argc - 1, argv + 1);
+    if (strcmp(sub, "list") == 0 || strcmp(sub, "ls") == 0)
+        return cmd_ilist(c, argc - 1, argv + 1);
+    return cli_usage_error("image", "unknown command '%s'", sub);
+}
+
+int cli_cmd_doctor(struct cli_ctx *c, int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        fputs(usage_doctor, stdout);
+        return CLI_EXIT_OK;
+    }
+    if (argc > 1)
+        return cli_usage_error("doctor", "unexpected argument '%s'", argv[1]);
+    int r = doctor_run(stdout, c->state_dir);
+    fflush(stdout);
+    return r == 0 ? CLI_EXIT_OK : CLI_EXIT_ERR;
+}

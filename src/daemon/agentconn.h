@@ -1,0 +1,63 @@
+/*
+ * The daemon's end of the control channel to one sandbox's agent: frames in
+ * and out over a bufferevent, requests multiplexed by id. Everything here
+ * runs on the event-loop thread. The agent is untrusted: a malformed frame,
+ * a frame type it may not send, or silence at start-up kills the connection,
+ * never the daemon.
+ */
+#ifndef WR_DAEMON_AGENTCONN_H
+#define WR_DAEMON_AGENTCONN_H
+
+#include <event2/event.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto/proto.h"
+
+struct agentconn;
+
+/**
+ * Called for each frame of a request. A terminal frame (EXIT, OK, ERROR) is the last call; the
+ * request is already forgotten then. If the connection dies first, it is called once with
+ * h == NULL and payload pointing to a NUL-terminated reason.
+ */
+typedef void (*agentconn_frame_cb)(void *arg, const struct proto_header *h, const uint8_t *payload);
+
+/** Called once when the agent said HELLO (ok = 1) or the connection died (ok = 0, reason set). */
+typedef void (*agentconn_state_cb)(void *arg, int ok, const char *reason);
+
+/**
+ * Takes ownership of fd (the channel) and starts reading. `on_state` reports readiness and
+ * death; hello_timeout_ms bounds the wait for HELLO.
+ */
+struct agentconn *agentconn_new(struct event_base *base, int fd, int hello_timeout_ms,
+                                agentconn_state_cb on_state, void *arg);
+
+/**
+ * Starts a request: sends one frame with a fresh id and registers cb for its answers.
+ * Returns the id, or 0 if the connection is dead (cb is not called then).
+ */
+uint32_t agentconn_request(struct agentconn *c, uint16_t type, const void *payload, size_t len,
+                           agentconn_frame_cb cb, void *arg);
+
+/** Sends a further frame for an open request (STDIN, DATA, SIGNAL). Returns 0 or -1 if dead. */
+int agentconn_send(struct agentconn *c, uint32_t id, uint16_t type, uint16_t flags,
+                   const void *payload, size_t len);
+
+/** Forgets a request: its callback is not called again; late frames for it are dropped. */
+void agentconn_cancel(struct agentconn *c, uint32_t id);
+
+/** Bytes queued towards the agent and not yet written. */
+size_t agentconn_pending_out(struct agentconn *c);
+
+/** Returns 1 while the connection is alive. */
+int agentconn_alive(struct agentconn *c);
+
+/**
+ * Closes the channel (the agent sees EOF and exits) and frees the connection. Open requests
+ * get their death callback first, with reason. Safe to call from inside a callback of this
+ * connection: the memory is released after the callback returns.
+ */
+void agentconn_close(struct agentconn *c, const char *reason);
+
+#endif

@@ -1,0 +1,561 @@
+/*
+ * Sandbox records and their create/delete sequences. Driver calls run on
+ * worker threads (work.c); everything else, including every state change,
+ * happens on the loop thread, so a sandbox needs no lock.
+ */
+#include "daemon/sandbox.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "daemon/agentconn.h"
+#include "daemon/work.h"
+#include "store/store.h"
+
+static const char *state_names[] = {"creating", "running", "stopped", "failed",
+                                    "deleting", "stopping", "starting"};
+
+const char *sandbox_state_name(enum sb_state s)
+{
+    return (unsigned)s < WR_ARRAY_LEN(state_names) ? state_names[s] : "unknown";
+}
+
+int sandbox_state_parse(const char *name)
+{
+    for (size_t i = 0; i < WR_ARRAY_LEN(state_names); i++)
+        if (strcmp(name, state_names[i]) == 0)
+            return (int)i;
+    return -1;
+}
+
+static const char b32[] = "abcdefghijklmnopqrstuvwxyz234567";
+
+void sandbox_new_id(char *out)
+{
+    uint8_t rnd[21];
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || read_full(fd, rnd, sizeof(rnd)) != (ssize_t)sizeof(rnd))
+        abort(); /* no randomness: ids could collide, refuse to go on */
+    close(fd);
+    memcpy(out, "sb-", 3);
+    for (int i = 0; i < 21; i++)
+        out[3 + i] = b32[rnd[i] & 31];
+    out[DRIVER_ID_LEN] = '\0';
+}
+
+int sandbox_id_valid(const char *s)
+{
+    if (strlen(s) != DRIVER_ID_LEN || strncmp(s, "sb-", 3) != 0)
+        return 0;
+    for (int i = 3; i < DRIVER_ID_LEN; i++)
+        if (!strchr(b32, s[i]) || s[i] == '\0')
+            return 0;
+    return 1;
+}
+
+struct sandbox *sandbox_new(struct daemon *d)
+{
+    struct sandbox *sb = xcalloc(1, sizeof(*sb));
+    sb->d = d;
+    sb->refs = 1;
+    sb->state = SB_CREATING;
+    snprintf(sb->image, sizeof(sb->image), "default");
+    sb->cpus = 2;
+    sb->memory_mib = 4096;
+    sb->timeout_seconds = d->cfg.default_timeout;
+    snprintf(sb->on_lease_end, sizeof(sb->on_lease_end), "stop");
+    sb->env = json_object();
+    sb->metadata = json_object();
+    sb->network = json_pack("{s:b}", "internet", 0);
+    return sb;
+}
+
+static void sandbox_free(struct sandbox *sb)
+{
+    json_decref(sb->env);
+    json_decref(sb->metadata);
+    json_decref(sb->network);
+    free(sb);
+}
+
+void sandbox_ref(struct sandbox *sb)
+{
+    sb->refs++;
+}
+
+void sandbox_unref(struct sandbox *sb)
+{
+    if (--sb->refs == 0)
+        sandbox_free(sb);
+}
+
+/* The daemon's list holds its own reference. */
+static void link_sandbox(struct daemon *d, struct sandbox *sb)
+{
+    sandbox_ref(sb);
+    sb->next = d->sandboxes;
+    d->sandboxes = sb;
+    d->nsandboxes++;
+}
+
+/* Removes sb from the daemon's list and drops the list's reference. */
+static void unlink_sandbox(struct sandbox *sb)
+{
+    struct daemon *d = sb->d;
+    for (struct sandbox **p = &d->sandboxes; *p; p = &(*p)->next) {
+        if (*p == sb) {
+            *p = sb->next;
+            d->nsandboxes--;
+            sb->unlinked = 1;
+            sandbox_unref(sb);
+            return;
+        }
+    }
+}
+
+struct sandbox *sandbox_find(struct daemon *d, const char *id)
+{
+    for (struct sandbox *sb = d->sandboxes; sb; sb = sb->next)
+        if (strcmp(sb->id, id) == 0)
+            return sb;
+    return NULL;
+}
+
+json_t *sandbox_to_json(const struct sandbox *sb)
+{
+    char created[32], lease[32];
+    format_rfc3339(sb->created_at, created, sizeof(created));
+    format_rfc3339((sb->lease_ends_ms + 999) / 1000, lease, sizeof(lease));
+    json_t *o = json_pack("{s:s, s:s, s:s, s:i, s:i, s:O, s:O, s:i, s:s, s:O, s:s, s:s}", "id",
+                          sb->id, "state", sandbox_state_name(sb->state), "image", sb->image,
+                          "cpus", sb->cpus, "memory_mib", sb->memory_mib, "env", sb->env,
+                          "metadata", sb->metadata, "timeout_seconds", sb->timeout_seconds,
+                          "on_lease_end", sb->on_lease_end, "network", sb->network, "created_at",
+                          created, "lease_ends_at", lease);
+    if (sb->reason[0] && (sb->state == SB_FAILED || sb->state == SB_STOPPED))
+        json_object_set_new(o, "state_reason", json_string(sb->reason));
+    return o;
+}
+
+/* The stored document: the API object plus what only the daemon needs. */
+static char *sandbox_doc(const struct sandbox *sb)
+{
+    json_t *o = sandbox_to_json(sb);
+    json_object_set_new(o, "created_unix", json_integer(sb->created_at));
+    json_object_set_new(o, "lease_ends_ms", json_integer(sb->lease_ends_ms));
+    json_object_set_new(o, "reason", json_string(sb->reason));
+    json_object_set_new(o, "rootfs", json_string(sb->rootfs));
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    return s;
+}
+
+void sandbox_persist(struct sandbox *sb)
+{
+    struct wr_err err = {0};
+    char *doc = sandbox_doc(sb);
+    if (!doc || store_sandbox_put(sb->d->store, sb->id, sandbox_state_name(sb->state), doc, &err) < 0)
+        log_error(sb->id, "store.failed", "error=\"%s\"", doc ? err.msg : "encode");
+    free(doc);
+}
+
+void sandbox_set_state(struct sandbox *sb, enum sb_state st, const char *reason)
+{
+    sb->state = st;
+    snprintf(sb->reason, sizeof(sb->reason), "%s", reason ? reason : "");
+    struct wr_err err = {0};
+    if (store_event_add(sb->d->store, sb->id, "state", sandbox_state_name(st), sb->reason, &err) < 0)
+        log_error(sb->id, "store.failed", "error=\"%s\"", err.msg);
+    log_info(sb->id, "sandbox.state", "state=%s reason=\"%s\"", sandbox_state_name(st), sb->reason);
+    sandbox_persist(sb);
+}
+
+void sandbox_spec(const struct sandbox *sb, struct driver_spec *spec)
+{
+    memset(spec, 0, sizeof(*spec));
+    spec->id = sb->id;
+    spec->dir = sb->dir;
+    spec->image_rootfs = sb->rootfs;
+    spec->agent_path = sb->d->cfg.agent_path;
+    spec->cpus = sb->cpus;
+    spec->memory_mib = sb->memory_mib;
+    spec->pids_max = sb->d->cfg.pids_max;
+}
+
+/* ---- driver jobs ---- */
+
+enum job_kind { JOB_START, JOB_STOP, JOB_DESTROY };
+
+struct job {
+    struct sandbox *sb;
+    enum job_kind kind;
+    struct driver_spec spec;
+    int rc;
+    int fd;
+    struct wr_err err;
+    uint64_t started_ms;
+    sandbox_done_cb done;
+    void *arg;
+    int is_create; /* a failed start removes everything (create) or keeps the files (start) */
+    char failure[WR_ERR_MSG_MAX]; /* for create: why it failed, kept across the cleanup */
+};
+
+static void job_run(void *p)
+{
+    struct job *j = p;
+    const struct driver_ops *drv = j->sb->d->driver;
+    j->fd = -1;
+    switch (j->kind) {
+    case JOB_START:
+        j->rc = drv->start(&j->spec, &j->fd, &j->err);
+        break;
+    case JOB_STOP:
+        j->rc = drv->stop(&j->spec, &j->err);
+        break;
+    case JOB_DESTROY:
+        j->rc = drv->destroy(&j->spec, &j->err);
+        break;
+    }
+}
+
+static struct job *job_new(struct sandbox *sb, enum job_kind kind, sandbox_done_cb done, void *arg)
+{
+    struct job *j = xcalloc(1, sizeof(*j));
+    j->sb = sb;
+    sandbox_ref(sb);
+    j->kind = kind;
+    sandbox_spec(sb, &j->spec);
+    j->done = done;
+    j->arg = arg;
+    j->fd = -1;
+    j->started_ms = now_ms_monotonic();
+    return j;
+}
+
+static void job_free(struct job *j)
+{
+    if (j->fd >= 0)
+        close(j->fd);
+    sandbox_unref(j->sb);
+    free(j);
+}
+
+/*
+ * A start failed and its leftovers are cleaned up: a new sandbox is destroyed again and
+ * forgotten; an existing one is stopped (files kept) and marked failed.
+ */
+static void start_cleanup_done(void *p)
+{
+    struct job *j = p;
+    struct sandbox *sb = j->sb;
+    sb->busy = 0;
+    if (j->rc < 0)
+        log_error(sb->id, "sandbox.cleanup_failed", "error=\"%s\"", j->err.msg);
+    if (j->is_create && j->rc == 0) {
+        store_sandbox_delete(sb->d->store, sb->id, NULL);
+        store_event_add(sb->d->store, sb->id, "deleted", "deleted", "create_failed", NULL);
+        unlink_sandbox(sb);
+    } else {
+        sandbox_set_state(sb, SB_FAILED, j->failure);
+    }
+    j->done(sb, 0, j->failure, j->arg);
+    job_free(j);
+}
+
+static void start_fail(struct job *j, const char *why)
+{
+    struct sandbox *sb = j->sb;
+    snprintf(j->failure, sizeof(j->failure), "%s", why);
+    log_error(sb->id, j->is_create ? "sandbox.create_failed" : "sandbox.start_failed",
+              "error=\"%s\"", why);
+    if (sb->conn) {
+        agentconn_close(sb->conn, why);
+        sb->conn = NULL;
+    }
+    j->kind = j->is_create ? JOB_DESTROY : JOB_STOP;
+    j->rc = 0;
+    wr_err_clear(&j->err);
+    sb->busy = 1;
+    work_submit(sb->d->wq, job_run, start_cleanup_done, j);
+}
+
+/* The agent said HELLO, or the channel died. */
+static void on_agent_state(void *arg, int ok, const char *reason)
+{
+    struct sandbox *sb = arg;
+    struct job *j = sb->create_job;
+    if (j) {
+        sb->create_job = NULL;
+        if (!ok) {
+            char why[WR_ERR_MSG_MAX];
+            snprintf(why, sizeof(why), "sandbox did not start: %s", reason);
+            start_fail(j, why);
+            return;
+        }
+        log_info(sb->id, "sandbox.started", "ms=%llu",
+                 (unsigned long long)(now_ms_monotonic() - j->started_ms));
+        sandbox_set_state(sb, SB_RUNNING, j->is_create ? "created" : "user");
+        j->done(sb, 1, NULL, j->arg);
+        job_free(j);
+        return;
+    }
+    if (!ok && sb->state == SB_RUNNING) {
+        /* The agent went away under a running sandbox: it is no longer usable. */
+        struct agentconn *c = sb->conn;
+        sb->conn = NULL;
+        sandbox_set_state(sb, SB_FAILED, "agent_died");
+        log_error(sb->id, "sandbox.agent_died", "reason=\"%s\"", reason);
+        agentconn_close(c, reason);
+    }
+}
+
+static void create_start_done(void *p)
+{
+    struct job *j = p;
+    struct sandbox *sb = j->sb;
+    sb->busy = 0;
+    if (j->rc < 0) {
+        start_fail(j, j->err.msg[0] ? j->err.msg : "the driver could not start the sandbox");
+        return;
+    }
+    int fd = steal_fd(&j->fd);
+    sb->create_job = j;
+    sb->conn = agentconn_new(sb->d->base, fd, sb->d->cfg.hello_timeout_ms, on_agent_state, sb);
+}
+
+static void start_job(struct sandbox *sb, int is_create, sandbox_done_cb done, void *arg)
+{
+    struct job *j = job_new(sb, JOB_START, done, arg);
+    j->is_create = is_create;
+    if (mkdir(sb->dir, 0700) < 0 && errno != EEXIST) {
+        char why[WR_ERR_MSG_MAX];
+        snprintf(why, sizeof(why), "cannot create %s: %s", sb->dir, strerror(errno));
+        start_fail(j, why);
+        return;
+    }
+    sb->busy = 1;
+    work_submit(sb->d->wq, job_run, create_start_done, j);
+}
+
+void sandbox_create(struct sandbox *sb, sandbox_done_cb done, void *arg)
+{
+    struct daemon *d = sb->d;
+    sb->created_at = now_unix();
+    sb->lease_ends_ms = now_ms_wall() + (int64_t)sb->timeout_seconds * 1000;
+    snprintf(sb->dir, sizeof(sb->dir), "%s/sandboxes/%s", d->cfg.state_dir, sb->id);
+    link_sandbox(d, sb);
+    sandbox_set_state(sb, SB_CREATING, "user");
+    start_job(sb, 1, done, arg);
+}
+
+void sandbox_start(struct sandbox *sb, sandbox_done_cb done, void *arg)
+{
+    sb->lease_ends_ms = now_ms_wall() + (int64_t)sb->timeout_seconds * 1000;
+    sandbox_set_state(sb, SB_STARTING, "user");
+    start_job(sb, 0, done, arg);
+}
+
+static void stop_done(void *p)
+{
+    struct job *j = p;
+    struct sandbox *sb = j->sb;
+    sb->busy = 0;
+    if (j->rc < 0) {
+        char why[WR_ERR_MSG_MAX];
+        snprintf(why, sizeof(why), "stop failed: %s", j->err.msg);
+        sandbox_set_state(sb, SB_FAILED, why);
+        j->done(sb, 0, why, j->arg);
+    } else {
+        sandbox_set_state(sb, SB_STOPPED, j->failure);
+        j->done(sb, 1, NULL, j->arg);
+    }
+    job_free(j);
+}
+
+void sandbox_stop(struct sandbox *sb, const char *reason, sandbox_done_cb done, void *arg)
+{
+    sandbox_set_state(sb, SB_STOPPING, reason);
+    if (sb->conn) {
+        agentconn_close(sb->conn, "the sandbox is being stopped");
+        sb->conn = NULL;
+    }
+    struct job *j = job_new(sb, JOB_STOP, done, arg);
+    snprintf(j->failure, sizeof(j->failure), "%s", reason);
+    sb->busy = 1;
+    work_submit(sb->d->wq, job_run, stop_done, j);
+}
+
+static void delete_done(void *p)
+{
+    struct job *j = p;
+    struct sandbox *sb = j->sb;
+    sb->busy = 0;
+    if (j->rc < 0) {
+        char why[WR_ERR_MSG_MAX];
+        snprintf(why, sizeof(why), "delete failed: %s", j->err.msg);
+        sandbox_set_state(sb, SB_FAILED, why);
+        j->done(sb, 0, why, j->arg);
+    } else {
+        struct wr_err err = {0};
+        if (store_sandbox_delete(sb->d->store, sb->id, &err) < 0)
+            log_error(sb->id, "store.failed", "error=\"%s\"", err.msg);
+        store_event_add(sb->d->store, sb->id, "deleted", "deleted", j->failure, NULL);
+        log_info(sb->id, "sandbox.deleted", "ms=%llu",
+                 (unsigned long long)(now_ms_monotonic() - j->started_ms));
+        unlink_sandbox(sb);
+        j->done(sb, 1, NULL, j->arg);
+    }
+    job_free(j);
+}
+
+void sandbox_delete(struct sandbox *sb, sandbox_done_cb done, void *arg)
+{
+    sandbox_delete_reason(sb, "user", done, arg);
+}
+
+void sandbox_delete_reason(struct sandbox *sb, const char *reason, sandbox_done_cb done, void *arg)
+{
+    sandbox_set_state(sb, SB_DELETING, reason);
+    if (sb->conn) {
+        /* EOF on its channel makes the agent kill everything and exit: teardown is fast. */
+        agentconn_close(sb->conn, "the sandbox is being deleted");
+        sb->conn = NULL;
+    }
+    struct job *j = job_new(sb, JOB_DESTROY, done, arg);
+    snprintf(j->failure, sizeof(j->failure), "%s", reason);
+    sb->busy = 1;
+    work_submit(sb->d->wq, job_run, delete_done, j);
+}
+
+/* ---- start-up and shutdown ---- */
+
+static int load_one(void *arg, const char *id, const char *state, const char *doc)
+{
+    struct daemon *d = arg;
+    json_error_t jerr;
+    json_t *o = json_loads(doc, 0, &jerr);
+    if (!o || !sandbox_id_valid(id)) {
+        log_error(id, "store.bad_row", "error=\"%s\"", o ? "bad id" : jerr.text);
+        json_decref(o);
+        return 0;
+    }
+    struct sandbox *sb = sandbox_new(d);
+    snprintf(sb->id, sizeof(sb->id), "%s", id);
+    const char *image = NULL, *ole = NULL, *reason = NULL, *rootfs = NULL;
+    json_t *env = NULL, *md = NULL, *net = NULL;
+    json_int_t created = 0, lease = 0;
+    json_unpack(o, "{s?s, s?i, s?i, s?i, s?s, s?o, s?o, s?o, s?I, s?I, s?s, s?s}", "image", &image,
+                "cpus", &sb->cpus, "memory_mib", &sb->memory_mib, "timeout_seconds",
+                &sb->timeout_seconds, "on_lease_end", &ole, "env", &env, "metadata", &md,
+                "network", &net, "created_unix", &created, "lease_ends_ms", &lease, "reason",
+                &reason, "rootfs", &rootfs);
+    if (image)
+        snprintf(sb->image, sizeof(sb->image), "%s", image);
+    if (ole)
+        snprintf(sb->on_lease_end, sizeof(sb->on_lease_end), "%s", ole);
+    if (env && json_is_object(env))
+        json_object_update(sb->env, env);
+    if (md && json_is_object(md))
+        json_object_update(sb->metadata, md);
+    if (net && json_is_object(net)) {
+        json_decref(sb->network);
+        sb->network = json_incref(net);
+    }
+    if (reason)
+        snprintf(sb->reason, sizeof(sb->reason), "%s", reason);
+    if (rootfs)
+        snprintf(sb->rootfs, sizeof(sb->rootfs), "%s", rootfs);
+    sb->created_at = created;
+    sb->lease_ends_ms = lease;
+    json_decref(o);
+    snprintf(sb->dir, sizeof(sb->dir), "%s/sandboxes/%s", d->cfg.state_dir, sb->id);
+    int st = sandbox_state_parse(state);
+    sb->state = st < 0 ? SB_FAILED : (enum sb_state)st;
+    link_sandbox(d, sb);
+
+    struct driver_spec spec;
+    sandbox_spec(sb, &spec);
+    struct wr_err err = {0};
+    if (sb->state == SB_CREATING || sb->state == SB_DELETING) {
+        /* It never finished being created, or was being deleted: finish the delete. */
+        if (d->driver->destroy(&spec, &err) < 0) {
+            sandbox_set_state(sb, SB_FAILED, err.msg);
+        } else {
+            store_sandbox_delete(d->store, sb->id, NULL);
+            store_event_add(d->store, sb->id, "deleted", "deleted", "daemon_restart", NULL);
+            unlink_sandbox(sb);
+        }
+    } else if (sb->state == SB_RUNNING || sb->state == SB_STOPPING || sb->state == SB_STARTING) {
+        /* Its channel died with the previous daemon: stop it cleanly, files kept. */
+        int lease_over = sb->lease_ends_ms <= now_ms_wall();
+        if (lease_over && strcmp(sb->on_lease_end, "delete") == 0) {
+            /* Its lease ended while the daemon was down: it is deleted now. */
+            if (d->driver->destroy(&spec, &err) < 0) {
+                sandbox_set_state(sb, SB_FAILED, err.msg);
+            } else {
+                store_sandbox_delete(d->store, sb->id, NULL);
+                store_event_add(d->store, sb->id, "deleted", "deleted", "lease_ended", NULL);
+                unlink_sandbox(sb);
+            }
+        } else if (d->driver->stop(&spec, &err) < 0) {
+            sandbox_set_state(sb, SB_FAILED, err.msg);
+        } else {
+            sandbox_set_state(sb, SB_STOPPED, lease_over ? "lease_ended" : "daemon_restart");
+        }
+    }
+    sandbox_unref(sb);
+    return 0;
+}
+
+int sandbox_load_all(struct daemon *d, struct wr_err *err)
+{
+    return store_sandbox_foreach(d->store, load_one, d, err);
+}
+
+/* Leases: a sandbox whose lease has ended is stopped or deleted, as on_lease_end says. */
+static void lease_done(struct sandbox *sb, int ok, const char *message, void *arg)
+{
+    if (!ok)
+        log_error(sb->id, "lease.end_failed", "error=\"%s\"", message);
+}
+
+void sandbox_check_leases(struct daemon *d)
+{
+    int64_t now = now_ms_wall();
+    struct sandbox *next;
+    for (struct sandbox *sb = d->sandboxes; sb; sb = next) {
+        next = sb->next;
+        if (sb->state != SB_RUNNING || sb->busy || sb->lease_ends_ms > now)
+            continue;
+        log_info(sb->id, "lease.ended", "on_lease_end=%s", sb->on_lease_end);
+        if (strcmp(sb->on_lease_end, "delete") == 0)
+            sandbox_delete_reason(sb, "lease_ended", lease_done, NULL);
+        else
+            sandbox_stop(sb, "lease_ended", lease_done, NULL);
+    }
+}
+
+void sandbox_stop_all(struct daemon *d)
+{
+    for (struct sandbox *sb = d->sandboxes; sb; sb = sb->next) {
+        if (sb->conn) {
+            agentconn_close(sb->conn, "the daemon is shutting down");
+            sb->conn = NULL;
+        }
+        if (sb->state != SB_RUNNING)
+            continue;
+        struct driver_spec spec;
+        sandbox_spec(sb, &spec);
+        struct wr_err err = {0};
+        if (d->driver->stop(&spec, &err) < 0)
+            sandbox_set_state(sb, SB_FAILED, err.msg);
+        else
+            sandbox_set_state(sb, SB_STOPPED, "daemon_shutdown");
+    }
+}

@@ -1,0 +1,135 @@
+/*
+ * Sandboxes as the daemon holds them: options, state, the channel to the
+ * agent, and the create and delete sequences that drive the driver from
+ * worker threads and finish on the loop.
+ */
+#ifndef WR_DAEMON_SANDBOX_H
+#define WR_DAEMON_SANDBOX_H
+
+#include <jansson.h>
+#include <limits.h>
+#include <stdint.h>
+
+#include "daemon/daemon.h"
+#include "driver/driver.h"
+
+enum sb_state {
+    SB_CREATING,
+    SB_RUNNING,
+    SB_STOPPED,
+    SB_FAILED,
+    SB_DELETING,
+    SB_STOPPING,
+    SB_STARTING,
+};
+
+struct agentconn;
+
+struct sandbox {
+    struct daemon *d;
+    char id[DRIVER_ID_LEN + 1];
+    enum sb_state state;
+    char image[72];
+    int cpus;
+    int memory_mib;
+    int timeout_seconds;
+    char on_lease_end[8];
+    json_t *env;      /* object of strings */
+    json_t *metadata; /* object of strings */
+    json_t *network;  /* object, as given */
+    int64_t created_at;
+    int64_t lease_ends_ms; /* wall clock, milliseconds */
+    char dir[PATH_MAX];
+    char rootfs[PATH_MAX];
+    char reason[256];  /* why it is in its state (failed: what went wrong) */
+    struct agentconn *conn;
+    int refs;
+    int busy;          /* a driver operation is in flight */
+    int unlinked;      /* removed from the daemon's list */
+    void *create_job;  /* while CREATING and waiting for HELLO */
+    struct sandbox *next;
+};
+
+typedef void (*sandbox_done_cb)(struct sandbox *sb, int ok, const char *message, void *arg);
+
+/** Returns the state's name ("running"). */
+const char *sandbox_state_name(enum sb_state s);
+
+/** Parses a state name; -1 if unknown. */
+int sandbox_state_parse(const char *name);
+
+/** Makes a new fixed-width sandbox id ("sb-" + 21 base32 chars) into out[DRIVER_ID_LEN + 1]. */
+void sandbox_new_id(char *out);
+
+/** Returns 1 if s has the shape of a sandbox id. */
+int sandbox_id_valid(const char *s);
+
+/** Allocates a sandbox with defaults for d (refs = 1, owned by the daemon's list once added). */
+struct sandbox *sandbox_new(struct daemon *d);
+
+/** Takes and drops references; the last unref of an unlinked sandbox frees it. */
+void sandbox_ref(struct sandbox *sb);
+void sandbox_unref(struct sandbox *sb);
+
+/** Finds a sandbox by id (no reference taken). */
+struct sandbox *sandbox_find(struct daemon *d, const char *id);
+
+/** The API's JSON object for a sandbox (new reference). */
+json_t *sandbox_to_json(const struct sandbox *sb);
+
+/** Saves the sandbox's current document to the store (logs on failure). */
+void sandbox_persist(struct sandbox *sb);
+
+/** Changes state, records the event with its reason, logs, persists. */
+void sandbox_set_state(struct sandbox *sb, enum sb_state st, const char *reason);
+
+/**
+ * Adds sb (filled with options, state CREATING) to the daemon and starts it. done runs once on
+ * the loop: ok = 1 when the agent answered; ok = 0 with a message after everything created was
+ * removed again (the sandbox is then gone from the daemon).
+ */
+void sandbox_create(struct sandbox *sb, sandbox_done_cb done, void *arg);
+
+/**
+ * Starts a stopped or failed sandbox again with its files and a fresh lease. done: ok = 1 when
+ * the agent answered; ok = 0 with a message if it did not (the sandbox is then FAILED, files
+ * kept).
+ */
+void sandbox_start(struct sandbox *sb, sandbox_done_cb done, void *arg);
+
+/**
+ * Stops a running sandbox: every process ends, the writable layer stays; state STOPPED with
+ * reason. done: ok = 0 with a message if the driver failed (the sandbox is then FAILED).
+ */
+void sandbox_stop(struct sandbox *sb, const char *reason, sandbox_done_cb done, void *arg);
+
+/**
+ * Deletes sb: closes the channel, removes every trace through the driver, forgets it.
+ * done: ok = 1 when gone; ok = 0 with a message if the driver failed (the sandbox is then
+ * FAILED and can be deleted again).
+ */
+void sandbox_delete(struct sandbox *sb, sandbox_done_cb done, void *arg);
+
+/** Like sandbox_delete, recording reason (e.g. "lease_ended") in the history. */
+void sandbox_delete_reason(struct sandbox *sb, const char *reason, sandbox_done_cb done, void *arg);
+
+/** Ends the leases that have run out (called every few hundred ms by the daemon). */
+void sandbox_check_leases(struct daemon *d);
+
+/**
+ * At start-up: loads stored sandboxes. Those that were running are stopped through the driver
+ * (files kept) and marked stopped with reason daemon_restart; half-created or half-deleted ones
+ * are destroyed.
+ */
+int sandbox_load_all(struct daemon *d, struct wr_err *err);
+
+/**
+ * At shutdown: closes every channel and stops every running sandbox through the driver (files
+ * kept; state stopped, reason daemon_shutdown). Blocks until done.
+ */
+void sandbox_stop_all(struct daemon *d);
+
+/** Fills a driver spec for sb (strings point into sb and d). */
+void sandbox_spec(const struct sandbox *sb, struct driver_spec *spec);
+
+#endif

@@ -1,0 +1,126 @@
+/*
+ * The isolation seam: a driver creates, starts, stops and destroys sandboxes
+ * and hands the daemon one byte stream to the agent inside. Everything else
+ * (API, files, leases, money, egress) is driver-independent.
+ *
+ * Every operation here blocks (it runs runsc, mounts, ...) and is called from
+ * a worker thread, never from the event loop. Operations on different
+ * sandboxes may run concurrently; the caller never runs two operations on the
+ * same sandbox at once.
+ */
+#ifndef WR_DRIVER_H
+#define WR_DRIVER_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "common/err.h"
+
+#define DRIVER_ID_LEN 24  /* sandbox ids are fixed-width: "sb-" + 21 lowercase base32 chars */
+
+/** What a sandbox is made of. Strings are borrowed for the duration of the call. */
+struct driver_spec {
+    const char *id;            /* fixed-width id, [a-z0-9-], DRIVER_ID_LEN chars */
+    const char *dir;           /* per-sandbox directory on the host (exists; driver owns its
+                                  contents: writable layer, bundle, logs) */
+    const char *image_rootfs;  /* read-only image root filesystem shared by every sandbox */
+    const char *agent_path;    /* host path of the static withruntime-agent binary */
+    int cpus;                  /* CPU limit, whole vCPUs (>= 1) */
+    int memory_mib;            /* memory for the sandbox's processes */
+    int pids_max;              /* process-count cap inside the sandbox */
+};
+
+/** Resource use as measured on the host. */
+struct driver_stats {
+    uint64_t cpu_usec;       /* CPU time used since the sandbox started */
+    uint64_t memory_bytes;   /* current memory use */
+    uint64_t pids;           /* current number of host tasks */
+};
+
+struct driver_ops {
+    const char *name;  /* "gvisor" */
+
+    /**
+     * Checks whether this host can run the driver. Returns 0 if it can, -1 with the reason in
+     * err if not. Fills `detail` (NUL-terminated, may be empty) with what was found, e.g.
+     * "runsc 0.0~20240729.0, platform systrap".
+     */
+    int (*probe)(char *detail, size_t detail_len, struct wr_err *err);
+
+    /**
+     * Prepares the sandbox's writable layer in spec->dir (first start only; idempotent) and
+     * starts it: on success the agent is running as PID 1 and *chan_fd (O_CLOEXEC,
+     * caller owns it) is the daemon's end of the byte stream to it.
+     */
+    int (*start)(const struct driver_spec *spec, int *chan_fd, struct wr_err *err);
+
+    /**
+     * Stops the sandbox: every process in it ends; runsc state, mounts and cgroups are removed;
+     * the writable layer in spec->dir stays. Stopping a stopped (or half-started) sandbox
+     * succeeds.
+     */
+    int (*stop)(const struct driver_spec *spec, struct wr_err *err);
+
+    /**
+     * Stops the sandbox if needed and removes every trace of it, including spec->dir itself.
+     * Works after a daemon restart from the spec alone.
+     */
+    int (*destroy)(const struct driver_spec *spec, struct wr_err *err);
+
+    /** Returns 1 if the sandbox's container is running, 0 if not, -1 on error. */
+    int (*is_running)(const struct driver_spec *spec, struct wr_err *err);
+
+    /** Reads the sandbox's resource use. */
+    int (*stats)(const struct driver_spec *spec, struct driver_stats *out, struct wr_err *err);
+};
+
+/** Global driver configuration, set once by the daemon before any call. */
+struct driver_config {
+    const char *state_dir;  /* e.g. /var/lib/withruntime; drivers keep their state under it */
+    const char *platform;   /* gvisor platform override (NULL = auto: systrap, else ptrace) */
+    int debug;              /* keep runsc debug logs in the sandbox dir */
+};
+
+/** The gVisor driver. */
+extern const struct driver_ops driver_gvisor;
+
+/** Configures all drivers. Call once at start-up. Returns 0 or -1. */
+int driver_init(const struct driver_config *cfg, struct wr_err *err);
+
+/** Looks up a driver by name; NULL if unknown. */
+const struct driver_ops *driver_find(const char *name);
+
+/*
+ * gVisor driver helpers (driver_init calls gvisor_configure; the others say what limits a
+ * sandbox really gets on the host, for docs and accounting).
+ */
+
+/** Stores the gVisor driver's configuration. Returns 0, or -1 with err set. */
+int gvisor_configure(const struct driver_config *cfg, struct wr_err *err);
+
+/**
+ * The host memory cgroup limit for a sandbox of memory_mib: memory_mib plus a margin for
+ * gVisor's own sentry and gofer (64 MiB + memory_mib/16). Exceeding it kills the whole
+ * sandbox; the guest sees this total as its MemTotal.
+ */
+uint64_t gvisor_memory_limit_bytes(int memory_mib);
+
+/** The host pids.max backstop for a sandbox whose guest process cap is pids_max. */
+int gvisor_pids_limit(int pids_max);
+
+/** Reads the installed runsc's version (e.g. "0.0~20240729.0") into out. Returns 0 or -1. */
+int gvisor_runsc_version(char *out, size_t outlen, struct wr_err *err);
+
+/**
+ * Returns 1 if a runsc of this version is too old to use (Debian 12's own 0.0~20221219
+ * rejects statx with AT_NO_AUTOMOUNT, so ls and stat fail inside), else 0.
+ */
+int gvisor_runsc_too_old(const char *version);
+
+/**
+ * Starts and stops a throwaway sandbox (`runsc do true`) on the given platform. Needs
+ * driver_init. Returns 0 if it worked, -1 with the reason in err.
+ */
+int gvisor_platform_check(const char *platform, struct wr_err *err);
+
+#endif

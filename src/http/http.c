@@ -1,0 +1,407 @@
+/*
+ * evhttp behind the interface in http.h. Each incoming request gets a small
+ * wrapper that lives until its reply ends; a client that disconnects early
+ * is reported through the connection's close callback, and evhttp keeps the
+ * detached request alive until we answer it (answering then only frees it).
+ */
+#include "http/http.h"
+
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <event2/listener.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/queue.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "common/util.h"
+
+#define MAX_LISTENERS 4
+
+struct http_server {
+    struct event_base *base;
+    struct evhttp *http;
+    http_handler handler;
+    void *ctx;
+    struct evhttp_bound_socket *bound[MAX_LISTENERS];
+    int nbound;
+    char unix_path[108];
+};
+
+struct http_req {
+    struct http_server *server;
+    struct evhttp_request *req;
+    struct evhttp_connection *evcon;
+    char *path;
+    struct evkeyvalq query;
+    int query_ok;
+    int query_bad;
+    int gone;
+    int streaming;
+    void (*close_cb)(void *);
+    void *close_arg;
+};
+
+static const char *method_name(enum evhttp_cmd_type t)
+{
+    switch (t) {
+    case EVHTTP_REQ_GET: return "GET";
+    case EVHTTP_REQ_POST: return "POST";
+    case EVHTTP_REQ_PUT: return "PUT";
+    case EVHTTP_REQ_DELETE: return "DELETE";
+    case EVHTTP_REQ_HEAD: return "HEAD";
+    case EVHTTP_REQ_PATCH: return "PATCH";
+    case EVHTTP_REQ_OPTIONS: return "OPTIONS";
+    default: return "OTHER";
+    }
+}
+
+static void on_conn_close(struct evhttp_connection *evcon, void *arg)
+{
+    struct http_req *r = arg;
+    r->gone = 1;
+    r->evcon = NULL;
+    void (*cb)(void *) = r->close_cb;
+    r->close_cb = NULL;
+    if (cb)
+        cb(r->close_arg);
+}
+
+static void req_free(struct http_req *r)
+{
+    if (r->evcon)
+        evhttp_connection_set_closecb(r->evcon, NULL, NULL);
+    if (r->query_ok)
+        evhttp_clear_headers(&r->query);
+    free(r->path);
+    free(r);
+}
+
+static void on_request(struct evhttp_request *req, void *arg)
+{
+    struct http_server *s = arg;
+    struct http_req *r = xcalloc(1, sizeof(*r));
+    r->server = s;
+    r->req = req;
+    r->evcon = evhttp_request_get_connection(req);
+    const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
+    const char *raw_path = uri ? evhttp_uri_get_path(uri) : NULL;
+    r->path = raw_path ? evhttp_uridecode(raw_path, 0, NULL) : NULL;
+    if (!r->path)
+        r->path = xstrdup("");
+    TAILQ_INIT(&r->query);
+    const char *q = uri ? evhttp_uri_get_query(uri) : NULL;
+    if (q) {
+        if (evhttp_parse_query_str(q, &r->query) == 0)
+            r->query_ok = 1;
+        else {
+            evhttp_clear_headers(&r->query);
+            r->query_bad = 1;
+        }
+    }
+    if (r->evcon)
+        evhttp_connection_set_closecb(r->evcon, on_conn_close, r);
+    s->handler(r, s->ctx);
+}
+
+struct http_server *http_server_new(struct event_base *base, http_handler handler, void *ctx,
+                                    size_t max_body, struct wr_err *err)
+{
+    struct http_server *s = xcalloc(1, sizeof(*s));
+    s->base = base;
+    s->handler = handler;
+    s->ctx = ctx;
+    s->http = evhttp_new(base);
+    if (!s->http) {
+        free(s);
+        wr_err_set(err, ENOMEM, "cannot create the HTTP server");
+        return NULL;
+    }
+    evhttp_set_max_body_size(s->http, (ev_ssize_t)max_body);
+    evhttp_set_max_headers_size(s->http, 64 * 1024);
+    evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_PUT |
+                                            EVHTTP_REQ_DELETE | EVHTTP_REQ_HEAD |
+                                            EVHTTP_REQ_PATCH | EVHTTP_REQ_OPTIONS);
+    /* Long-running execs stream for as long as they run; idle keep-alive connections close. */
+    evhttp_set_timeout(s->http, 3600);
+    evhttp_set_gencb(s->http, on_request, s);
+    return s;
+}
+
+int http_server_listen_tcp(struct http_server *s, const char *host, int port, struct wr_err *err)
+{
+    if (s->nbound >= MAX_LISTENERS)
+        return wr_err_set(err, EINVAL, "too many listeners");
+    struct evhttp_bound_socket *b = evhttp_bind_socket_with_handle(s->http, host, (uint16_t)port);
+    if (!b)
+        return wr_err_sys(err, errno, "listen on %s:%d", host, port);
+    s->bound[s->nbound++] = b;
+    return 0;
+}
+
+int http_server_listen_unix(struct http_server *s, const char *path, struct wr_err *err)
+{
+    if (s->nbound >= MAX_LISTENERS)
+        return wr_err_set(err, EINVAL, "too many listeners");
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof(sa.sun_path))
+        return wr_err_set(err, ENAMETOOLONG, "socket path too long: %s", path);
+    strcpy(sa.sun_path, path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+        return wr_err_sys(err, errno, "socket");
+    /* A stale socket from a daemon that died is replaced; a live one is an error. */
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+        close(fd);
+        return wr_err_set(err, EADDRINUSE, "another daemon is already listening on %s", path);
+    }
+    close(fd);
+    unlink(path);
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+        return wr_err_sys(err, errno, "socket");
+    mode_t old = umask(0117);
+    int rc = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
+    umask(old);
+    if (rc < 0 || listen(fd, 128) < 0) {
+        int e = errno;
+        close(fd);
+        return wr_err_sys(err, e, "listen on %s", path);
+    }
+    struct evconnlistener *l = evconnlistener_new(
+        s->base, NULL, NULL, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, -1, fd);
+    if (!l) {
+        close(fd);
+        return wr_err_set(err, ENOMEM, "listen on %s", path);
+    }
+    struct evhttp_bound_socket *b = evhttp_bind_listener(s->http, l);
+    if (!b) {
+        evconnlistener_free(l);
+        return wr_err_set(err, ENOMEM, "listen on %s", path);
+    }
+    s->bound[s->nbound++] = b;
+    snprintf(s->unix_path, sizeof(s->unix_path), "%s", path);
+    return 0;
+}
+
+void http_server_stop_accepting(struct http_server *s)
+{
+    for (int i = 0; i < s->nbound; i++)
+        evhttp_del_accept_socket(s->http, s->bound[i]);
+    s->nbound = 0;
+    if (s->unix_path[0]) {
+        unlink(s->unix_path);
+        s->unix_path[0] = '\0';
+    }
+}
+
+void http_server_free(struct http_server *s)
+{
+    if (!s)
+        return;
+    http_server_stop_accepting(s);
+    evhttp_free(s->http);
+    free(s);
+}
+
+const char *http_req_method(struct http_req *r)
+{
+    return method_name(evhttp_request_get_command(r->req));
+}
+
+const char *http_req_path(struct http_req *r)
+{
+    return r->path;
+}
+
+const char *http_req_query(struct http_req *r, const char *name)
+{
+    return r->query_ok ? evhttp_find_header(&r->query, name) : NULL;
+}
+
+int http_req_query_bad(struct http_req *r)
+{
+    return r->query_bad;
+}
+
+const char *http_req_header(struct http_req *r, const char *name)
+{
+    return evhttp_find_header(evhttp_request_get_input_headers(r->req), name);
+}
+
+int http_req_is_unix(struct http_req *r)
+{
+    if (!r->evcon)
+        return 0;
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(r->evcon);
+    int fd = bev ? bufferevent_getfd(bev) : -1;
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof(ss);
+    if (fd < 0 || getsockname(fd, (struct sockaddr *)&ss, &len) < 0)
+        return 0;
+    return ss.ss_family == AF_UNIX;
+}
+
+size_t http_req_body_len(struct http_req *r)
+{
+    return evbuffer_get_length(evhttp_request_get_input_buffer(r->req));
+}
+
+size_t http_req_body_read(struct http_req *r, void *buf, size_t n)
+{
+    int got = evbuffer_remove(evhttp_request_get_input_buffer(r->req), buf, n);
+    return got > 0 ? (size_t)got : 0;
+}
+
+char *http_req_body_string(struct http_req *r)
+{
+    struct evbuffer *in = evhttp_request_get_input_buffer(r->req);
+    size_t n = evbuffer_get_length(in);
+    char *s = xmalloc(n + 1);
+    if (n)
+        evbuffer_copyout(in, s, n);
+    s[n] = '\0';
+    if (memchr(s, '\0', n)) {
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void http_reply_header(struct http_req *r, const char *name, const char *value)
+{
+    evhttp_add_header(evhttp_request_get_output_headers(r->req), name, value);
+}
+
+static const char *reason_phrase(int status)
+{
+    switch (status) {
+    case 200: return "OK";
+    case 201: return "Created";
+    case 204: return "No Content";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 409: return "Conflict";
+    case 413: return "Payload Too Large";
+    case 422: return "Unprocessable Content";
+    case 500: return "Internal Server Error";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    default: return "Status";
+    }
+}
+
+void http_reply(struct http_req *r, int status, const char *content_type, const void *body,
+                size_t len)
+{
+    if (content_type)
+        http_reply_header(r, "Content-Type", content_type);
+    struct evbuffer *buf = evbuffer_new();
+    if (len)
+        evbuffer_add(buf, body, len);
+    evhttp_send_reply(r->req, status, reason_phrase(status), buf);
+    evbuffer_free(buf);
+    req_free(r);
+}
+
+void http_reply_json(struct http_req *r, int status, json_t *obj)
+{
+    char *s = json_dumps(obj, JSON_COMPACT | JSON_ENSURE_ASCII);
+    json_decref(obj);
+    if (!s) {
+        static const char fallback[] =
+            "{\"error\":{\"code\":\"internal\",\"message\":\"cannot encode the response\"}}";
+        http_reply(r, 500, "application/json", fallback, sizeof(fallback) - 1);
+        return;
+    }
+    size_t n = strlen(s);
+    s = xrealloc(s, n + 2);
+    s[n] = '\n';
+    http_reply(r, status, "application/json", s, n + 1);
+    free(s);
+}
+
+static void reply_error_v(struct http_req *r, int status, const char *code, json_t *extra,
+                          const char *fmt, va_list ap)
+{
+    char msg[1024];
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    json_t *e = json_pack("{s:s, s:s}", "code", code, "message", msg);
+    if (!e) /* message not valid UTF-8: it came from somewhere untrusted */
+        e = json_pack("{s:s, s:s}", "code", code, "message", "(message not valid UTF-8)");
+    if (extra) {
+        json_object_update(e, extra);
+        json_decref(extra);
+    }
+    http_reply_json(r, status, json_pack("{s:o}", "error", e));
+}
+
+void http_reply_error(struct http_req *r, int status, const char *code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    reply_error_v(r, status, code, NULL, fmt, ap);
+    va_end(ap);
+}
+
+void http_reply_error_extra(struct http_req *r, int status, const char *code, json_t *extra,
+                            const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    reply_error_v(r, status, code, extra, fmt, ap);
+    va_end(ap);
+}
+
+void http_stream_start(struct http_req *r, int status, const char *content_type)
+{
+    http_reply_header(r, "Content-Type", content_type);
+    http_reply_header(r, "Cache-Control", "no-store");
+    r->streaming = 1;
+    evhttp_send_reply_start(r->req, status, reason_phrase(status));
+}
+
+void http_stream_write(struct http_req *r, const void *data, size_t len)
+{
+    if (r->gone || len == 0)
+        return;
+    struct evbuffer *buf = evbuffer_new();
+    evbuffer_add(buf, data, len);
+    evhttp_send_reply_chunk(r->req, buf);
+    evbuffer_free(buf);
+}
+
+void http_stream_end(struct http_req *r)
+{
+    evhttp_send_reply_end(r->req);
+    req_free(r);
+}
+
+size_t http_stream_pending(struct http_req *r)
+{
+    if (r->gone || !r->evcon)
+        return 0;
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(r->evcon);
+    return bev ? evbuffer_get_length(bufferevent_get_output(bev)) : 0;
+}
+
+void http_req_on_close(struct http_req *r, void (*cb)(void *arg), void *arg)
+{
+    r->close_cb = cb;
+    r->close_arg = arg;
+}
+
+int http_req_gone(struct http_req *r)
+{
+    return r->gone;
+}

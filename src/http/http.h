@@ -1,0 +1,103 @@
+/*
+ * The HTTP server, as the rest of the daemon sees it. This directory is the
+ * only place that knows the HTTP library (libevent's evhttp); handlers get an
+ * opaque request, read its parts, and answer exactly once: a whole reply, or
+ * a stream (start, writes, end).
+ */
+#ifndef WR_HTTP_H
+#define WR_HTTP_H
+
+#include <event2/event.h>
+#include <jansson.h>
+#include <stddef.h>
+
+#include "common/err.h"
+
+struct http_server;
+struct http_req;
+
+typedef void (*http_handler)(struct http_req *req, void *ctx);
+
+/** Creates a server on base; every request goes to handler. max_body bounds request bodies. */
+struct http_server *http_server_new(struct event_base *base, http_handler handler, void *ctx,
+                                    size_t max_body, struct wr_err *err);
+
+/** Listens on host:port (TCP). */
+int http_server_listen_tcp(struct http_server *s, const char *host, int port, struct wr_err *err);
+
+/** Listens on a Unix socket at path (replacing a stale one), mode 0660. */
+int http_server_listen_unix(struct http_server *s, const char *path, struct wr_err *err);
+
+/** Stops accepting new connections (existing ones carry on). */
+void http_server_stop_accepting(struct http_server *s);
+
+/** Frees the server and closes every connection. */
+void http_server_free(struct http_server *s);
+
+/** "GET", "POST", ... ("OTHER" for methods the server does not know). */
+const char *http_req_method(struct http_req *r);
+
+/** The decoded path, without the query string. Never NULL. */
+const char *http_req_path(struct http_req *r);
+
+/** A query parameter's decoded value, or NULL if absent. */
+const char *http_req_query(struct http_req *r, const char *name);
+
+/** Returns 1 if the query string was malformed (the parameters are then empty). */
+int http_req_query_bad(struct http_req *r);
+
+/** A request header's value, or NULL. */
+const char *http_req_header(struct http_req *r, const char *name);
+
+/** 1 if the client connected over the Unix socket. */
+int http_req_is_unix(struct http_req *r);
+
+/** Bytes of request body not yet consumed. */
+size_t http_req_body_len(struct http_req *r);
+
+/** Moves up to n body bytes into buf; returns how many. */
+size_t http_req_body_read(struct http_req *r, void *buf, size_t n);
+
+/** The whole body as a NUL-terminated string (caller frees); NULL if it has a NUL byte. */
+char *http_req_body_string(struct http_req *r);
+
+/** Adds a response header; call before replying. */
+void http_reply_header(struct http_req *r, const char *name, const char *value);
+
+/** Sends a whole reply. Frees r. */
+void http_reply(struct http_req *r, int status, const char *content_type, const void *body,
+                size_t len);
+
+/** Sends obj as JSON (takes the reference). Frees r. */
+void http_reply_json(struct http_req *r, int status, json_t *obj);
+
+/** Sends the error envelope {"error":{"code","message"}}. Frees r. */
+void http_reply_error(struct http_req *r, int status, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/** Like http_reply_error with extra members merged into the error object (takes extra). */
+void http_reply_error_extra(struct http_req *r, int status, const char *code, json_t *extra,
+                            const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/** Starts a chunked reply. */
+void http_stream_start(struct http_req *r, int status, const char *content_type);
+
+/** Sends one chunk of a stream (nothing happens if the client has gone). */
+void http_stream_write(struct http_req *r, const void *data, size_t len);
+
+/** Ends a stream. Frees r. */
+void http_stream_end(struct http_req *r);
+
+/** Bytes of the reply queued on the connection but not yet sent (0 if the client has gone). */
+size_t http_stream_pending(struct http_req *r);
+
+/**
+ * Asks to be told if the client goes away before the reply ends. cb runs at most once; r stays
+ * valid (it must still be answered, which then just frees it).
+ */
+void http_req_on_close(struct http_req *r, void (*cb)(void *arg), void *arg);
+
+/** Returns 1 if the client has gone away. */
+int http_req_gone(struct http_req *r);
+
+#endif

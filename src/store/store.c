@@ -1,0 +1,175 @@
+/*
+ * SQLite-backed state. Sandboxes are stored as one JSON document per row
+ * (the same object the API returns), so adding an option needs no
+ * migration; the state column is kept beside it for queries at start-up.
+ */
+#include "store/store.h"
+
+#include <sqlite3.h>
+#include <stdlib.h>
+#include <errno.h>
+#include <string.h>
+
+#include "common/util.h"
+
+struct store {
+    sqlite3 *db;
+};
+
+static const char *schema =
+    "PRAGMA journal_mode=WAL;"
+    "PRAGMA synchronous=NORMAL;"
+    "PRAGMA foreign_keys=ON;"
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+    "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', '1');"
+    "CREATE TABLE IF NOT EXISTS sandboxes ("
+    "  id TEXT PRIMARY KEY,"
+    "  state TEXT NOT NULL,"
+    "  doc TEXT NOT NULL,"
+    "  created_seq INTEGER NOT NULL DEFAULT 0,"
+    "  updated_at INTEGER NOT NULL"
+    ");"
+    "CREATE TABLE IF NOT EXISTS events ("
+    "  seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+    "  sandbox_id TEXT NOT NULL,"
+    "  at INTEGER NOT NULL,"
+    "  type TEXT NOT NULL,"
+    "  state TEXT,"
+    "  reason TEXT"
+    ");"
+    "CREATE INDEX IF NOT EXISTS events_by_sandbox ON events (sandbox_id, seq);";
+
+static int db_err(struct store *s, struct wr_err *err, const char *what)
+{
+    return wr_err_set(err, EIO, "%s: %s", what, sqlite3_errmsg(s->db));
+}
+
+struct store *store_open(const char *path, struct wr_err *err)
+{
+    struct store *s = xcalloc(1, sizeof(*s));
+    if (sqlite3_open_v2(path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
+                        SQLITE_OPEN_NOMUTEX, NULL) != SQLITE_OK) {
+        wr_err_set(err, EIO, "open database %s: %s", path,
+                   s->db ? sqlite3_errmsg(s->db) : "out of memory");
+        store_close(s);
+        return NULL;
+    }
+    sqlite3_busy_timeout(s->db, 5000);
+    char *msg = NULL;
+    if (sqlite3_exec(s->db, schema, NULL, NULL, &msg) != SQLITE_OK) {
+        wr_err_set(err, EIO, "initialise database %s: %s", path, msg ? msg : "?");
+        sqlite3_free(msg);
+        store_close(s);
+        return NULL;
+    }
+    return s;
+}
+
+void store_close(struct store *s)
+{
+    if (!s)
+        return;
+    sqlite3_close(s->db);
+    free(s);
+}
+
+int store_sandbox_put(struct store *s, const char *id, const char *state, const char *doc,
+                      struct wr_err *err)
+{
+    static const char sql[] =
+        "INSERT INTO sandboxes (id, state, doc, created_seq, updated_at) "
+        "VALUES (?1, ?2, ?3, (SELECT COALESCE(MAX(created_seq), 0) + 1 FROM sandboxes), ?4) "
+        "ON CONFLICT(id) DO UPDATE SET state = ?2, doc = ?3, updated_at = ?4";
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(s->db, sql, -1, &st, NULL) != SQLITE_OK)
+        return db_err(s, err, "store sandbox");
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, state, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 3, doc, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 4, now_unix());
+    int rc = sqlite3_step(st);
+    sqlite3_finalize(st);
+    if (rc != SQLITE_DONE)
+        return db_err(s, err, "store sandbox");
+    return 0;
+}
+
+int store_sandbox_delete(struct store *s, const char *id, struct wr_err *err)
+{
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(s->db, "DELETE FROM sandboxes WHERE id = ?1", -1, &st, NULL) !=
+        SQLITE_OK)
+        return db_err(s, err, "delete sandbox");
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(st);
+    sqlite3_finalize(st);
+    if (rc != SQLITE_DONE)
+        return db_err(s, err, "delete sandbox");
+    return 0;
+}
+
+int store_sandbox_foreach(struct store *s,
+                          int (*cb)(void *arg, const char *id, const char *state, const char *doc),
+                          void *arg, struct wr_err *err)
+{
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(s->db, "SELECT id, state, doc FROM sandboxes ORDER BY created_seq", -1,
+                           &st, NULL) != SQLITE_OK)
+        return db_err(s, err, "list sandboxes");
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if (cb(arg, (const char *)sqlite3_column_text(st, 0),
+               (const char *)sqlite3_column_text(st, 1), (const char *)sqlite3_column_text(st, 2)))
+            break;
+    }
+    sqlite3_finalize(st);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+        return db_err(s, err, "list sandboxes");
+    return 0;
+}
+
+int store_event_add(struct store *s, const char *sandbox_id, const char *type, const char *state,
+                    const char *reason, struct wr_err *err)
+{
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(s->db,
+                           "INSERT INTO events (sandbox_id, at, type, state, reason) "
+                           "VALUES (?1, ?2, ?3, ?4, ?5)",
+                           -1, &st, NULL) != SQLITE_OK)
+        return db_err(s, err, "add event");
+    sqlite3_bind_text(st, 1, sandbox_id, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 2, now_unix());
+    sqlite3_bind_text(st, 3, type, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 4, state, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 5, reason, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(st);
+    sqlite3_finalize(st);
+    if (rc != SQLITE_DONE)
+        return db_err(s, err, "add event");
+    return 0;
+}
+
+int store_event_foreach(struct store *s, const char *sandbox_id, int limit,
+                        int (*cb)(void *arg, int64_t at, const char *type, const char *state,
+                                  const char *reason),
+                        void *arg, struct wr_err *err)
+{
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(s->db,
+                           "SELECT at, type, state, reason FROM events WHERE sandbox_id = ?1 "
+                           "ORDER BY seq LIMIT ?2",
+                           -1, &st, NULL) != SQLITE_OK)
+        return db_err(s, err, "list events");
+    sqlite3_bind_text(st, 1, sandbox_id, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 2, limit);
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if (cb(arg, sqlite3_column_int64(st, 0), (const char *)sqlite3_column_text(st, 1),
+               (const char *)sqlite3_column_text(st, 2), (const char *)sqlite3_column_text(st, 3)))
+            break;
+    }
+    sqlite3_finalize(st);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+        return db_err(s, err, "list events");
+    return 0;
+}

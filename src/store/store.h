@@ -1,0 +1,44 @@
+/*
+ * Durable state in SQLite (WAL) in the state directory: sandboxes and their
+ * event history. Used from the event-loop thread only.
+ */
+#ifndef WR_STORE_H
+#define WR_STORE_H
+
+#include <stdint.h>
+
+#include "common/err.h"
+
+struct store;
+
+/** Opens (creating if needed) the database at path and migrates its schema. */
+struct store *store_open(const char *path, struct wr_err *err);
+
+/** Closes the database. NULL is fine. */
+void store_close(struct store *s);
+
+/** Inserts or replaces a sandbox row: its state and its whole JSON document. */
+int store_sandbox_put(struct store *s, const char *id, const char *state, const char *doc,
+                      struct wr_err *err);
+
+/** Deletes a sandbox row (its events stay, for history). Deleting a missing row succeeds. */
+int store_sandbox_delete(struct store *s, const char *id, struct wr_err *err);
+
+/** Calls cb for each stored sandbox, oldest first. A non-zero return from cb stops the walk. */
+int store_sandbox_foreach(struct store *s,
+                          int (*cb)(void *arg, const char *id, const char *state, const char *doc),
+                          void *arg, struct wr_err *err);
+
+/** Appends an event ("state change to X because Y") to a sandbox's history. */
+int store_event_add(struct store *s, const char *sandbox_id, const char *type, const char *state,
+                    const char *reason, struct wr_err *err);
+
+/**
+ * Calls cb for each event of a sandbox, oldest first (at most `limit`).
+ */
+int store_event_foreach(struct store *s, const char *sandbox_id, int limit,
+                        int (*cb)(void *arg, int64_t at, const char *type, const char *state,
+                                  const char *reason),
+                        void *arg, struct wr_err *err);
+
+#endif

@@ -1,0 +1,218 @@
+"""End-to-end fixtures: one real daemon for the session, real gVisor sandboxes.
+
+Environment:
+  WR_BIN              the withruntime binary (default build/withruntime)
+  WR_AGENT            the agent binary (default build/withruntime-agent)
+  WR_TEST_STATE_DIR   the daemon's state directory (default /var/lib/withruntime-test)
+
+The image is built into the state directory before the daemon starts (`image build`, cached).
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import wrclient  # noqa: E402
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+WR_BIN = os.path.abspath(os.environ.get("WR_BIN", os.path.join(ROOT, "build/withruntime")))
+WR_AGENT = os.path.abspath(
+    os.environ.get("WR_AGENT", os.path.join(ROOT, "build/withruntime-agent")))
+STATE_DIR = os.environ.get("WR_TEST_STATE_DIR", "/var/lib/withruntime-test")
+
+SANITIZER_MARKS = (b"ERROR: AddressSanitizer", b"ERROR: LeakSanitizer", b"runtime error:",
+                   b"ERROR: ThreadSanitizer")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: long-running (still part of the default run)")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Daemon:
+    def __init__(self):
+        self.state_dir = STATE_DIR
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.socket_path = os.path.join(STATE_DIR, "withruntime.sock")
+        self.bin = WR_BIN
+        self.agent = WR_AGENT
+        self.logdir = tempfile.mkdtemp(prefix="wr-e2e-")
+        self.log_path = os.path.join(self.logdir, "daemon.log")
+        self.proc = None
+        self.client = wrclient.Client("127.0.0.1", self.port)
+
+    def cli_env(self, **extra):
+        env = dict(os.environ)
+        env.pop("RUNTIME_API_KEY", None)
+        env["RUNTIME_URL"] = self.url
+        env.update(extra)
+        return env
+
+    def build_image(self):
+        r = subprocess.run([self.bin, "--state-dir", self.state_dir, "image", "build"],
+                           stdin=subprocess.DEVNULL, capture_output=True, timeout=1800)
+        if r.returncode != 0:
+            raise RuntimeError(f"image build failed ({r.returncode}):\n"
+                               f"{r.stdout.decode(errors='replace')[-3000:]}\n"
+                               f"{r.stderr.decode(errors='replace')[-3000:]}")
+
+    def start(self):
+        for p in (self.bin, self.agent):
+            if not os.access(p, os.X_OK):
+                raise RuntimeError(f"{p} is not built (run make)")
+        os.makedirs(self.state_dir, exist_ok=True)
+        self.build_image()
+        log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [self.bin, "serve", "--state-dir", self.state_dir,
+             "--listen", f"127.0.0.1:{self.port}", "--socket", self.socket_path,
+             "--agent", self.agent],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        deadline = time.monotonic() + 60
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited with {self.proc.returncode} at start-up:\n"
+                                   f"{self.log_tail()}")
+            try:
+                r = self.client.request("GET", "/v1/health", timeout=2, validate=False)
+                if r.status == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"daemon did not answer /v1/health in 60 s:\n"
+                                   f"{self.log_tail()}")
+            time.sleep(0.1)
+
+    def log_bytes(self):
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read()
+        except OSError:
+            return b""
+
+    def log_tail(self, n=60):
+        return b"\n".join(self.log_bytes().splitlines()[-n:]).decode(errors="replace")
+
+    def stop(self):
+        """Deletes what the tests left, then SIGTERM (SIGKILL after 10 s). Returns the leftover
+        sandbox ids and the daemon's exit status."""
+        leftovers = []
+        if self.proc is None:
+            return leftovers, None
+        if self.proc.poll() is None:
+            try:
+                for sb in self.client.list():
+                    leftovers.append(sb["id"])
+                    self.client.request("DELETE", f"/v1/sandboxes/{sb['id']}")
+            except Exception as e:  # the daemon may be broken; still stop it
+                print(f"conftest: could not delete leftovers: {e}", file=sys.stderr)
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                return leftovers, "killed after SIGTERM + 10 s"
+        return leftovers, self.proc.returncode
+
+    def descendants(self):
+        """PIDs of every process below the daemon."""
+        children = {}
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(b")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(d))
+        out, todo = [], [self.proc.pid]
+        while todo:
+            p = todo.pop()
+            for c in children.get(p, []):
+                out.append(c)
+                todo.append(c)
+        return out
+
+
+_DAEMON = None
+
+
+@pytest.fixture(scope="session")
+def daemon():
+    global _DAEMON
+    d = Daemon()
+    _DAEMON = d
+    d.start()
+    yield d
+    leftovers, status = d.stop()
+    log = d.log_bytes()
+    bad = [m.decode() for m in SANITIZER_MARKS if m in log]
+    assert not bad, f"sanitizer reports in the daemon log ({d.log_path}):\n{d.log_tail(200)}"
+    assert status == 0, (f"daemon did not exit cleanly on SIGTERM: {status}\n"
+                         f"{d.log_tail()}")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if _DAEMON is not None:
+        terminalreporter.write_line(f"daemon log: {_DAEMON.log_path}")
+        if exitstatus != 0:
+            terminalreporter.write_line("---- daemon log (tail) ----")
+            terminalreporter.write_line(_DAEMON.log_tail(80))
+
+
+@pytest.fixture(scope="session")
+def client(daemon):
+    return daemon.client
+
+
+class SandboxFactory:
+    """Creates sandboxes and deletes the ones a test did not delete itself."""
+
+    def __init__(self, client):
+        self.client = client
+        self.ids = []
+
+    def __call__(self, **fields):
+        sb = self.client.create(**fields)
+        self.ids.append(sb["id"])
+        return sb
+
+    def cleanup(self):
+        for sid in self.ids:
+            r = self.client.request("DELETE", f"/v1/sandboxes/{sid}")
+            assert r.status in (200, 404), r
+
+
+@pytest.fixture
+def make_sandbox(client):
+    f = SandboxFactory(client)
+    yield f
+    f.cleanup()
+
+
+@pytest.fixture(scope="module")
+def sandbox(client):
+    """One running sandbox shared by a module's tests; its id."""
+    f = SandboxFactory(client)
+    sb = f(memory_mib=1024)
+    yield sb["id"]
+    f.cleanup()

@@ -1,0 +1,147 @@
+"""The command line, pointed at the test daemon with RUNTIME_URL."""
+
+import json
+import os
+import re
+import subprocess
+
+ID_RE = re.compile(r"^sb-[a-z2-7]{21}$")
+
+
+def wr(daemon, *args, stdin=None, timeout=180):
+    return subprocess.run([daemon.bin, *args], input=stdin, capture_output=True,
+                          env=daemon.cli_env(), timeout=timeout)
+
+
+def ids(client):
+    return {s["id"] for s in client.list()}
+
+
+def test_run_prints_42(daemon, client):
+    before = ids(client)
+    r = wr(daemon, "sandbox", "run", "--", "python3", "-c", "print(6 * 7)")
+    assert r.returncode == 0, r
+    assert r.stdout == b"42\n"
+    # run deletes its sandbox
+    assert ids(client) == before
+
+
+def test_run_trial_flag_from_the_seed(daemon):
+    r = wr(daemon, "sandbox", "run", "--trial", "--", "python3", "-c", "print(6 * 7)")
+    assert r.returncode == 0, r
+    assert r.stdout == b"42\n"
+
+
+def test_run_exit_code_propagates(daemon):
+    r = wr(daemon, "sandbox", "run", "--", "sh", "-c", "exit 7")
+    assert r.returncode == 7, r
+    assert r.stdout == b""
+
+
+def test_run_stderr_goes_to_stderr(daemon):
+    r = wr(daemon, "sandbox", "run", "--", "sh", "-c", "echo out; echo err >&2; echo out2")
+    assert r.returncode == 0, r
+    assert r.stdout == b"out\nout2\n"
+    assert r.stderr == b"err\n"
+
+
+def test_run_binary_stdout(daemon):
+    r = wr(daemon, "sandbox", "run", "--", "sh", "-c", r"printf '\377\000\376'")
+    assert r.returncode == 0, r
+    assert r.stdout == b"\xff\x00\xfe"
+
+
+def test_run_stdin(daemon):
+    r = wr(daemon, "sandbox", "run", "--stdin", "--", "sh", "-c", "tr a-z A-Z",
+           stdin=b"shout this\n")
+    assert r.returncode == 0, r
+    assert r.stdout == b"SHOUT THIS\n"
+
+
+def test_run_not_found_is_127(daemon, client):
+    before = ids(client)
+    r = wr(daemon, "sandbox", "run", "--", "no-such-program-xyz")
+    assert r.returncode == 127, r
+    assert r.stderr  # says why
+    assert ids(client) == before
+
+
+def test_sandbox_round_trip(daemon, client):
+    r = wr(daemon, "sandbox", "create", "--memory", "512", "--env", "WHO=cli",
+           "--metadata", "from=test")
+    assert r.returncode == 0, r
+    sid = r.stdout.decode().strip()
+    assert ID_RE.match(sid), r.stdout
+    try:
+        # list shows it
+        r = wr(daemon, "sandbox", "list")
+        assert r.returncode == 0, r
+        rows = [ln.split() for ln in r.stdout.decode().splitlines()]
+        assert any(row and row[0] == sid and row[1] == "running" for row in rows), r.stdout
+        r = wr(daemon, "sandbox", "list", "--json")
+        assert r.returncode == 0, r
+        listed = json.loads(r.stdout)
+        listed = listed["sandboxes"] if isinstance(listed, dict) else listed
+        assert sid in [s["id"] for s in listed]
+
+        # get prints the sandbox object, the same as the API's
+        r = wr(daemon, "sandbox", "get", sid)
+        assert r.returncode == 0, r
+        sb = json.loads(r.stdout)
+        assert sb == client.get(sid)
+        assert sb["env"] == {"WHO": "cli"} and sb["metadata"] == {"from": "test"}
+        assert sb["memory_mib"] == 512
+
+        # exec
+        r = wr(daemon, "sandbox", "exec", sid, "--", "sh", "-c",
+               'echo "$WHO" > note.txt; cat note.txt; pwd; echo oops >&2; exit 3')
+        assert r.returncode == 3, r
+        assert r.stdout == b"cli\n/workspace\n"
+        assert r.stderr == b"oops\n"
+
+        # write from stdin, cat back byte-exact
+        blob = os.urandom(200_000) + b"\x00end"
+        r = wr(daemon, "sandbox", "write", sid, "dir/blob.bin", "-", stdin=blob)
+        assert r.returncode == 0, r
+        r = wr(daemon, "sandbox", "cat", sid, "/workspace/dir/blob.bin")
+        assert r.returncode == 0, r
+        assert r.stdout == blob
+        assert client.read_file(sid, "dir/blob.bin") == blob
+
+        # ls shows what is there
+        r = wr(daemon, "sandbox", "ls", sid)
+        assert r.returncode == 0, r
+        names = [ln.split()[-1] for ln in r.stdout.decode().splitlines()[1:] if ln.strip()]
+        assert "note.txt" in names and "dir" in names, r.stdout
+        r = wr(daemon, "sandbox", "ls", "--json", sid, "dir")
+        assert r.returncode == 0, r
+        listing = json.loads(r.stdout)
+        entries = listing["entries"] if isinstance(listing, dict) else listing
+        assert [(e["name"], e["size"]) for e in entries] == [("blob.bin", len(blob))]
+
+        # cat of a missing file fails, saying so
+        r = wr(daemon, "sandbox", "cat", sid, "missing.txt")
+        assert r.returncode != 0 and r.stdout == b""
+        assert b"missing.txt" in r.stderr or b"not found" in r.stderr.lower()
+    finally:
+        r = wr(daemon, "sandbox", "rm", sid)
+    assert r.returncode == 0, r
+    assert r.stdout.decode().split() == [sid]
+    assert sid not in ids(client)
+    r = wr(daemon, "sandbox", "get", sid)
+    assert r.returncode != 0
+    assert sid.encode() in r.stderr or b"not found" in r.stderr.lower()
+
+
+def test_doctor(daemon):
+    r = wr(daemon, "doctor")
+    assert r.returncode == 0, r
+    assert b"gvisor" in (r.stdout + r.stderr).lower()
+
+
+def test_cli_reports_unreachable_daemon(daemon):
+    env = daemon.cli_env(RUNTIME_URL="http://127.0.0.1:1")
+    r = subprocess.run([daemon.bin, "sandbox", "list"], capture_output=True, env=env,
+                       timeout=60)
+    assert r.returncode != 0
+    assert r.stderr.strip()

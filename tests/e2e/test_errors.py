@@ -1,0 +1,203 @@
+"""Bad requests get the documented status and error envelope, and the daemon stays up.
+
+Every answer is checked against api/openapi.yaml by the client (envelope, non-empty message,
+the code that goes with the status, the Allow header of a 405).
+"""
+
+import json
+
+import pytest
+
+UNKNOWN = "sb-aaaaaaaaaaaaaaaaaaaaa"
+
+
+@pytest.fixture(autouse=True)
+def still_healthy(client):
+    yield
+    assert client.health()["status"] == "ok"
+
+
+def expect_error(r, status, code):
+    assert r.status == status, r
+    got_code, message, _ = r.error
+    assert got_code == code, r
+    assert message.strip()
+    assert r.headers["content-type"].startswith("application/json")
+    return message
+
+
+@pytest.mark.parametrize("method,path,body", [
+    ("GET", f"/v1/sandboxes/{UNKNOWN}", None),
+    ("DELETE", f"/v1/sandboxes/{UNKNOWN}", None),
+    ("GET", f"/v1/sandboxes/{UNKNOWN}/events", None),
+    ("POST", f"/v1/sandboxes/{UNKNOWN}/exec", {"command": "true"}),
+    ("GET", f"/v1/sandboxes/{UNKNOWN}/files/content?path=x", None),
+    ("GET", f"/v1/sandboxes/{UNKNOWN}/files/list?path=/", None),
+    ("GET", f"/v1/sandboxes/{UNKNOWN}/files/stat?path=/", None),
+    ("POST", f"/v1/sandboxes/{UNKNOWN}/files/mkdir", {"path": "x"}),
+    ("DELETE", f"/v1/sandboxes/{UNKNOWN}/files?path=x", None),
+    ("GET", "/v1/sandboxes/not-an-id", None),
+    ("GET", "/v1/sandboxes/sb-AAAAAAAAAAAAAAAAAAAAA", None),
+    ("GET", "/v1/sandboxes/..%2F..%2Fetc", None),
+])
+def test_unknown_sandbox_is_404(client, method, path, body):
+    msg = expect_error(client.request(method, path, body), 404, "not_found")
+    assert "sb-" in msg or "not found" in msg.lower()
+
+
+def test_unknown_id_in_put(client):
+    r = client.request("PUT", f"/v1/sandboxes/{UNKNOWN}/files/content", data=b"x",
+                       query={"path": "x"})
+    expect_error(r, 404, "not_found")
+
+
+@pytest.mark.parametrize("method,path", [
+    ("GET", "/"),
+    ("GET", "/v1"),
+    ("GET", "/v1/nope"),
+    ("GET", "/v2/sandboxes"),
+    ("POST", "/v1/sandboxes/x/y/z"),
+    ("GET", f"/v1/sandboxes/{UNKNOWN}/files/nope?path=x"),
+    ("GET", "/v1/healthz"),
+])
+def test_unknown_route_is_404(client, method, path):
+    expect_error(client.request(method, path), 404, "not_found")
+
+
+@pytest.mark.parametrize("method,path,allow", [
+    ("POST", f"/v1/sandboxes/{UNKNOWN}", {"GET", "DELETE"}),
+    ("PUT", "/v1/sandboxes", {"GET", "POST"}),
+    ("DELETE", "/v1/health", {"GET"}),
+    ("GET", f"/v1/sandboxes/{UNKNOWN}/exec", {"POST"}),
+    ("POST", f"/v1/sandboxes/{UNKNOWN}/files/content?path=x", {"GET", "PUT"}),
+])
+def test_wrong_method_is_405(client, method, path, allow):
+    r = client.request(method, path, {} if method in ("POST", "PUT") else None)
+    expect_error(r, 405, "method_not_allowed")
+    assert {m.strip() for m in r.headers["allow"].split(",")} == allow
+
+
+def test_post_on_real_sandbox_is_405(client, sandbox):
+    r = client.request("POST", f"/v1/sandboxes/{sandbox}", {})
+    expect_error(r, 405, "method_not_allowed")
+    # and it did nothing to the sandbox
+    assert client.get(sandbox)["state"] == "running"
+
+
+@pytest.mark.parametrize("data", [
+    b"{", b"{\"cpus\": }", b"not json", b"{\"cpus\": 2,}", b"\xff\xfe", b"[]", b"\"str\"",
+    b"null", b"42", b"{\"cpus\": 2} trailing",
+])
+def test_invalid_json_is_400(client, data):
+    r = client.request("POST", "/v1/sandboxes", data=data,
+                       headers={"Content-Type": "application/json"})
+    expect_error(r, 400, "invalid_request")
+
+
+@pytest.mark.parametrize("body,field", [
+    ({"cpus": "two"}, "cpus"),
+    ({"cpus": 1.5}, "cpus"),
+    ({"cpus": 0}, "cpus"),
+    ({"cpus": 100000}, "cpus"),
+    ({"memory_mib": 64}, "memory_mib"),
+    ({"memory_mib": 65537}, "memory_mib"),
+    ({"memory_mib": "4096"}, "memory_mib"),
+    ({"image": 5}, "image"),
+    ({"image": "no-such-image"}, "image"),
+    ({"env": {"A": 1}}, "env"),
+    ({"env": ["A=1"]}, "env"),
+    ({"env": {"A=B": "x"}}, "env"),
+    ({"metadata": "x"}, "metadata"),
+    ({"metadata": {"k": None}}, "metadata"),
+    ({"timeout_seconds": 0}, "timeout_seconds"),
+    ({"timeout_seconds": 86401}, "timeout_seconds"),
+    ({"timeout_seconds": True}, "timeout_seconds"),
+    ({"on_lease_end": "explode"}, "on_lease_end"),
+    ({"network": True}, "network"),
+    ({"network": {"internet": "yes"}}, "internet"),
+    ({"network": {"internet": False, "proxy": "x"}}, "proxy"),
+    ({"cpu": 2}, "cpu"),
+    ({"cpus": 1, "memoryMib": 512}, "memoryMib"),
+])
+def test_bad_create_fields_are_400(client, body, field):
+    before = {s["id"] for s in client.list()}
+    msg = expect_error(client.request("POST", "/v1/sandboxes", body), 400, "invalid_request")
+    assert field in msg, msg
+    assert {s["id"] for s in client.list()} == before  # nothing was created
+
+
+@pytest.mark.parametrize("body,field", [
+    ({}, "command"),
+    ({"command": "true", "argv": ["true"]}, "command"),
+    ({"command": 5}, "command"),
+    ({"argv": "true"}, "argv"),
+    ({"argv": []}, "argv"),
+    ({"argv": ["echo", 1]}, "argv"),
+    ({"command": "true", "cwd": 7}, "cwd"),
+    ({"command": "true", "env": {"A": 1}}, "env"),
+    ({"command": "true", "stdin": 5}, "stdin"),
+    ({"command": "true", "stdin_base64": "***"}, "stdin_base64"),
+    ({"command": "true", "stdin": "a", "stdin_base64": "YQ=="}, "stdin"),
+    ({"command": "true", "timeout_seconds": 0}, "timeout_seconds"),
+    ({"command": "true", "timeout_seconds": -1}, "timeout_seconds"),
+    ({"command": "true", "timeout_seconds": 86401}, "timeout_seconds"),
+    ({"command": "true", "timeout_seconds": "10"}, "timeout_seconds"),
+    ({"command": "true", "max_output_bytes": 0}, "max_output_bytes"),
+    ({"command": "true", "max_output_bytes": 16777217}, "max_output_bytes"),
+    ({"command": "true", "stream": "yes"}, "stream"),
+    ({"command": "true", "timeout": 5}, "timeout"),
+])
+def test_bad_exec_fields_are_400(client, sandbox, body, field):
+    msg = expect_error(client.request("POST", f"/v1/sandboxes/{sandbox}/exec", body), 400,
+                       "invalid_request")
+    assert field in msg, msg
+
+
+def test_bad_exec_did_not_run(client, sandbox):
+    r = client.request("POST", f"/v1/sandboxes/{sandbox}/exec",
+                       {"command": "touch /workspace/ran", "timeout": 5})
+    expect_error(r, 400, "invalid_request")
+    assert client.files("GET", sandbox, "stat", path="/workspace/ran").status == 404
+
+
+def test_oversize_json_is_413(client):
+    # Valid JSON, just too big: 2 MiB of metadata.
+    body = json.dumps({"metadata": {"k": "x" * (2 * 1024 * 1024)}}).encode()
+    r = client.raw("POST", "/v1/sandboxes",
+                   {"Content-Type": "application/json", "Content-Length": str(len(body)),
+                    "Connection": "close"}, body)
+    expect_error(r, 413, "payload_too_large")
+
+
+def test_just_under_json_limit_is_accepted(client, make_sandbox):
+    pad = 1024 * 1024 - 200
+    body = {"memory_mib": 256, "metadata": {"k": "y" * pad}}
+    assert len(json.dumps(body)) < 1024 * 1024
+    sb = make_sandbox(**body)
+    assert len(sb["metadata"]["k"]) == pad
+
+
+def test_oversize_exec_body_is_413(client, sandbox):
+    body = json.dumps({"command": "true", "stdin": "z" * (2 * 1024 * 1024)}).encode()
+    r = client.raw("POST", f"/v1/sandboxes/{sandbox}/exec",
+                   {"Content-Type": "application/json", "Content-Length": str(len(body)),
+                    "Connection": "close"}, body)
+    expect_error(r, 413, "payload_too_large")
+
+
+def test_daemon_survives_garbage(client, daemon):
+    import socket
+    for junk in [b"\x00\x01\x02\r\n\r\n", b"GET\r\n\r\n", b"GET /v1/health HTTP/9.9\r\n\r\n",
+                 b"POST /v1/sandboxes HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n",
+                 b"POST /v1/sandboxes HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"]:
+        s = socket.create_connection(("127.0.0.1", daemon.port), timeout=10)
+        try:
+            s.sendall(junk)
+            s.shutdown(socket.SHUT_WR)
+            try:
+                s.recv(4096)
+            except OSError:
+                pass
+        finally:
+            s.close()
+    assert client.health()["status"] == "ok"

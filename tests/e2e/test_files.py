@@ -1,0 +1,233 @@
+"""The files API: content, list, stat, mkdir, remove."""
+
+import datetime
+import hashlib
+import os
+import uuid
+
+import pytest
+
+from wrclient import output
+
+ENOENT, EEXIST, ENOTDIR, EISDIR, ENOTEMPTY = 2, 17, 20, 21, 39
+
+
+@pytest.fixture
+def d(client, sandbox):
+    """A fresh directory under /workspace for one test; its relative name."""
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    client.files("POST", sandbox, "mkdir", 200, {"path": name})
+    return name
+
+
+def test_big_binary_roundtrip(client, sandbox, d):
+    data = os.urandom(50 * 1024 * 1024)
+    st = client.write_file(sandbox, f"{d}/blob.bin", data)
+    assert st["type"] == "file"
+    assert st["size"] == len(data)
+    assert st["path"] == f"/workspace/{d}/blob.bin"
+    assert st["name"] == "blob.bin"
+    back = client.read_file(sandbox, f"/workspace/{d}/blob.bin")
+    assert len(back) == len(data)
+    assert back == data
+    # and it is really there for programs inside
+    r = client.exec(sandbox, f"sha256sum {d}/blob.bin")
+    assert r["stdout"].split()[0] == hashlib.sha256(data).hexdigest()
+    # ranges
+    assert client.read_file(sandbox, f"{d}/blob.bin", offset=1000, length=5000) == \
+        data[1000:6000]
+    assert client.read_file(sandbox, f"{d}/blob.bin", offset=len(data) - 10) == data[-10:]
+    assert client.read_file(sandbox, f"{d}/blob.bin", offset=len(data) - 10, length=100) == \
+        data[-10:]
+    assert client.read_file(sandbox, f"{d}/blob.bin", length=0) == b""
+    assert client.read_file(sandbox, f"{d}/blob.bin", offset=len(data)) == b""
+    assert client.read_file(sandbox, f"{d}/blob.bin", offset=len(data) + 12345) == b""
+
+
+def test_read_what_a_command_wrote(client, sandbox, d):
+    client.exec(sandbox, f"printf 'made inside\\377' > {d}/in.txt")
+    assert client.read_file(sandbox, f"{d}/in.txt") == b"made inside\xff"
+    r = client.request("GET", f"/v1/sandboxes/{sandbox}/files/content",
+                       query={"path": f"{d}/in.txt"})
+    assert r.headers["content-type"].startswith("application/octet-stream")
+
+
+def test_write_truncates_and_empty_file(client, sandbox, d):
+    client.write_file(sandbox, f"{d}/f", b"a long first version")
+    client.write_file(sandbox, f"{d}/f", b"short")
+    assert client.read_file(sandbox, f"{d}/f") == b"short"
+    st = client.write_file(sandbox, f"{d}/f", b"")
+    assert st["size"] == 0
+    assert client.read_file(sandbox, f"{d}/f") == b""
+    assert client.exec(sandbox, f"wc -c < {d}/f")["stdout"].strip() == "0"
+
+
+def test_write_mode_and_parents(client, sandbox, d):
+    st = client.write_file(sandbox, f"{d}/a/b/c.txt", b"xyz")
+    assert st["mode"] == "0644"
+    assert st["size"] == 3
+    parent = client.files("GET", sandbox, "stat", 200, path=f"{d}/a/b").json()
+    assert parent["type"] == "directory"
+    assert parent["mode"] == "0755"
+    st = client.write_file(sandbox, f"{d}/secret.key", b"k", mode="0600")
+    assert st["mode"] == "0600"
+    r = client.exec(sandbox, f"stat -c %a {d}/secret.key")
+    assert r["stdout"].strip() == "600"
+    # parents=false with a missing parent: not found
+    r = client.files("PUT", sandbox, "content", path=f"{d}/nope/x.txt", parents=False)
+    assert r.status == 404, r
+    assert r.error[2] == ENOENT
+
+
+def test_read_missing_is_404(client, sandbox, d):
+    r = client.files("GET", sandbox, "content", path=f"{d}/does-not-exist")
+    assert r.status == 404
+    code, message, errno = r.error
+    assert code == "not_found" and errno == ENOENT
+
+
+def test_read_directory_is_file_error(client, sandbox, d):
+    r = client.files("GET", sandbox, "content", path=d)
+    assert r.status == 422, r
+    code, message, errno = r.error
+    assert code == "file_error"
+    assert errno == EISDIR
+    assert "directory" in message.lower()
+
+
+def test_write_over_directory_is_file_error(client, sandbox, d):
+    r = client.request("PUT", f"/v1/sandboxes/{sandbox}/files/content", data=b"x",
+                       query={"path": d})
+    assert r.status == 422, r
+    assert r.error[0] == "file_error" and r.error[2] == EISDIR
+
+
+def test_list_and_stat(client, sandbox, d):
+    client.write_file(sandbox, f"{d}/x.txt", b"abc")
+    client.files("POST", sandbox, "mkdir", 200, {"path": f"{d}/sub"})
+    client.exec(sandbox, f"ln -s x.txt {d}/link && mkfifo {d}/fifo")
+    listing = client.files("GET", sandbox, "list", 200, path=d).json()
+    assert listing["path"] == f"/workspace/{d}"
+    by_name = {e["name"]: e for e in listing["entries"]}
+    assert sorted(by_name) == ["fifo", "link", "sub", "x.txt"]
+    assert [e["name"] for e in listing["entries"]] == sorted(by_name)
+    x = by_name["x.txt"]
+    assert x["type"] == "file" and x["size"] == 3 and x["mode"] == "0644"
+    assert x["path"] == f"/workspace/{d}/x.txt"
+    now = datetime.datetime.utcnow()
+    mtime = datetime.datetime.strptime(x["mtime"][:19], "%Y-%m-%dT%H:%M:%S")
+    assert abs((now - mtime).total_seconds()) < 3600
+    assert by_name["sub"]["type"] == "directory"
+    assert by_name["link"]["type"] == "symlink" and by_name["link"]["target"] == "x.txt"
+    assert by_name["fifo"]["type"] == "other"
+
+    # stat does not follow the final symlink
+    st = client.files("GET", sandbox, "stat", 200, path=f"{d}/link").json()
+    assert st["type"] == "symlink" and st["target"] == "x.txt" and st["name"] == "link"
+    # reading through it does
+    assert client.read_file(sandbox, f"{d}/link") == b"abc"
+    st = client.files("GET", sandbox, "stat", 200, path=f"/workspace/{d}/x.txt").json()
+    assert st == x
+    # empty directory lists as empty
+    assert client.files("GET", sandbox, "list", 200, path=f"{d}/sub").json()["entries"] == []
+
+
+def test_list_errors(client, sandbox, d):
+    client.write_file(sandbox, f"{d}/file", b"1")
+    r = client.files("GET", sandbox, "list", path=f"{d}/file")
+    assert r.status == 422 and r.error[0] == "file_error" and r.error[2] == ENOTDIR
+    r = client.files("GET", sandbox, "list", path=f"{d}/missing")
+    assert r.status == 404 and r.error[0] == "not_found"
+    r = client.files("GET", sandbox, "stat", path=f"{d}/missing")
+    assert r.status == 404 and r.error[0] == "not_found"
+
+
+def test_mkdir(client, sandbox, d):
+    e = client.files("POST", sandbox, "mkdir", 200, {"path": f"{d}/one"}).json()
+    assert e["type"] == "directory" and e["path"] == f"/workspace/{d}/one"
+    assert e["name"] == "one" and e["mode"] == "0755"
+    # exists, without parents: EEXIST
+    r = client.files("POST", sandbox, "mkdir", body={"path": f"{d}/one"})
+    assert r.status == 422 and r.error[2] == EEXIST
+    # exists, with parents: fine
+    client.files("POST", sandbox, "mkdir", 200, {"path": f"{d}/one", "parents": True})
+    # nested without parents: missing parent
+    r = client.files("POST", sandbox, "mkdir", body={"path": f"{d}/two/three"})
+    assert r.status == 404 and r.error[2] == ENOENT
+    e = client.files("POST", sandbox, "mkdir", 200,
+                     {"path": f"{d}/two/three", "parents": True, "mode": "0700"}).json()
+    assert e["mode"] == "0700"
+    assert client.exec(sandbox, f"test -d {d}/two/three && stat -c %a {d}/two/three")[
+        "stdout"].strip() == "700"
+
+
+def test_remove(client, sandbox, d):
+    client.write_file(sandbox, f"{d}/f.txt", b"x")
+    r = client.files("DELETE", sandbox, None, 200, path=f"{d}/f.txt").json()
+    assert r == {"path": f"/workspace/{d}/f.txt", "removed": True}
+    assert client.files("GET", sandbox, "stat", path=f"{d}/f.txt").status == 404
+    assert client.files("DELETE", sandbox, None, path=f"{d}/f.txt").status == 404
+
+    # a symlink is removed, not its target
+    client.write_file(sandbox, f"{d}/target", b"t")
+    client.exec(sandbox, f"ln -s target {d}/ln")
+    client.files("DELETE", sandbox, None, 200, path=f"{d}/ln")
+    assert client.read_file(sandbox, f"{d}/target") == b"t"
+
+    # directories: empty ones without recursive, full ones only with it
+    client.files("POST", sandbox, "mkdir", 200, {"path": f"{d}/empty"})
+    client.files("DELETE", sandbox, None, 200, path=f"{d}/empty")
+    client.write_file(sandbox, f"{d}/full/deep/er/file", b"1")
+    client.exec(sandbox, f"ln -s / {d}/full/root-link")
+    r = client.files("DELETE", sandbox, None, path=f"{d}/full")
+    assert r.status == 422 and r.error[0] == "file_error" and r.error[2] == ENOTEMPTY
+    assert client.read_file(sandbox, f"{d}/full/deep/er/file") == b"1"
+    client.files("DELETE", sandbox, None, 200, path=f"{d}/full", recursive=True)
+    assert client.files("GET", sandbox, "stat", path=f"{d}/full").status == 404
+    # recursive removal did not follow the symlink to /
+    r = client.exec(sandbox, "test -x /bin/sh && ls / | wc -l")
+    assert r["exit_code"] == 0 and int(r["stdout"]) > 5
+
+
+def test_relative_and_absolute_paths_agree(client, sandbox, d):
+    client.write_file(sandbox, f"{d}/rel.txt", b"same")
+    assert client.read_file(sandbox, f"/workspace/{d}/rel.txt") == b"same"
+    assert client.read_file(sandbox, f"./{d}/../{d}/rel.txt") == b"same"
+    r = client.exec(sandbox, f"cat /workspace/{d}/rel.txt")
+    assert output(r) == b"same"
+
+
+def test_files_outside_workspace(client, sandbox):
+    assert b"root:" in client.read_file(sandbox, "/etc/passwd")
+    name = f"/tmp/abs-{uuid.uuid4().hex}"
+    client.write_file(sandbox, name, b"in tmp")
+    assert client.exec(sandbox, f"cat {name}")["stdout"] == "in tmp"
+
+
+def test_bad_file_queries(client, sandbox, d):
+    base = f"/v1/sandboxes/{sandbox}/files"
+    for method, route, query in [
+        ("GET", "/content", {}),                                   # path missing
+        ("GET", "/content", {"path": ""}),                         # empty path
+        ("GET", "/content", {"path": d, "offset": "abc"}),
+        ("GET", "/content", {"path": d, "offset": "-1"}),
+        ("GET", "/content", {"path": d, "length": "1.5"}),
+        ("PUT", "/content", {"path": f"{d}/m", "mode": "rw-r--r--"}),
+        ("PUT", "/content", {"path": f"{d}/m", "parents": "maybe"}),
+        ("DELETE", "", {"path": d, "recursive": "yes"}),
+        ("DELETE", "", {"path": d, "recursiv": "true"}),           # typo'd parameter
+        ("GET", "/list", {}),
+        ("GET", "/stat", {}),
+    ]:
+        data = b"x" if method == "PUT" else None
+        r = client.request(method, base + route, data=data, query=query)
+        assert r.status == 400, (method, route, query, r)
+        assert r.error[0] == "invalid_request"
+    # nothing happened: d is still there, m was not written
+    assert client.files("GET", sandbox, "stat", 200, path=d).json()["type"] == "directory"
+    assert client.files("GET", sandbox, "stat", path=f"{d}/m").status == 404
+    # mkdir bodies
+    for body in [{}, {"path": 3}, {"path": f"{d}/q", "mode": 755},
+                 {"path": f"{d}/q", "parents": "yes"}, {"path": f"{d}/q", "owner": "me"}]:
+        r = client.files("POST", sandbox, "mkdir", body=body)
+        assert r.status == 400, (body, r)

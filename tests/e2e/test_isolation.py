@@ -1,0 +1,156 @@
+"""The sandbox is not the host: host files, host processes and host paths stay out of reach.
+
+Every negative check here has a positive control beside it (the same probe finds something
+planted inside the sandbox), so a probe that silently does nothing fails the test.
+"""
+
+import os
+import secrets
+import shutil
+import tempfile
+
+import pytest
+
+from wrclient import output
+
+
+@pytest.fixture(scope="module")
+def canary():
+    """A file on the HOST with random contents, in a fresh temp dir. (dir, path, name, content)"""
+    d = tempfile.mkdtemp(prefix="wr-canary-", dir="/tmp")
+    name = f"secret-{secrets.token_hex(8)}"
+    content = f"CANARY-{secrets.token_hex(16)}".encode()
+    path = os.path.join(d, name)
+    with open(path, "wb") as f:
+        f.write(content)
+    yield d, path, name, content
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def control(client, sandbox):
+    """A file planted inside the sandbox, found by the same probes. (path, name, content)"""
+    name = f"control-{secrets.token_hex(8)}"
+    content = f"CONTROL-{secrets.token_hex(16)}".encode()
+    path = f"/workspace/ctl/{name}"
+    client.write_file(sandbox, path, content)
+    return path, name, content
+
+
+def host_unchanged(canary):
+    _, path, _, content = canary
+    with open(path, "rb") as f:
+        assert f.read() == content, "the host canary was modified from inside the sandbox"
+    assert sorted(os.listdir(os.path.dirname(path))) == [os.path.basename(path)]
+
+
+def test_cat_host_file_fails(client, sandbox, canary, control):
+    _, path, _, content = canary
+    r = client.exec(sandbox, f"cat {path}")
+    assert r["exit_code"] != 0
+    assert content not in output(r) + output(r, "stderr")
+    r = client.exec(sandbox, f"cat {control[0]}")
+    assert r["exit_code"] == 0 and output(r) == control[2]
+
+
+def test_find_does_not_see_host_file(client, sandbox, canary, control):
+    _, _, name, _ = canary
+    r = client.exec(sandbox, f"find / -path /proc -prune -o -path /sys -prune -o "
+                             f"\\( -name {name} -o -name {control[1]} \\) -print",
+                    timeout_seconds=240)
+    assert r["timed_out"] is False
+    found = r["stdout"].split()
+    assert found == [control[0]], r
+
+
+def test_grep_does_not_find_host_contents(client, sandbox, canary, control):
+    _, _, _, content = canary
+    # Bounded: the usual places a leaked host directory would show up, plus the control's.
+    r = client.exec(sandbox, f"grep -rlF -e {content.decode()} -e {control[2].decode()} "
+                             f"/tmp /root /workspace /home /mnt /media /opt /srv /run /var/tmp "
+                             f"2>/dev/null; true", timeout_seconds=240)
+    assert r["timed_out"] is False
+    assert r["stdout"].split() == [control[0]], r
+
+
+def test_file_api_dotdot_cannot_reach_host(client, sandbox, canary, control):
+    _, path, _, content = canary
+    for p in [path, "../../../../../../../.." + path, "/workspace/../../../.." + path,
+              "ctl/../../../../../../.." + path]:
+        r = client.files("GET", sandbox, "content", path=p)
+        assert content not in r.body
+        assert r.status == 404, (p, r)
+        r = client.files("GET", sandbox, "list", path=os.path.dirname(p))
+        assert os.path.basename(path).encode() not in r.body
+        assert r.status == 404, (p, r)
+    # control: the same kind of path reaches the planted file
+    assert client.read_file(sandbox, "../../../../.." + control[0]) == control[2]
+    # writing through .. stays inside
+    r = client.files("PUT", sandbox, "content", data=b"overwritten",
+                     path="../../../../../.." + path)
+    assert r.status == 200, r
+    host_unchanged(canary)
+    assert client.read_file(sandbox, path) == b"overwritten"  # it landed inside the sandbox
+    client.files("DELETE", sandbox, None, 200, path=os.path.dirname(path), recursive=True)
+
+
+def test_symlinks_cannot_reach_host(client, sandbox, canary, control):
+    d, path, name, content = canary
+    # absolute and relative symlinks to the host file and its directory, planted from inside
+    r = client.exec(sandbox, f"rm -rf {d} && mkdir -p /workspace/links && cd /workspace/links && "
+                             f"ln -sf {path} abs && ln -sf {d} absdir && "
+                             f"ln -sf ../../../../../../../../..{path} rel && "
+                             f"ln -sf {control[0]} good")
+    assert r["exit_code"] == 0, r
+    for link in ["links/abs", "links/rel", "/workspace/links/absdir/" + name]:
+        r = client.files("GET", sandbox, "content", path=link)
+        assert content not in r.body
+        assert r.status == 404, (link, r)
+    r = client.files("GET", sandbox, "list", path="links/absdir")
+    assert name.encode() not in r.body
+    assert r.status == 404, r
+    r = client.files("GET", sandbox, "stat", path="links/absdir/" + name)
+    assert r.status == 404, r
+    # control: a symlink to a file inside is followed
+    assert client.read_file(sandbox, "links/good") == control[2]
+    # writing through the symlinks creates files inside, never on the host
+    for link in ["links/abs", "links/rel"]:
+        r = client.files("PUT", sandbox, "content", data=b"pwned", path=link)
+        assert r.status in (200, 404, 422), r
+    r = client.files("PUT", sandbox, "content", data=b"pwned", path="links/absdir/new")
+    assert r.status in (200, 404, 422), r
+    host_unchanged(canary)
+    # removing through the directory symlink does not touch the host either
+    r = client.files("DELETE", sandbox, None, path="links/absdir/" + name)
+    assert r.status in (200, 404), r
+    host_unchanged(canary)
+    client.exec(sandbox, f"rm -rf /workspace/links {d}")
+
+
+def test_host_processes_invisible(client, sandbox, daemon):
+    # PID 1 inside is the agent, not the host's init
+    r = client.exec(sandbox, "cat /proc/1/cmdline")
+    inside = output(r)
+    with open("/proc/1/cmdline", "rb") as f:
+        host_init = f.read()
+    assert inside, r
+    assert inside != host_init
+    assert b"withruntime-agent" in inside or b"agent" in os.path.basename(
+        inside.split(b"\0")[0]), inside
+    # no process inside is the daemon (its command line has "serve" and the state dir)
+    r = client.exec(sandbox, "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done")
+    cmdlines = r["stdout"].splitlines()
+    assert len(cmdlines) >= 2, r
+    assert not any(daemon.state_dir in c for c in cmdlines), cmdlines
+    host_pids = len([p for p in os.listdir("/proc") if p.isdigit()])
+    assert len(cmdlines) < host_pids
+
+
+def test_kernel_is_gvisor(client, sandbox):
+    # gVisor's sentry prints its own boot messages in dmesg; the host kernel's log never shows.
+    r = client.exec(sandbox, "dmesg 2>&1 | head -n 5; cat /proc/version")
+    text = r["stdout"]
+    assert "Linux version" in text, r
+    with open("/proc/version") as f:
+        host_version = f.read().strip()
+    assert host_version not in text

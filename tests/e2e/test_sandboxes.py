@@ -1,0 +1,144 @@
+"""Sandbox lifecycle through the API: create, get, list, delete; health and images."""
+
+import datetime
+import re
+
+import wrclient
+
+ID_RE = re.compile(r"^sb-[a-z2-7]{21}$")
+
+
+def parse_time(s):
+    return datetime.datetime.strptime(s.split(".")[0].rstrip("Z"), "%Y-%m-%dT%H:%M:%S")
+
+
+def test_health(client, make_sandbox):
+    h = client.health()
+    assert h["status"] == "ok"
+    assert h["version"]
+    assert h["driver"] == "gvisor"
+    assert h["sandboxes"] == len(client.list())
+    make_sandbox(memory_mib=256)
+    assert client.health()["sandboxes"] == h["sandboxes"] + 1
+
+
+def test_health_over_unix_socket(daemon):
+    c = wrclient.Client(unix_path=daemon.socket_path)
+    r = c.request("GET", "/v1/health")
+    assert r.status == 200
+    assert r.json()["status"] == "ok"
+
+
+def test_images_lists_default(client):
+    images = client.expect(200, "GET", "/v1/images").json()["images"]
+    names = [i["name"] for i in images]
+    assert "default" in names
+    default = images[names.index("default")]
+    assert default["size_bytes"] > 50 * 1024 * 1024  # a Debian root with python3
+
+
+def test_create_get_list_delete(client, make_sandbox):
+    before = {s["id"] for s in client.list()}
+    t0 = datetime.datetime.utcnow().replace(microsecond=0) - datetime.timedelta(seconds=5)
+    sb = make_sandbox()
+    assert ID_RE.match(sb["id"])
+    assert sb["id"] not in before
+    assert sb["state"] == "running"
+    # documented defaults
+    assert sb["image"] == "default"
+    assert sb["cpus"] == 2
+    assert sb["memory_mib"] == 4096
+    assert sb["env"] == {}
+    assert sb["metadata"] == {}
+    assert sb["timeout_seconds"] == 3600
+    assert sb["on_lease_end"] == "stop"
+    assert sb["network"] == {"internet": False}
+    created = parse_time(sb["created_at"])
+    assert t0 <= created <= datetime.datetime.utcnow() + datetime.timedelta(seconds=5)
+    assert parse_time(sb["lease_ends_at"]) - created == datetime.timedelta(seconds=3600)
+
+    got = client.get(sb["id"])
+    assert got == sb
+
+    listed = client.list()
+    assert [s for s in listed if s["id"] == sb["id"]] == [sb]
+
+    # the sandbox answers
+    r = client.exec(sb["id"], "echo alive")
+    assert r["stdout"] == "alive\n"
+
+    d = client.delete(sb["id"])
+    assert d == {"id": sb["id"], "deleted": True}
+    assert client.request("GET", f"/v1/sandboxes/{sb['id']}").status == 404
+    assert sb["id"] not in {s["id"] for s in client.list()}
+    assert client.request("DELETE", f"/v1/sandboxes/{sb['id']}").status == 404
+    assert client.request("POST", f"/v1/sandboxes/{sb['id']}/exec",
+                          {"command": "true"}).status == 404
+
+
+def test_events(client, make_sandbox):
+    sb = make_sandbox(memory_mib=256)
+    ev = client.expect(200, "GET", f"/v1/sandboxes/{sb['id']}/events").json()
+    assert ev["id"] == sb["id"]
+    events = ev["events"]
+    assert events, ev
+    assert events[-1]["state"] == "running"
+    assert events[-1]["type"] == "state"
+    assert [e["at"] for e in events] == sorted(e["at"] for e in events)
+    assert parse_time(events[0]["at"]) >= parse_time(sb["created_at"]) - \
+        datetime.timedelta(seconds=1)
+    client.delete(sb["id"])
+    r = client.request("GET", f"/v1/sandboxes/{sb['id']}/events")
+    assert r.status == 404
+
+
+def test_create_with_every_field(client, make_sandbox):
+    fields = {
+        "image": "default",
+        "cpus": 1,
+        "memory_mib": 512,
+        "env": {"GREETING": "hello", "EMPTY": ""},
+        "metadata": {"owner": "e2e", "ticket": "42"},
+        "timeout_seconds": 120,
+        "on_lease_end": "delete",
+        "network": {"internet": True, "allow": ["pypi.org", "*.pythonhosted.org"]},
+    }
+    sb = make_sandbox(**fields)
+    for k, v in fields.items():
+        assert sb[k] == v, k
+    assert parse_time(sb["lease_ends_at"]) - parse_time(sb["created_at"]) == \
+        datetime.timedelta(seconds=120)
+    assert client.get(sb["id"]) == sb
+
+
+def test_empty_body_creates_default_sandbox(client, make_sandbox):
+    r = client.request("POST", "/v1/sandboxes", data=b"",
+                       headers={"Content-Type": "application/json"})
+    assert r.status == 201, r
+    sb = r.json()
+    make_sandbox.ids.append(sb["id"])
+    assert sb["state"] == "running"
+    assert sb["cpus"] == 2
+
+
+def test_ids_are_unique(client, make_sandbox):
+    ids = {make_sandbox(memory_mib=256)["id"] for _ in range(3)}
+    assert len(ids) == 3
+
+
+def test_list_is_oldest_first(client, make_sandbox):
+    a = make_sandbox(memory_mib=256)["id"]
+    b = make_sandbox(memory_mib=256)["id"]
+    order = [s["id"] for s in client.list()]
+    assert order.index(a) < order.index(b)
+
+
+def test_sandboxes_do_not_share_files(client, make_sandbox):
+    a = make_sandbox(memory_mib=256)["id"]
+    b = make_sandbox(memory_mib=256)["id"]
+    client.write_file(a, "/workspace/mine.txt", b"only in a")
+    assert client.read_file(a, "/workspace/mine.txt") == b"only in a"
+    r = client.files("GET", b, "content", path="/workspace/mine.txt")
+    assert r.status == 404
+    r = client.exec(b, "cat /workspace/mine.txt")
+    assert r["exit_code"] != 0
