@@ -316,16 +316,16 @@ int main(void)
         size_t n = 0;
         fds[n] = (struct pollfd){.fd = sigfd, .events = POLLIN};
         owners[n++] = NULL;
-        ssize_t in_idx = -1, out_idx = -1;
+        ssize_t in_idx = -1;
         if (pending < AGENT_OUT_HARD) {
             fds[n] = (struct pollfd){.fd = ag.in_fd, .events = POLLIN};
             owners[n] = NULL;
             in_idx = (ssize_t)n++;
         }
         if (pending) {
+            /* Only wakes the loop; the flush at the end of each turn does the writing. */
             fds[n] = (struct pollfd){.fd = ag.out_fd, .events = POLLOUT};
-            owners[n] = NULL;
-            out_idx = (ssize_t)n++;
+            owners[n++] = NULL;
         }
         int jobs = 0;
         for (struct req *r = ag.head; r; r = r->next) {
@@ -351,7 +351,6 @@ int main(void)
         int eof = 0;
         if (in_idx >= 0 && fds[in_idx].revents)
             eof = read_channel(&rd);
-        (void)out_idx; /* POLLOUT only wakes us; the flush below does the writing */
 
         struct req *next;
         for (struct req *r = ag.head; r; r = next) {

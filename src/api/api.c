@@ -15,7 +15,7 @@
 typedef void (*handler_fn)(struct daemon *, struct http_req *, struct route_match *);
 
 enum {
-    H_HEALTH, H_IMAGES, H_SB_CREATE, H_SB_LIST, H_SB_GET, H_SB_DELETE, H_SB_EVENTS, H_SB_STOP, H_SB_START, H_SB_TIMEOUT, H_EXEC,
+    H_HEALTH, H_IMAGES, H_SB_CREATE, H_SB_LIST, H_SB_GET, H_SB_DELETE, H_SB_EVENTS, H_SB_STOP, H_SB_START, H_SB_TIMEOUT, H_EXEC, H_CMD_LIST, H_CMD_GET, H_CMD_OUT, H_CMD_WAIT, H_CMD_SIGNAL,
     H_F_READ, H_F_WRITE, H_F_LIST, H_F_STAT, H_F_MKDIR, H_F_REMOVE,
 };
 
@@ -31,6 +31,11 @@ static const handler_fn handlers[] = {
     [H_SB_START] = api_sandboxes_start,
     [H_SB_TIMEOUT] = api_sandboxes_timeout,
     [H_EXEC] = api_exec,
+    [H_CMD_LIST] = api_commands_list,
+    [H_CMD_GET] = api_commands_get,
+    [H_CMD_OUT] = api_commands_output,
+    [H_CMD_WAIT] = api_commands_wait,
+    [H_CMD_SIGNAL] = api_commands_signal,
     [H_F_READ] = api_files_read,
     [H_F_WRITE] = api_files_write,
     [H_F_LIST] = api_files_list,
@@ -51,6 +56,11 @@ static const struct route routes[] = {
     {"POST", "/v1/sandboxes/{id}/start", H_SB_START},
     {"POST", "/v1/sandboxes/{id}/timeout", H_SB_TIMEOUT},
     {"POST", "/v1/sandboxes/{id}/exec", H_EXEC},
+    {"GET", "/v1/sandboxes/{id}/commands", H_CMD_LIST},
+    {"GET", "/v1/sandboxes/{id}/commands/{cid}", H_CMD_GET},
+    {"GET", "/v1/sandboxes/{id}/commands/{cid}/output", H_CMD_OUT},
+    {"POST", "/v1/sandboxes/{id}/commands/{cid}/wait", H_CMD_WAIT},
+    {"POST", "/v1/sandboxes/{id}/commands/{cid}/signal", H_CMD_SIGNAL},
     {"GET", "/v1/sandboxes/{id}/files/content", H_F_READ},
     {"PUT", "/v1/sandboxes/{id}/files/content", H_F_WRITE},
     {"GET", "/v1/sandboxes/{id}/files/list", H_F_LIST},

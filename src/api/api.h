@@ -42,6 +42,11 @@ void api_files_list(struct daemon *d, struct http_req *req, struct route_match *
 void api_files_stat(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_files_mkdir(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_files_remove(struct daemon *d, struct http_req *req, struct route_match *m);
+void api_commands_list(struct daemon *d, struct http_req *req, struct route_match *m);
+void api_commands_get(struct daemon *d, struct http_req *req, struct route_match *m);
+void api_commands_output(struct daemon *d, struct http_req *req, struct route_match *m);
+void api_commands_wait(struct daemon *d, struct http_req *req, struct route_match *m);
+void api_commands_signal(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_health(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_images_list(struct daemon *d, struct http_req *req, struct route_match *m);
 

@@ -15,13 +15,14 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "daemon/agentconn.h"
+#include "daemon/command.h"
 #include "daemon/sandbox.h"
 
 #define KILL_GRACE_SECONDS 10
 
 static const char *const exec_fields[] = {
     "command", "argv", "cwd", "env", "stdin", "stdin_base64", "timeout_seconds",
-    "max_output_bytes", "stream", NULL};
+    "max_output_bytes", "stream", "background", NULL};
 
 static const char *const default_env[][2] = {
     {"PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
@@ -321,7 +322,7 @@ void api_exec(struct daemon *d, struct http_req *req, struct route_match *m)
     json_t *argv = NULL, *env = NULL;
     double timeout;
     long long cap;
-    int stream;
+    int stream, background;
     unsigned char *stdin_data = NULL;
     size_t stdin_len = 0;
     struct proto_buf b = {0};
@@ -334,8 +335,13 @@ void api_exec(struct daemon *d, struct http_req *req, struct route_match *m)
         jv_number(o, "timeout_seconds", 0, 86400, d->cfg.default_exec_timeout, &timeout, msg) < 0 ||
         jv_int(o, "max_output_bytes", 1, (long long)d->cfg.max_output_cap,
                (long long)d->cfg.default_output_cap, &cap, msg) < 0 ||
-        jv_bool(o, "stream", 0, &stream, msg) < 0)
+        jv_bool(o, "stream", 0, &stream, msg) < 0 ||
+        jv_bool(o, "background", 0, &background, msg) < 0)
         goto bad;
+    if (stream && background) {
+        snprintf(msg, sizeof(msg), "stream, background: give at most one of them");
+        goto bad;
+    }
     if (!!command == !!argv) {
         snprintf(msg, sizeof(msg), "command, argv: give exactly one of them");
         goto bad;
@@ -365,6 +371,23 @@ void api_exec(struct daemon *d, struct http_req *req, struct route_match *m)
     }
     if (build_exec(sb, argv, command, cwd, env, stdin_data != NULL, &b, msg) < 0)
         goto bad;
+    if (background) {
+        /* No timeout unless one was asked for: it runs until it exits or the lease ends. */
+        json_t *shown = argv ? json_incref(argv) : json_pack("[s, s, s]", "/bin/sh", "-c", command);
+        double bg_timeout = json_object_get(o, "timeout_seconds") ? timeout : 0;
+        char err[256];
+        struct command *c = command_start(sb, &b, shown, stdin_data, stdin_len, bg_timeout,
+                                          (size_t)cap, err, sizeof(err));
+        json_decref(shown);
+        json_decref(o);
+        free(stdin_data);
+        proto_buf_free(&b);
+        if (!c)
+            http_reply_error(req, 409, "conflict", "%s", err);
+        else
+            http_reply_json(req, 201, command_to_json(c));
+        return;
+    }
     json_decref(o);
     o = NULL;
 

@@ -54,11 +54,11 @@ struct entry {
 };
 
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t table_cond;         /* an entry changed, or a child was spawned */
-static struct entry *table;               /* under table_lock */
-static size_t table_len, table_cap;       /* under table_lock */
-static uint64_t spawn_gen;                /* under table_lock: bumped by every spawn */
-static bool reaper_running;               /* under table_lock */
+static pthread_cond_t table_cond;   /* an entry changed, or a child was spawned */
+static struct entry *table;         /* under table_lock */
+static size_t table_len, table_cap; /* under table_lock */
+static uint64_t spawn_gen;          /* under table_lock: bumped by every spawn */
+static bool reaper_running;         /* under table_lock */
 static pthread_t reaper_thread;
 static pthread_once_t cond_once = PTHREAD_ONCE_INIT;
 
@@ -268,8 +268,7 @@ pid_t proc_spawn(char *const argv[], char *const env[], int fd_in, int fd_out, i
             goto out;
         }
         if (fds[i] < 0)
-            posix_spawn_file_actions_addopen(&fa, i, "/dev/null", i == 0 ? O_RDONLY : O_WRONLY,
-                                              0);
+            posix_spawn_file_actions_addopen(&fa, i, "/dev/null", i == 0 ? O_RDONLY : O_WRONLY, 0);
         else
             posix_spawn_file_actions_adddup2(&fa, fds[i], i);
     }
@@ -409,8 +408,7 @@ int proc_wait(pid_t pid, int *status, int timeout_ms, struct wr_err *err)
     }
     pthread_mutex_unlock(&table_lock);
     if (r < 0)
-        return wr_err_set(err, ECHILD, "process %d is not a child started by proc_spawn",
-                          (int)pid);
+        return wr_err_set(err, ECHILD, "process %d is not a child started by proc_spawn", (int)pid);
     if (status)
         *status = st;
     return 0;
@@ -534,8 +532,7 @@ int proc_run(char *const argv[], int timeout_ms, char *out, size_t outlen, struc
         struct wr_err werr;
         if (proc_wait(pid, &status, left, &werr) < 0) {
             if (werr.code == ETIMEDOUT)
-                return wr_err_set(err, ETIMEDOUT, "%s timed out after %d ms", argv[0],
-                                  timeout_ms);
+                return wr_err_set(err, ETIMEDOUT, "%s timed out after %d ms", argv[0], timeout_ms);
             return wr_err_set(err, werr.code, "%s: %s", argv[0], werr.msg);
         }
     }

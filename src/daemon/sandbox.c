@@ -15,6 +15,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "daemon/agentconn.h"
+#include "daemon/command.h"
 #include "daemon/work.h"
 #include "store/store.h"
 
@@ -78,6 +79,7 @@ struct sandbox *sandbox_new(struct daemon *d)
 
 static void sandbox_free(struct sandbox *sb)
 {
+    command_free_all(sb);
     json_decref(sb->env);
     json_decref(sb->metadata);
     json_decref(sb->network);

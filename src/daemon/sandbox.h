@@ -47,6 +47,8 @@ struct sandbox {
     int busy;          /* a driver operation is in flight */
     int unlinked;      /* removed from the daemon's list */
     void *create_job;  /* while CREATING and waiting for HELLO */
+    void *commands;    /* struct command list (daemon/command.h), newest first */
+    unsigned command_seq;
     struct sandbox *next;
 };
 

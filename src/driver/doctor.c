@@ -175,11 +175,11 @@ static const char *const kvm_stage_names[] = {
 static struct kvm_report kvm_child(void)
 {
     struct kvm_report r = {0, 0, -1};
-#define FAIL(st)                                                                                 \
-    do {                                                                                         \
-        r.stage = (st);                                                                          \
-        r.err = errno;                                                                           \
-        return r;                                                                                \
+#define FAIL(st)                                                                                   \
+    do {                                                                                           \
+        r.stage = (st);                                                                            \
+        r.err = errno;                                                                             \
+        return r;                                                                                  \
     } while (0)
     int kvm = open("/dev/kvm", O_RDWR | O_CLOEXEC);
     if (kvm < 0)
@@ -193,9 +193,10 @@ static struct kvm_report kvm_child(void)
                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (mem == MAP_FAILED)
         FAIL(KS_MEM);
-    struct kvm_userspace_memory_region region = {
-        .slot = 0, .guest_phys_addr = 0, .memory_size = GUEST_MEM,
-        .userspace_addr = (uint64_t)(uintptr_t)mem};
+    struct kvm_userspace_memory_region region = {.slot = 0,
+                                                 .guest_phys_addr = 0,
+                                                 .memory_size = GUEST_MEM,
+                                                 .userspace_addr = (uint64_t)(uintptr_t)mem};
     if (ioctl(vm, KVM_SET_USER_MEMORY_REGION, &region) < 0)
         FAIL(KS_MEM);
 
@@ -210,8 +211,10 @@ static struct kvm_report kvm_child(void)
     pml4[0] = GUEST_PDPT | 0x3; /* present, writable */
     pdpt[0] = GUEST_PD | 0x3;
     pd[0] = 0x83; /* present, writable, 2 MiB page at 0 */
-    /* mov al, 0x42; out 0x10, al; hlt */
-    static const uint8_t code[] = {0xb0, GUEST_BYTE, 0xe6, GUEST_PORT, 0xf4};
+    /* movabs rax, 0x42 << 56; shr rax, 56; out 0x10, al; hlt. Only 64-bit mode decodes this
+     * to al = 0x42 (in 32-bit mode 0x48 is `dec eax`). */
+    static const uint8_t code[] = {0x48,       0xb8, 0,    0,    0,  0,    0,          0,   0,
+                                   GUEST_BYTE, 0x48, 0xc1, 0xe8, 56, 0xe6, GUEST_PORT, 0xf4};
     memcpy(mem + GUEST_CODE, code, sizeof(code));
 
     int vcpu = ioctl(vm, KVM_CREATE_VCPU, 0);
@@ -237,8 +240,16 @@ static struct kvm_report kvm_child(void)
     struct kvm_sregs sregs;
     if (ioctl(vcpu, KVM_GET_SREGS, &sregs) < 0)
         FAIL(KS_SREGS);
-    struct kvm_segment cs = {.base = 0, .limit = 0xffffffff, .selector = 1 << 3, .type = 11,
-                             .present = 1, .dpl = 0, .db = 0, .s = 1, .l = 1, .g = 1};
+    struct kvm_segment cs = {.base = 0,
+                             .limit = 0xffffffff,
+                             .selector = 1 << 3,
+                             .type = 11,
+                             .present = 1,
+                             .dpl = 0,
+                             .db = 0,
+                             .s = 1,
+                             .l = 1,
+                             .g = 1};
     struct kvm_segment ds = cs;
     ds.type = 3;
     ds.selector = 2 << 3;
@@ -249,9 +260,9 @@ static struct kvm_report kvm_child(void)
     sregs.gdt.base = GUEST_GDT;
     sregs.gdt.limit = 3 * 8 - 1;
     sregs.cr3 = GUEST_PML4;
-    sregs.cr4 = 1u << 5;                     /* PAE */
-    sregs.cr0 = 0x80050033;                  /* PG, AM, WP, NE, ET, MP, PE */
-    sregs.efer = (1u << 8) | (1u << 10);     /* LME, LMA */
+    sregs.cr4 = 1u << 5;                 /* PAE */
+    sregs.cr0 = 0x80050033;              /* PG, AM, WP, NE, ET, MP, PE */
+    sregs.efer = (1u << 8) | (1u << 10); /* LME, LMA */
     if (ioctl(vcpu, KVM_SET_SREGS, &sregs) < 0)
         FAIL(KS_SREGS);
     struct kvm_regs regs;
@@ -316,7 +327,7 @@ enum doctor_kvm_result doctor_kvm_guest(int timeout_ms, char *detail, size_t det
     if (pr == 0) {
         res = DOCTOR_KVM_HANGS;
         snprintf(detail, detail_len,
-                 "hangs on a long-mode guest (timed out after %d s) - e.g. a nested "
+                 "hangs on a long-mode guest (timed out after %d s) — e.g. a nested "
                  "paravirtual hypervisor",
                  timeout_ms / 1000);
         if (pidfd >= 0)
@@ -366,15 +377,18 @@ static bool check_gvisor(FILE *out, const char *state_dir)
     fprintf(out, "gvisor driver (gVisor's runsc, the default)\n");
 
     if (!find_in_path("runsc", path, sizeof(path))) {
-        line(out, "[FAIL]", "runsc is not installed: install it from bookworm-backports "
+        line(out, "[FAIL]",
+             "runsc is not installed: install it from bookworm-backports "
              "(scripts/setup.sh does)");
         ok = false;
     } else if (gvisor_runsc_version(ver, sizeof(ver), &err) < 0) {
         line(out, "[FAIL]", "runsc at %s does not run: %s", path, err.msg);
         ok = false;
     } else if (gvisor_runsc_too_old(ver)) {
-        line(out, "[FAIL]", "runsc %s at %s is too old: ls and stat fail inside its sandboxes; "
-             "install runsc from bookworm-backports", ver, path);
+        line(out, "[FAIL]",
+             "runsc %s at %s is too old: ls and stat fail inside its sandboxes; "
+             "install runsc from bookworm-backports",
+             ver, path);
         ok = false;
     } else {
         line(out, "[ok]", "runsc %s at %s", ver, path);
@@ -413,8 +427,10 @@ static bool check_gvisor(FILE *out, const char *state_dir)
             uint64_t t0 = now_ms_monotonic();
             if (gvisor_platform_check(platforms[i], &err) == 0) {
                 platform = platforms[i];
-                line(out, "[ok]", "platform %s: started and stopped a throwaway sandbox in "
-                     "%llu ms", platforms[i], (unsigned long long)(now_ms_monotonic() - t0));
+                line(out, "[ok]",
+                     "platform %s: started and stopped a throwaway sandbox in "
+                     "%llu ms",
+                     platforms[i], (unsigned long long)(now_ms_monotonic() - t0));
             } else {
                 line(out, "[FAIL]", "platform %s: %s", platforms[i], err.msg);
             }

@@ -17,9 +17,9 @@ int doctor_run(FILE *out, const char *state_dir);
 
 /** Result of the KVM long-mode guest test. */
 enum doctor_kvm_result {
-    DOCTOR_KVM_RUNS,    /* the guest reached 64-bit mode, wrote to an I/O port and halted */
-    DOCTOR_KVM_HANGS,   /* no exit within the time limit */
-    DOCTOR_KVM_FAILS,   /* an ioctl failed or the guest exited unexpectedly */
+    DOCTOR_KVM_RUNS,  /* the guest reached 64-bit mode, wrote to an I/O port and halted */
+    DOCTOR_KVM_HANGS, /* no exit within the time limit */
+    DOCTOR_KVM_FAILS, /* an ioctl failed or the guest exited unexpectedly */
 };
 
 /**

@@ -56,7 +56,7 @@
  * backstop well above what pids_max guest tasks need on the host (under systrap every guest
  * thread may have a host stub thread, plus the sentry's and gofer's own threads).
  */
-#define PIDS_BACKSTOP(n) ((n) * 2 + 512)
+#define PIDS_BACKSTOP(n) ((n)*2 + 512)
 
 #define RUNSC_RUN_TIMEOUT_MS 60000
 #define RUNSC_DELETE_TIMEOUT_MS 30000
@@ -66,10 +66,9 @@
 #define RUNSC_MIN_DATE 20240101 /* Debian 12's own 0.0~20221219 breaks ls/stat inside */
 
 static const char *const sandbox_caps[] = {
-    "CAP_CHOWN",        "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER",
-    "CAP_MKNOD",        "CAP_SETGID",       "CAP_SETUID", "CAP_SETFCAP",
-    "CAP_SETPCAP",      "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL",
-    "CAP_AUDIT_WRITE",
+    "CAP_CHOWN",      "CAP_DAC_OVERRIDE", "CAP_FSETID",      "CAP_FOWNER",  "CAP_MKNOD",
+    "CAP_SETGID",     "CAP_SETUID",       "CAP_SETFCAP",     "CAP_SETPCAP", "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT", "CAP_KILL",         "CAP_AUDIT_WRITE",
 };
 
 static struct {
@@ -95,8 +94,9 @@ int gvisor_configure(const struct driver_config *cfg, struct wr_err *err)
     if (strlen(cfg->state_dir) > PATH_MAX - 64)
         return wr_err_set(err, ENAMETOOLONG, "driver: state_dir is too long");
     if (cfg->platform && cfg->platform[0] && !platform_valid(cfg->platform))
-        return wr_err_set(err, EINVAL, "driver: unknown gVisor platform \"%s\" (systrap, ptrace "
-                          "or kvm)", cfg->platform);
+        return wr_err_set(err, EINVAL,
+                          "driver: unknown gVisor platform \"%s\" (systrap, ptrace or kvm)",
+                          cfg->platform);
     snprintf(conf.state_dir, sizeof(conf.state_dir), "%s", cfg->state_dir);
     snprintf(conf.runsc_root, sizeof(conf.runsc_root), "%s/runsc", cfg->state_dir);
     snprintf(conf.platform_override, sizeof(conf.platform_override), "%s",
@@ -108,7 +108,8 @@ int gvisor_configure(const struct driver_config *cfg, struct wr_err *err)
 
 uint64_t gvisor_memory_limit_bytes(int memory_mib)
 {
-    uint64_t mib = (uint64_t)memory_mib + MEMORY_MARGIN_MIB + (uint64_t)memory_mib / MEMORY_MARGIN_DIV;
+    uint64_t mib =
+        (uint64_t)memory_mib + MEMORY_MARGIN_MIB + (uint64_t)memory_mib / MEMORY_MARGIN_DIV;
     return mib << 20;
 }
 
@@ -155,8 +156,7 @@ static void runsc_add(struct runsc_cmd *c, const char *arg)
 
 static bool is_not_found(const char *msg)
 {
-    return strstr(msg, "does not exist") || strstr(msg, "not found") ||
-           strstr(msg, "no such file");
+    return strstr(msg, "does not exist") || strstr(msg, "not found") || strstr(msg, "no such file");
 }
 
 /* ---- platform ---- */
@@ -168,8 +168,8 @@ static int platform_try(const char *p, struct wr_err *err)
     char root[PATH_MAX + 16], platform[32];
     snprintf(root, sizeof(root), "--root=%s", conf.runsc_root);
     snprintf(platform, sizeof(platform), "--platform=%s", p);
-    char *argv[] = {"runsc", root, platform, "--network=none", "do", "-quiet", "-cwd", "/",
-                    "true", NULL};
+    char *argv[] = {"runsc",  root,   platform, "--network=none", "do",
+                    "-quiet", "-cwd", "/",      "true",           NULL};
     char out[2048];
     if (mkdir(conf.runsc_root, 0700) < 0 && errno != EEXIST)
         return wr_err_sys(err, errno, "creating %s", conf.runsc_root);
@@ -366,8 +366,8 @@ static int mount_overlay(const struct sb_paths *sp, const char *lower, struct wr
     if (n > 0)
         return 0;
     char opts[3 * PATH_MAX + 64];
-    snprintf(opts, sizeof(opts), "lowerdir=%s,upperdir=%s,workdir=%s,index=off", lower,
-             sp->upper, sp->work);
+    snprintf(opts, sizeof(opts), "lowerdir=%s,upperdir=%s,workdir=%s,index=off", lower, sp->upper,
+             sp->work);
     if (mount("overlay", sp->rootfs, "overlay", MS_NODEV, opts) < 0)
         return wr_err_sys(err, errno, "mounting the overlay at %s", sp->rootfs);
     return 0;
@@ -434,8 +434,7 @@ static int rm_entry(struct rm_ctx *c, int dfd, const char *name, int depth, stru
         return wr_err_set(err, EBUSY, "refusing to remove %s: a file system is mounted there",
                           name);
     if (makedev(stx.stx_dev_major, stx.stx_dev_minor) != c->dev)
-        return wr_err_set(err, EXDEV, "refusing to remove %s: it is on another file system",
-                          name);
+        return wr_err_set(err, EXDEV, "refusing to remove %s: it is on another file system", name);
     if (depth >= RM_MAX_DEPTH) {
         char tmp[64];
         snprintf(tmp, sizeof(tmp), ".wr-rm-%lu", c->seq++);
@@ -529,8 +528,8 @@ static int ensure_file_at(int root, const char *dir, const char *name, mode_t mo
         if (remove_tree_at(dfd, name, err) < 0)
             return -1;
     }
-    cleanup_close int fd = openat(dfd, name, O_CREAT | O_EXCL | O_WRONLY | O_NOFOLLOW |
-                                  O_CLOEXEC, mode);
+    cleanup_close int fd =
+        openat(dfd, name, O_CREAT | O_EXCL | O_WRONLY | O_NOFOLLOW | O_CLOEXEC, mode);
     if (fd < 0)
         return wr_err_sys(err, errno, "creating /%s/%s in the sandbox", dir, name);
     return 0;
@@ -589,34 +588,33 @@ static json_t *build_spec(const struct driver_spec *spec, const struct sb_paths 
     static const char *const dev_opts[] = {"nosuid", "strictatime", "mode=755", "size=65536k"};
     static const char *const pts_opts[] = {"nosuid", "noexec", "newinstance", "ptmxmode=0666",
                                            "mode=0620"};
-    static const char *const shm_opts[] = {"nosuid", "noexec", "nodev", "mode=1777",
-                                           "size=65536k"};
+    static const char *const shm_opts[] = {"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"};
     static const char *const sys_opts[] = {"nosuid", "noexec", "nodev", "ro"};
     static const char *const agent_opts[] = {"bind", "ro"};
 
     size_t ncaps = WR_ARRAY_LEN(sandbox_caps);
-    json_t *caps = json_pack("{s:o, s:o, s:o}", "bounding", str_array(sandbox_caps, ncaps),
-                             "effective", str_array(sandbox_caps, ncaps), "permitted",
-                             str_array(sandbox_caps, ncaps));
-    json_t *rlimits = json_pack("[{s:s, s:I, s:I}, {s:s, s:I, s:I}]", "type", "RLIMIT_NOFILE",
-                                "hard", (json_int_t)65536, "soft", (json_int_t)65536, "type",
-                                "RLIMIT_NPROC", "hard", (json_int_t)spec->pids_max, "soft",
-                                (json_int_t)spec->pids_max);
-    json_t *process = json_pack(
-        "{s:b, s:{s:i, s:i}, s:[s], s:o, s:s, s:o, s:o}", "terminal", 0, "user", "uid", 0, "gid",
-        0, "args", "/.withruntime/agent", "env", str_array(env, WR_ARRAY_LEN(env)), "cwd",
-        "/workspace", "capabilities", caps, "rlimits", rlimits);
+    json_t *caps =
+        json_pack("{s:o, s:o, s:o}", "bounding", str_array(sandbox_caps, ncaps), "effective",
+                  str_array(sandbox_caps, ncaps), "permitted", str_array(sandbox_caps, ncaps));
+    json_t *rlimits =
+        json_pack("[{s:s, s:I, s:I}, {s:s, s:I, s:I}]", "type", "RLIMIT_NOFILE", "hard",
+                  (json_int_t)65536, "soft", (json_int_t)65536, "type", "RLIMIT_NPROC", "hard",
+                  (json_int_t)spec->pids_max, "soft", (json_int_t)spec->pids_max);
+    json_t *process =
+        json_pack("{s:b, s:{s:i, s:i}, s:[s], s:o, s:s, s:o, s:o}", "terminal", 0, "user", "uid", 0,
+                  "gid", 0, "args", "/.withruntime/agent", "env", str_array(env, WR_ARRAY_LEN(env)),
+                  "cwd", "/workspace", "capabilities", caps, "rlimits", rlimits);
 
     json_t *mounts = json_array();
     json_array_append_new(mounts, mount_obj("/proc", "proc", "proc", NULL, 0));
-    json_array_append_new(mounts, mount_obj("/dev", "tmpfs", "tmpfs", dev_opts,
-                                            WR_ARRAY_LEN(dev_opts)));
-    json_array_append_new(mounts, mount_obj("/dev/pts", "devpts", "devpts", pts_opts,
-                                            WR_ARRAY_LEN(pts_opts)));
-    json_array_append_new(mounts, mount_obj("/dev/shm", "tmpfs", "shm", shm_opts,
-                                            WR_ARRAY_LEN(shm_opts)));
-    json_array_append_new(mounts, mount_obj("/sys", "sysfs", "sysfs", sys_opts,
-                                            WR_ARRAY_LEN(sys_opts)));
+    json_array_append_new(mounts,
+                          mount_obj("/dev", "tmpfs", "tmpfs", dev_opts, WR_ARRAY_LEN(dev_opts)));
+    json_array_append_new(
+        mounts, mount_obj("/dev/pts", "devpts", "devpts", pts_opts, WR_ARRAY_LEN(pts_opts)));
+    json_array_append_new(mounts,
+                          mount_obj("/dev/shm", "tmpfs", "shm", shm_opts, WR_ARRAY_LEN(shm_opts)));
+    json_array_append_new(mounts,
+                          mount_obj("/sys", "sysfs", "sysfs", sys_opts, WR_ARRAY_LEN(sys_opts)));
     json_array_append_new(mounts, mount_obj("/.withruntime/agent", "bind", spec->agent_path,
                                             agent_opts, WR_ARRAY_LEN(agent_opts)));
 
@@ -628,12 +626,11 @@ static json_t *build_spec(const struct driver_spec *spec, const struct sb_paths 
 
     return json_pack("{s:s, s:o, s:{s:s, s:b}, s:s, s:o, s:{s:o, s:s}}", "ociVersion", "1.0.2",
                      "process", process, "root", "path", sp->rootfs, "readonly", 0, "hostname",
-                     spec->id, "mounts", mounts, "linux", "namespaces", namespaces,
-                     "cgroupsPath", cgpath);
+                     spec->id, "mounts", mounts, "linux", "namespaces", namespaces, "cgroupsPath",
+                     cgpath);
 }
 
-static int write_spec(const struct driver_spec *spec, const struct sb_paths *sp,
-                      struct wr_err *err)
+static int write_spec(const struct driver_spec *spec, const struct sb_paths *sp, struct wr_err *err)
 {
     json_t *j = build_spec(spec, sp);
     if (!j)
@@ -675,12 +672,13 @@ static int runsc_has_state(const char *id)
     return found;
 }
 
-/* Copies the last non-empty line written to fd after offset `from` into out. */
-static void log_tail_line(int fd, off_t from, char *out, size_t outlen)
+/* Copies the last non-empty line written to the log at path after offset `from` into out. */
+static void log_tail_line(const char *path, off_t from, char *out, size_t outlen)
 {
     out[0] = '\0';
+    cleanup_close int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     struct stat st;
-    if (fstat(fd, &st) < 0 || st.st_size <= from)
+    if (fd < 0 || fstat(fd, &st) < 0 || st.st_size <= from)
         return;
     off_t start = st.st_size - from > 1024 ? st.st_size - 1024 : from;
     char buf[1025];
@@ -829,7 +827,7 @@ static int gv_start(const struct driver_spec *spec, int *chan_fd, struct wr_err 
         goto fail;
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         char line[400];
-        log_tail_line(logfd, log_start, line, sizeof(line));
+        log_tail_line(sp.log, log_start, line, sizeof(line));
         wr_err_set(err, EIO, "runsc run failed (%s %d): %s",
                    WIFEXITED(status) ? "status" : "signal",
                    WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status),
@@ -965,7 +963,8 @@ static int gv_probe(char *detail, size_t detail_len, struct wr_err *err)
     if (gvisor_runsc_version(ver, sizeof(ver), err) < 0)
         return -1;
     if (gvisor_runsc_too_old(ver))
-        return wr_err_set(err, ENOTSUP, "runsc %s is too old: its statx rejects AT_NO_AUTOMOUNT, "
+        return wr_err_set(err, ENOTSUP,
+                          "runsc %s is too old: its statx rejects AT_NO_AUTOMOUNT, "
                           "so ls and stat fail inside; install runsc from bookworm-backports",
                           ver);
     char cg[128];

@@ -38,8 +38,8 @@ struct recipe {
 };
 
 static const char *const default_packages[] = {
-    "python3", "python3-pip", "python3-venv",    "git",     "curl",
-    "ca-certificates", "build-essential", "procps", NULL,
+    "python3",         "python3-pip",     "python3-venv", "git", "curl",
+    "ca-certificates", "build-essential", "procps",       NULL,
 };
 
 static const struct recipe recipes[] = {
@@ -76,8 +76,7 @@ static int check_name(const char *state_dir, const char *name, struct wr_err *er
     if (strlen(state_dir) > PATH_MAX - 200)
         return wr_err_set(err, ENAMETOOLONG, "state directory path is too long");
     if (!image_name_valid(name))
-        return wr_err_set(err, EINVAL,
-                          "invalid image name \"%s\" (want [a-z0-9][a-z0-9._-]{0,63})",
+        return wr_err_set(err, EINVAL, "invalid image name \"%s\" (want [a-z0-9][a-z0-9._-]{0,63})",
                           name ? name : "");
     return 0;
 }
@@ -211,8 +210,7 @@ static void emit_source(struct strbuf *out, const struct source *src)
     sb_addf(out, "Types: deb\nURIs: %s\nSuites: %s\nComponents: %s\n", src->uris, src->suites,
             src->components[0] ? src->components : "main");
     if (src->signed_by.len)
-        sb_addf(out, "Signed-By:%s%s\n", src->signed_by.s[0] == '\n' ? "" : " ",
-                src->signed_by.s);
+        sb_addf(out, "Signed-By:%s%s\n", src->signed_by.s[0] == '\n' ? "" : " ", src->signed_by.s);
     sb_add(out, "\n", 1);
 }
 
@@ -263,8 +261,7 @@ static int parse_list(char *text, const char *suite, struct strbuf *out)
         snprintf(src.suites, sizeof(src.suites), "%s", s);
         for (char *c = strtok_r(NULL, " \t", &wsave); c; c = strtok_r(NULL, " \t", &wsave)) {
             size_t len = strlen(src.components);
-            snprintf(src.components + len, sizeof(src.components) - len, "%s%s",
-                     len ? " " : "", c);
+            snprintf(src.components + len, sizeof(src.components) - len, "%s%s", len ? " " : "", c);
         }
         emit_source(out, &src);
         free(src.signed_by.s);
@@ -288,8 +285,7 @@ static int parse_deb822(char *text, const char *suite, struct strbuf *out)
             char *nl = strchr(p, '\n');
             size_t n = nl ? (size_t)(nl - p) : strlen(p);
             char line[4096];
-            snprintf(line, sizeof(line), "%.*s", (int)(n < sizeof(line) ? n : sizeof(line) - 1),
-                     p);
+            snprintf(line, sizeof(line), "%.*s", (int)(n < sizeof(line) ? n : sizeof(line) - 1), p);
             p += n + (nl ? 1 : 0);
             if (line[0] == '#')
                 continue;
@@ -407,7 +403,7 @@ struct du_state {
     struct {
         dev_t dev;
         ino_t ino;
-    } *seen;
+    } * seen;
     size_t nseen, capseen;
 };
 
@@ -575,8 +571,8 @@ static int run_logged(char *const argv[], int log_fd, struct wr_err *err)
     while (start > 0 && tail[start - 1] != '\n')
         start--;
     if (WIFEXITED(status))
-        return wr_err_set(err, EIO, "%s exited with status %d: %.*s", argv[0],
-                          WEXITSTATUS(status), (int)(tail_len - start), tail + start);
+        return wr_err_set(err, EIO, "%s exited with status %d: %.*s", argv[0], WEXITSTATUS(status),
+                          (int)(tail_len - start), tail + start);
     return wr_err_set(err, EIO, "%s was killed by signal %d", argv[0], WTERMSIG(status));
 }
 
@@ -600,10 +596,9 @@ static int write_metadata(const char *path, const struct recipe *r, const char *
     for (const char *const *p = r->packages; *p; p++)
         json_array_append_new(pk, json_string(*p));
     json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:s, s:s, s:o, s:I, s:s, s:s}", "name", r->name,
-                          "build", build, "created_at", (json_int_t)created, "created", ts,
-                          "suite", r->suite, "variant", r->variant, "packages", pk,
-                          "size_bytes", (json_int_t)size, "sources_from", sources_from,
-                          "builder", "mmdebstrap");
+                          "build", build, "created_at", (json_int_t)created, "created", ts, "suite",
+                          r->suite, "variant", r->variant, "packages", pk, "size_bytes",
+                          (json_int_t)size, "sources_from", sources_from, "builder", "mmdebstrap");
     if (!j)
         return wr_err_set(err, ENOMEM, "building image metadata");
     cleanup_free char *text = json_dumps(j, JSON_INDENT(2));
@@ -648,8 +643,7 @@ static void remove_stale_tmp(const struct img_paths *p, int log_fd)
     closedir(d);
 }
 
-int image_build(const char *state_dir, const char *name, int force, int log_fd,
-                struct wr_err *err)
+int image_build(const char *state_dir, const char *name, int force, int log_fd, struct wr_err *err)
 {
     if (check_name(state_dir, name, err) < 0)
         return -1;
@@ -678,6 +672,7 @@ int image_build(const char *state_dir, const char *name, int force, int log_fd,
     }
     /* The lock is released when `lock` is closed. */
 
+    remove_stale_tmp(&p, log_fd);
     char cur[PATH_MAX];
     if (current_build(state_dir, name, cur, sizeof(cur), NULL, 0, NULL) < 0)
         cur[0] = '\0';
@@ -685,7 +680,6 @@ int image_build(const char *state_dir, const char *name, int force, int log_fd,
         blog(log_fd, "image %s is already built (%s); use --force to rebuild", name, cur);
         return 0;
     }
-    remove_stale_tmp(&p, log_fd);
 
     struct strbuf sources = {0};
     char sources_from[1024];
@@ -724,19 +718,13 @@ int image_build(const char *state_dir, const char *name, int force, int log_fd,
                  pk == r->packages ? "" : ",", *pk);
     char variant[64];
     snprintf(variant, sizeof(variant), "--variant=%s", r->variant);
-    char *argv[] = {"mmdebstrap",
-                    variant,
-                    include,
+    char *argv[] = {"mmdebstrap", variant, include,
                     /* The host's resolver and name mean nothing inside a sandbox. */
                     "--customize-hook=mkdir -p \"$1/workspace\" && : > \"$1/etc/resolv.conf\" "
                     "&& echo sandbox > \"$1/etc/hostname\"",
-                    "--",
-                    (char *)r->suite,
-                    target,
-                    src_file,
-                    NULL};
-    blog(log_fd, "image %s: building Debian %s (%s) into %s with sources from %s", name,
-         r->suite, include + 10, final_dir, sources_from);
+                    "--", (char *)r->suite, target, src_file, NULL};
+    blog(log_fd, "image %s: building Debian %s (%s) into %s with sources from %s", name, r->suite,
+         include + 10, final_dir, sources_from);
     uint64_t t0 = now_ms_monotonic();
     if (run_logged(argv, log_fd, err) < 0) {
         wr_err_prefix(err, "building image %s", name);
@@ -755,8 +743,10 @@ int image_build(const char *state_dir, const char *name, int force, int log_fd,
     blog(log_fd, "image %s: built in %.1f s, %.0f MB, at %s/rootfs", name,
          (double)(now_ms_monotonic() - t0) / 1000.0, (double)size / 1e6, final_dir);
     if (cur[0] && force)
-        blog(log_fd, "image %s: the previous build %s is kept for the sandboxes created from "
-             "it; remove it once none is left", name, cur);
+        blog(log_fd,
+             "image %s: the previous build %s is kept for the sandboxes created from "
+             "it; remove it once none is left",
+             name, cur);
     ret = 0;
 out:
     if (tmp_dir[0])
@@ -785,8 +775,8 @@ int image_list(const char *state_dir, image_list_cb cb, void *arg, struct wr_err
             current_build(state_dir, nm, NULL, 0, meta, sizeof(meta), NULL) == 0) {
             json_t *j = read_json(meta);
             json_int_t size = 0, created = 0;
-            if (j && json_unpack(j, "{s:I, s:I}", "size_bytes", &size, "created_at", &created) ==
-                         0) {
+            if (j &&
+                json_unpack(j, "{s:I, s:I}", "size_bytes", &size, "created_at", &created) == 0) {
                 struct image_info info;
                 memset(&info, 0, sizeof(info));
                 snprintf(info.name, sizeof(info.name), "%s", nm);

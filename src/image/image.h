@@ -40,8 +40,7 @@ int image_name_valid(const char *name);
  * Blocks for the whole build (tens of seconds to minutes); a concurrent build of the same
  * image waits for the first and then finds it cached. Returns 0, or -1 with err set.
  */
-int image_build(const char *state_dir, const char *name, int force, int log_fd,
-                struct wr_err *err);
+int image_build(const char *state_dir, const char *name, int force, int log_fd, struct wr_err *err);
 
 /**
  * Writes the path of image `name`'s current root filesystem (a resolved, build-specific

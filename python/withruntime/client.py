@@ -1,0 +1,421 @@
+"""Finding the daemon and talking HTTP/1.1 to it, over TCP or its Unix socket.
+
+Where the daemon is, in order (the same order as the ``withruntime`` command line):
+
+1. ``RUNTIME_URL`` (``http://host:port`` or ``unix:/path/to/withruntime.sock``);
+2. the connection saved by ``withruntime login``:
+   ``$XDG_CONFIG_HOME/withruntime/connection.json`` or ``~/.config/withruntime/connection.json``,
+   ``{"url": "...", "key": "..."}``;
+3. the local Unix socket ``$WITHRUNTIME_STATE_DIR/withruntime.sock`` (default
+   ``/var/lib/withruntime/withruntime.sock``). When nothing answers there and we are root with
+   the ``withruntime`` command on ``PATH``, that command is asked to start the daemon, as the
+   command line itself does.
+
+``RUNTIME_API_KEY``, when set, is the key in every case (over a saved connection's key). The key
+travels only in the ``Authorization: Bearer`` header; it is never part of a repr, a message or an
+exception.
+
+Every call opens its own connection, so one :class:`Client` (and every sandbox that uses it) can
+be shared between threads.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, Mapping, Optional, Tuple, Union
+
+from .errors import ConfigurationError, DaemonUnavailable, error_from_response
+
+__all__ = ["Client", "Connection", "resolve_connection", "DEFAULT_STATE_DIR"]
+
+DEFAULT_STATE_DIR = "/var/lib/withruntime"
+SOCKET_NAME = "withruntime.sock"
+USER_AGENT = "withruntime-python/0.1.0"
+
+# Seconds to wait on any one socket operation of a call that has no better bound.
+DEFAULT_TIMEOUT = 120.0
+
+
+@dataclass(frozen=True)
+class Connection:
+    """Where the daemon is and how to authenticate; ``source`` says where it was found
+    (``"argument"``, ``"RUNTIME_URL"``, the saved file's path, or ``"local socket"``)."""
+
+    url: str
+    key: Optional[str] = None
+    source: str = "argument"
+    state_dir: Optional[str] = None  # set when this is the local daemon's socket
+
+    def __repr__(self) -> str:  # the key stays out of reprs and logs
+        key = "set" if self.key else "none"
+        return f"Connection(url={self.url!r}, key={key}, source={self.source!r})"
+
+
+def config_path() -> str:
+    """The file ``withruntime login`` saves the connection in."""
+    xdg = os.environ.get("XDG_CONFIG_HOME", "")
+    if xdg.startswith("/"):
+        return os.path.join(xdg, "withruntime", "connection.json")
+    return os.path.join(os.path.expanduser("~"), ".config", "withruntime", "connection.json")
+
+
+def _load_saved(path: str) -> Optional[Tuple[str, Optional[str]]]:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise ConfigurationError(f"{path}: cannot read: {e.strerror}") from None
+    try:
+        data = json.loads(raw)
+    except ValueError as e:
+        raise ConfigurationError(
+            f"{path}: not valid JSON ({e}); run `withruntime login URL` again") from None
+    url = data.get("url") if isinstance(data, dict) else None
+    if not isinstance(url, str) or not url:
+        raise ConfigurationError(f'{path}: no "url"; run `withruntime login URL` again')
+    key = data.get("key")
+    return url, key if isinstance(key, str) and key else None
+
+
+def resolve_connection() -> Connection:
+    """Finds the daemon the way the module docstring describes."""
+    env_key = os.environ.get("RUNTIME_API_KEY") or None
+    url = os.environ.get("RUNTIME_URL")
+    if url:
+        return Connection(url=url, key=env_key, source="RUNTIME_URL")
+    path = config_path()
+    saved = _load_saved(path)
+    if saved is not None:
+        return Connection(url=saved[0], key=env_key or saved[1], source=path)
+    state_dir = os.environ.get("WITHRUNTIME_STATE_DIR") or DEFAULT_STATE_DIR
+    return Connection(url="unix:" + os.path.join(state_dir, SOCKET_NAME), key=env_key,
+                      source="local socket", state_dir=state_dir)
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP over a Unix stream socket."""
+
+    def __init__(self, path: str, timeout: Optional[float]) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect(self._path)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+@dataclass
+class Response:
+    """A finished, successful answer."""
+
+    status: int
+    headers: Dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body) if self.body else None
+
+
+class Client:
+    """A connection to one withruntime daemon.
+
+    Args:
+        url: ``http://host:port`` (``https://`` works too, behind a TLS proxy) or
+            ``unix:/path/to/withruntime.sock``. Without it the daemon is found from the
+            environment (see the module docstring).
+        api_key: The bearer key. Without it (and without ``url``) it comes from
+            ``RUNTIME_API_KEY`` or the saved connection.
+        timeout: Seconds to wait on one socket operation of an ordinary call. Commands get
+            their own timeout plus a margin.
+    """
+
+    def __init__(
+        self,
+        url: Optional[str] = None,
+        api_key: Optional[str] = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
+        if url is None:
+            conn = resolve_connection()
+            if api_key is not None:
+                conn = Connection(conn.url, api_key, conn.source, conn.state_dir)
+        else:
+            conn = Connection(url=url, key=api_key or None)
+        self._conn = conn
+        self._key = conn.key
+        self.timeout = timeout
+        self._autostart_lock = threading.Lock()
+        self._autostarted = False
+        self._unix_path: Optional[str] = None
+        self._https = False
+        self._host = ""
+        self._port = 0
+        self._prefix = ""
+        self._parse_url(conn.url)
+
+    @classmethod
+    def from_env(cls, *, timeout: float = DEFAULT_TIMEOUT) -> "Client":
+        """A client for the daemon that the environment names (the default everywhere)."""
+        return cls(timeout=timeout)
+
+    def _parse_url(self, url: str) -> None:
+        where = f"RUNTIME_URL={url!r}" if self._conn.source == "RUNTIME_URL" else repr(url)
+        if url.startswith("unix:"):
+            path = url[len("unix:"):]
+            if path.startswith("//"):
+                path = path[2:]
+            if not path:
+                raise ConfigurationError(f"bad daemon URL {where}: no socket path after 'unix:'")
+            self._unix_path = path
+            self.url = "unix:" + path
+            return
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigurationError(
+                f"bad daemon URL {where}: use http://HOST:PORT or unix:/path/to/withruntime.sock")
+        self._https = parts.scheme == "https"
+        self._host = parts.hostname
+        try:
+            self._port = parts.port or (443 if self._https else 80)
+        except ValueError:
+            raise ConfigurationError(f"bad daemon URL {where}: bad port") from None
+        self._prefix = parts.path.rstrip("/")
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        self.url = f"{parts.scheme}://{host}:{self._port}{self._prefix}"
+
+    @property
+    def connection(self) -> Connection:
+        """Where this client's daemon is (its repr leaves the key out)."""
+        return self._conn
+
+    def __repr__(self) -> str:
+        return f"Client(url={self.url!r})"
+
+    # ---- transport ----
+
+    def _new_connection(self, timeout: Optional[float]) -> http.client.HTTPConnection:
+        if self._unix_path is not None:
+            return _UnixHTTPConnection(self._unix_path, timeout)
+        if self._https:
+            return http.client.HTTPSConnection(self._host, self._port, timeout=timeout)
+        return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+
+    def _headers(self, content_type: Optional[str], extra: Optional[Mapping[str, str]]) -> Dict[str, str]:
+        h = {"User-Agent": USER_AGENT, "Accept": "application/json"}
+        if content_type:
+            h["Content-Type"] = content_type
+        if self._key:
+            h["Authorization"] = "Bearer " + self._key
+        if extra:
+            h.update(extra)
+        return h
+
+    def _unavailable(self, e: BaseException, timeout: Optional[float], sent: bool) -> DaemonUnavailable:
+        if isinstance(e, (socket.timeout, TimeoutError)):
+            msg = f"the withruntime daemon at {self.url} did not answer within {timeout:g} s"
+        elif isinstance(e, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)):
+            msg = f"the withruntime daemon at {self.url} closed the connection"
+        else:
+            reason = getattr(e, "strerror", None) or str(e) or type(e).__name__
+            msg = f"cannot reach the withruntime daemon at {self.url}: {reason}"
+        if sent:
+            msg += " (the request may or may not have taken effect)"
+        elif self._conn.source == "local socket":
+            msg += ("; start it with `withruntime serve` (as root), or set RUNTIME_URL "
+                    "(and RUNTIME_API_KEY) to reach a daemon elsewhere")
+        return DaemonUnavailable(msg)
+
+    def _maybe_autostart(self) -> bool:
+        """Asks the ``withruntime`` command to start the local daemon, once. True if it ran."""
+        state_dir = self._conn.state_dir
+        if state_dir is None or os.geteuid() != 0:
+            return False
+        exe = shutil.which("withruntime")
+        if exe is None:
+            return False
+        with self._autostart_lock:
+            if self._autostarted:
+                return True
+            self._autostarted = True
+            env = {k: v for k, v in os.environ.items() if k not in ("RUNTIME_URL",)}
+            try:
+                subprocess.run([exe, "--state-dir", state_dir, "sandbox", "list"],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, env=env, timeout=60, check=False)
+            except (OSError, subprocess.SubprocessError):
+                return False
+            return True
+
+    def _open(
+        self,
+        method: str,
+        path: str,
+        query: Optional[Mapping[str, Any]],
+        body: Optional[bytes],
+        content_type: Optional[str],
+        timeout: Optional[float],
+        headers: Optional[Mapping[str, str]] = None,
+    ) -> Tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """Sends one request and returns the open connection and its response (any status)."""
+        target = self._prefix + path
+        if query:
+            items = [(k, _query_value(v)) for k, v in query.items() if v is not None]
+            if items:
+                target += "?" + urllib.parse.urlencode(items, quote_via=urllib.parse.quote)
+        hdrs = self._headers(content_type, headers)
+        for attempt in (0, 1):
+            conn = self._new_connection(timeout)
+            sent = False
+            try:
+                conn.connect()
+                conn.request(method, target, body=body, headers=hdrs)
+                sent = True
+                return conn, conn.getresponse()
+            except (OSError, http.client.HTTPException) as e:
+                conn.close()
+                refused = isinstance(e, (ConnectionRefusedError, FileNotFoundError)) and not sent
+                if attempt == 0 and refused and self._maybe_autostart():
+                    continue
+                raise self._unavailable(e, timeout, sent) from None
+        raise AssertionError("unreachable")
+
+    def _fail(self, resp: http.client.HTTPResponse, timeout: Optional[float]) -> None:
+        """Raises the typed error for an answer of 400 or more."""
+        try:
+            raw = resp.read()
+        except (OSError, http.client.HTTPException) as e:
+            raise self._unavailable(e, timeout, True) from None
+        err = None
+        try:
+            doc = json.loads(raw)
+            if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
+                err = doc["error"]
+        except ValueError:
+            pass
+        raise error_from_response(resp.status, err, raw.decode("utf-8", "replace"))
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Optional[Mapping[str, Any]] = None,
+        json_body: Any = None,
+        body: Optional[bytes] = None,
+        content_type: Optional[str] = None,
+        timeout: Optional[float] = None,
+    ) -> Response:
+        """Makes one call and returns its answer; raises a :class:`WithruntimeError` subclass
+        for an error answer and :class:`DaemonUnavailable` when the daemon cannot be reached.
+
+        Args:
+            method: ``GET``, ``POST``, ``PUT`` or ``DELETE``.
+            path: Starts with ``/v1/``.
+            query: Query parameters; None values are left out, booleans sent as true/false.
+            json_body: Sent as JSON when given.
+            body: Raw bytes to send instead (with ``content_type``).
+            content_type: The body's type.
+            timeout: Seconds per socket operation (default: the client's).
+        """
+        if json_body is not None:
+            body = json.dumps(json_body).encode("utf-8")
+            content_type = "application/json"
+        t = self.timeout if timeout is None else timeout
+        conn, resp = self._open(method, path, query, body, content_type, t)
+        try:
+            if resp.status >= 400:
+                self._fail(resp, t)
+            try:
+                data = resp.read()
+            except (OSError, http.client.HTTPException) as e:
+                raise self._unavailable(e, t, True) from None
+            return Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data)
+        finally:
+            conn.close()
+
+    def request_json(self, method: str, path: str, **kwargs: Any) -> Any:
+        """:meth:`request`, returning the decoded JSON answer."""
+        resp = self.request(method, path, **kwargs)
+        try:
+            return resp.json()
+        except ValueError:
+            raise DaemonUnavailable(
+                f"the daemon at {self.url} answered {method} {path} with something that is "
+                f"not JSON: {resp.body[:200]!r}", status=resp.status) from None
+
+    def stream_ndjson(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        timeout: Optional[float] = None,
+    ) -> Iterator[Dict[str, Any]]:
+        """Makes one call whose answer is newline-delimited JSON, and yields each object as
+        its line arrives. Closing the generator closes the connection."""
+        body = json.dumps(json_body).encode("utf-8") if json_body is not None else None
+        t = self.timeout if timeout is None else timeout
+        conn, resp = self._open(method, path, None, body, "application/json" if body else None,
+                                t, headers={"Accept": "application/x-ndjson"})
+        try:
+            if resp.status >= 400:
+                self._fail(resp, t)
+            while True:
+                try:
+                    line = resp.readline()
+                except (OSError, http.client.HTTPException) as e:
+                    raise self._unavailable(e, t, True) from None
+                if not line:
+                    return
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    obj = json.loads(line)
+                except ValueError:
+                    raise DaemonUnavailable(
+                        f"the daemon at {self.url} sent a stream line that is not JSON: "
+                        f"{line[:200]!r}") from None
+                if isinstance(obj, dict):
+                    yield obj
+        finally:
+            conn.close()
+
+    # ---- system ----
+
+    def health(self) -> Dict[str, Any]:
+        """``GET /v1/health``: ``{"status": "ok", "version": ..., "driver": ..., "sandboxes": N}``."""
+        return self.request_json("GET", "/v1/health")
+
+    def images(self) -> list:
+        """``GET /v1/images``: the built images, each ``{"name", "size_bytes", "created_at"}``."""
+        return self.request_json("GET", "/v1/images").get("images", [])
+
+
+def _query_value(v: Union[str, int, float, bool]) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def default_client() -> Client:
+    """A client for the daemon the environment names, resolved on every call (so a changed
+    ``RUNTIME_URL`` is seen)."""
+    return Client()

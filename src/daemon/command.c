@@ -1,0 +1,261 @@
+/* Background commands; see command.h. */
+#include "daemon/command.h"
+
+#include <event2/event.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "daemon/agentconn.h"
+#include "daemon/sandbox.h"
+#include "http/http.h"
+
+struct command_waiter {
+    struct command *c;
+    struct http_req *req;
+    struct event *timer;
+    struct command_waiter *next;
+};
+
+static struct command **head(struct sandbox *sb)
+{
+    return (struct command **)&sb->commands;
+}
+
+static void waiter_answer(struct command_waiter *w)
+{
+    struct command_waiter **p = &w->c->waiters;
+    while (*p && *p != w)
+        p = &(*p)->next;
+    if (*p)
+        *p = w->next;
+    event_free(w->timer);
+    http_reply_json(w->req, 200, command_to_json(w->c));
+    free(w);
+}
+
+static void finish(struct command *c)
+{
+    c->req_id = 0;
+    c->ended_ms = now_ms_wall();
+    if (c->timer)
+        event_del(c->timer);
+    while (c->waiters)
+        waiter_answer(c->waiters);
+    log_info(c->sb->id, "command.end", "command=%s state=%s code=%d signal=%d", c->id,
+             c->state == CMD_EXITED ? "exited" : "failed", c->exit_code, c->signal);
+}
+
+static void on_frame(void *arg, const struct proto_header *h, const uint8_t *payload)
+{
+    struct command *c = arg;
+    if (!h) {
+        c->state = CMD_FAILED;
+        snprintf(c->error, sizeof(c->error), "the sandbox stopped: %s", (const char *)payload);
+        finish(c);
+        return;
+    }
+    switch (h->type) {
+    case PROTO_STDOUT:
+    case PROTO_STDERR: {
+        struct command_out *o = &c->out[h->type == PROTO_STDERR];
+        size_t n = h->len;
+        o->total += n;
+        if (n > c->cap - o->len) {
+            n = c->cap - o->len;
+            o->truncated = 1;
+        }
+        if (n) {
+            o->data = xrealloc(o->data, o->len + n);
+            memcpy(o->data + o->len, payload, n);
+            o->len += n;
+        }
+        return;
+    }
+    case PROTO_EXIT: {
+        uint32_t code = 0, sig = 0;
+        struct proto_field f;
+        if (proto_find(payload, h->len, PT_EXIT_CODE, &f) == 1)
+            proto_field_u32(&f, &code);
+        if (proto_find(payload, h->len, PT_TERM_SIGNAL, &f) == 1)
+            proto_field_u32(&f, &sig);
+        c->state = CMD_EXITED;
+        c->signal = sig > 64 ? 0 : (int)sig;
+        c->exit_code = c->signal ? -1 : (int)(int32_t)code;
+        finish(c);
+        return;
+    }
+    case PROTO_ERROR: {
+        struct proto_field f;
+        c->state = CMD_FAILED;
+        if (proto_find(payload, h->len, PT_MESSAGE, &f) != 1 ||
+            proto_field_str(&f, c->error, sizeof(c->error)) < 0)
+            snprintf(c->error, sizeof(c->error), "the command could not be started");
+        finish(c);
+        return;
+    }
+    default:
+        return;
+    }
+}
+
+static void on_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    struct command *c = arg;
+    if (c->req_id) {
+        c->timed_out = 1;
+        command_signal(c, SIGKILL);
+    }
+}
+
+/* Forgets the oldest finished commands beyond the cap. */
+static void prune(struct sandbox *sb)
+{
+    int n = 0;
+    for (struct command *c = *head(sb); c; c = c->next)
+        n++;
+    while (n > COMMAND_MAX_PER_SANDBOX) {
+        struct command **p = head(sb), **victim = NULL;
+        for (; *p; p = &(*p)->next)
+            if ((*p)->state != CMD_RUNNING && !(*p)->waiters)
+                victim = p; /* the list is newest first: the last match is the oldest */
+        if (!victim)
+            return;
+        struct command *c = *victim;
+        *victim = c->next;
+        json_decref(c->argv);
+        free(c->out[0].data);
+        free(c->out[1].data);
+        if (c->timer)
+            event_free(c->timer);
+        free(c);
+        n--;
+    }
+}
+
+struct command *command_start(struct sandbox *sb, const struct proto_buf *exec, json_t *argv,
+                              const unsigned char *stdin_data, size_t stdin_len, double timeout_s,
+                              size_t cap, char *msg, size_t msglen)
+{
+    int running = 0;
+    for (struct command *c = *head(sb); c; c = c->next)
+        running += c->state == CMD_RUNNING;
+    if (running >= COMMAND_MAX_PER_SANDBOX) {
+        snprintf(msg, msglen, "sandbox %s already has %d background commands running", sb->id,
+                 running);
+        return NULL;
+    }
+    struct command *c = xcalloc(1, sizeof(*c));
+    c->sb = sb;
+    snprintf(c->id, sizeof(c->id), "cmd-%u", ++sb->command_seq);
+    c->argv = json_incref(argv);
+    c->cap = cap;
+    c->started_ms = now_ms_wall();
+    c->req_id = agentconn_request(sb->conn, PROTO_EXEC, exec->data, exec->len, on_frame, c);
+    if (!c->req_id) {
+        json_decref(c->argv);
+        free(c);
+        snprintf(msg, msglen, "the sandbox's agent is not reachable");
+        return NULL;
+    }
+    if (stdin_data) {
+        for (size_t off = 0; off < stdin_len; off += PROTO_CHUNK) {
+            size_t n = stdin_len - off < PROTO_CHUNK ? stdin_len - off : PROTO_CHUNK;
+            agentconn_send(sb->conn, c->req_id, PROTO_STDIN, 0, stdin_data + off, n);
+        }
+        agentconn_send(sb->conn, c->req_id, PROTO_STDIN, PROTO_F_FIN, NULL, 0);
+    }
+    if (timeout_s > 0) {
+        c->timer = evtimer_new(sb->d->base, on_timeout, c);
+        struct timeval tv = {(time_t)timeout_s,
+                             (suseconds_t)((timeout_s - (double)(time_t)timeout_s) * 1e6)};
+        evtimer_add(c->timer, &tv);
+    }
+    c->next = *head(sb);
+    *head(sb) = c;
+    prune(sb);
+    log_info(sb->id, "command.start", "command=%s", c->id);
+    return c;
+}
+
+struct command *command_find(struct sandbox *sb, const char *id)
+{
+    for (struct command *c = *head(sb); c; c = c->next)
+        if (strcmp(c->id, id) == 0)
+            return c;
+    return NULL;
+}
+
+json_t *command_to_json(const struct command *c)
+{
+    char started[32], ended[32];
+    format_rfc3339(c->started_ms / 1000, started, sizeof(started));
+    format_rfc3339(c->ended_ms / 1000, ended, sizeof(ended));
+    const char *st = c->state == CMD_RUNNING ? "running" : c->state == CMD_EXITED ? "exited" : "failed";
+    json_t *o = json_pack(
+        "{s:s, s:s, s:O, s:s, s:o, s:o, s:b, s:s, s:o, s:I, s:I, s:b, s:b}", "id", c->id,
+        "sandbox_id", c->sb->id, "argv", c->argv, "state", st, "exit_code",
+        c->state == CMD_EXITED ? json_integer(c->exit_code) : json_null(), "signal",
+        c->signal ? json_integer(c->signal) : json_null(), "timed_out", c->timed_out,
+        "started_at", started, "ended_at", c->state == CMD_RUNNING ? json_null() : json_string(ended),
+        "stdout_bytes", (json_int_t)c->out[0].total, "stderr_bytes", (json_int_t)c->out[1].total,
+        "stdout_truncated", c->out[0].truncated, "stderr_truncated", c->out[1].truncated);
+    if (c->state == CMD_FAILED) {
+        json_t *e = json_string(c->error);
+        json_object_set_new(o, "error", e ? e : json_string("(message not valid UTF-8)"));
+    }
+    return o;
+}
+
+int command_signal(struct command *c, int signum)
+{
+    if (c->state != CMD_RUNNING || !c->req_id || !agentconn_alive(c->sb->conn))
+        return -1;
+    struct proto_buf b = {0};
+    proto_put_u32(&b, PT_SIGNUM, (uint32_t)signum);
+    int rc = agentconn_send(c->sb->conn, c->req_id, PROTO_SIGNAL, 0, b.data, b.len);
+    proto_buf_free(&b);
+    return rc;
+}
+
+static void on_wait_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    waiter_answer(arg);
+}
+
+void command_wait(struct command *c, struct http_req *req, double timeout_s)
+{
+    if (c->state != CMD_RUNNING) {
+        http_reply_json(req, 200, command_to_json(c));
+        return;
+    }
+    struct command_waiter *w = xcalloc(1, sizeof(*w));
+    w->c = c;
+    w->req = req;
+    w->timer = evtimer_new(c->sb->d->base, on_wait_timeout, w);
+    struct timeval tv = {(time_t)timeout_s,
+                         (suseconds_t)((timeout_s - (double)(time_t)timeout_s) * 1e6)};
+    evtimer_add(w->timer, &tv);
+    w->next = c->waiters;
+    c->waiters = w;
+}
+
+void command_free_all(struct sandbox *sb)
+{
+    struct command *c = *head(sb);
+    while (c) {
+        struct command *next = c->next;
+        while (c->waiters)
+            waiter_answer(c->waiters);
+        json_decref(c->argv);
+        free(c->out[0].data);
+        free(c->out[1].data);
+        if (c->timer)
+            event_free(c->timer);
+        free(c);
+        c = next;
+    }
+    *head(sb) = NULL;
+}
