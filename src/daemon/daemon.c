@@ -232,6 +232,15 @@ int daemon_main(int argc, char **argv)
         fprintf(stderr, "withruntime serve: %s\n", err.msg);
         return 1;
     }
+    /* Probe now (runsc there, which platform works) so the first create does not pay for it
+     * and a host that cannot run sandboxes says so at once. */
+    char detail[256] = "";
+    if (d.driver->probe(detail, sizeof(detail), &err) < 0) {
+        fprintf(stderr, "withruntime serve: the %s driver cannot run here: %s (see `withruntime "
+                        "doctor`)\n", d.driver->name, err.msg);
+        return 1;
+    }
+    log_info(NULL, "driver.ready", "driver=%s detail=\"%s\"", d.driver->name, detail);
     snprintf(path, sizeof(path), "%s/withruntime.db", d.cfg.state_dir);
     d.store = store_open(path, &err);
     if (!d.store) {

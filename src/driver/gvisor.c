@@ -171,7 +171,9 @@ static int platform_try(const char *p, struct wr_err *err)
     char *argv[] = {"runsc",  root,   platform, "--network=none", "do",
                     "-quiet", "-cwd", "/",      "true",           NULL};
     char out[2048];
-    if (mkdir(conf.runsc_root, 0700) < 0 && errno != EEXIST)
+    /* doctor may run before any daemon made the state directory */
+    if ((mkdir(conf.state_dir, 0755) < 0 && errno != EEXIST) ||
+        (mkdir(conf.runsc_root, 0700) < 0 && errno != EEXIST))
         return wr_err_sys(err, errno, "creating %s", conf.runsc_root);
     if (proc_run(argv, RUNSC_PROBE_TIMEOUT_MS, out, sizeof(out), err) < 0)
         return wr_err_prefix(err, "platform %s", p);
@@ -436,10 +438,14 @@ static int rm_entry(struct rm_ctx *c, int dfd, const char *name, int depth, stru
     if (makedev(stx.stx_dev_major, stx.stx_dev_minor) != c->dev)
         return wr_err_set(err, EXDEV, "refusing to remove %s: it is on another file system", name);
     if (depth >= RM_MAX_DEPTH) {
-        char tmp[64];
-        snprintf(tmp, sizeof(tmp), ".wr-rm-%lu", c->seq++);
-        if (renameat(dfd, name, c->topfd, tmp) < 0)
-            return wr_err_sys(err, errno, "moving %s up", name);
+        for (;;) {
+            char tmp[64];
+            snprintf(tmp, sizeof(tmp), ".wr-rm-%lu", c->seq++);
+            if (renameat2(dfd, name, c->topfd, tmp, RENAME_NOREPLACE) == 0)
+                break;
+            if (errno != EEXIST)
+                return wr_err_sys(err, errno, "moving %s up", name);
+        }
         c->moved = true;
         return 0;
     }

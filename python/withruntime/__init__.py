@@ -1,0 +1,58 @@
+"""withruntime: disposable Linux sandboxes for AI agents, from Python.
+
+    from withruntime import Sandbox
+    from withruntime.tools import sandbox_tools
+
+    with Sandbox.create(timeout_seconds=900, on_lease_end="stop") as sbx:
+        print(sbx.exec("python3 -c 'print(6 * 7)'").stdout)   # 42
+        tools = sandbox_tools(sbx)     # runtime_exec, runtime_read_file, ... for an agent
+
+The daemon is found from ``RUNTIME_URL`` and ``RUNTIME_API_KEY``, else the connection saved by
+``withruntime login``, else the local Unix socket (see :mod:`withruntime.client`). Standard
+library only.
+"""
+
+from .client import Client, Connection, resolve_connection
+from .errors import (
+    AuthError,
+    ConfigurationError,
+    Conflict,
+    DaemonUnavailable,
+    ExecFailed,
+    FileError,
+    InvalidRequest,
+    MethodNotAllowed,
+    NotFound,
+    PayloadTooLarge,
+    SandboxError,
+    ServerError,
+    WithruntimeError,
+)
+from .sandbox import ExecEvent, ExecResult, FileInfo, Files, Sandbox
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Sandbox",
+    "ExecResult",
+    "ExecEvent",
+    "FileInfo",
+    "Files",
+    "Client",
+    "Connection",
+    "resolve_connection",
+    "WithruntimeError",
+    "InvalidRequest",
+    "AuthError",
+    "NotFound",
+    "MethodNotAllowed",
+    "Conflict",
+    "PayloadTooLarge",
+    "SandboxError",
+    "FileError",
+    "ExecFailed",
+    "ServerError",
+    "DaemonUnavailable",
+    "ConfigurationError",
+    "__version__",
+]

@@ -1,0 +1,620 @@
+"""Sandboxes: create or find one, run commands in it, move files in and out, end its lease.
+
+    from withruntime import Sandbox
+
+    with Sandbox.create(timeout_seconds=900, on_lease_end="stop") as sbx:
+        r = sbx.exec("python3 -c 'print(6 * 7)'")
+        print(r.exit_code, r.stdout)          # 0 42
+        sbx.files.write("notes.txt", "hello")
+        print(sbx.files.read_text("notes.txt"))
+
+Every method is one HTTP call on its own connection, so threads may share a sandbox.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import (
+    Any,
+    Dict,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Type,
+    Union,
+)
+from urllib.parse import quote
+
+from .client import Client
+from .errors import NotFound, WithruntimeError, error_from_response
+
+__all__ = ["Sandbox", "ExecResult", "ExecEvent", "FileInfo", "Files"]
+
+# Seconds added to a command's own timeout before the SDK gives up waiting for the daemon.
+_EXEC_MARGIN = 60.0
+_DEFAULT_EXEC_TIMEOUT = 300.0
+
+
+def _decode(data: Any, encoding: Any) -> bytes:
+    if not isinstance(data, str):
+        return b""
+    if encoding == "base64":
+        try:
+            return base64.b64decode(data)
+        except ValueError:
+            return data.encode("utf-8", "replace")
+    return data.encode("utf-8", "surrogatepass")
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="replace")
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """What a finished command did.
+
+    Attributes:
+        exit_code: The exit status, or -1 when a signal killed the command.
+        stdout: Standard output as text (invalid UTF-8 replaced with U+FFFD).
+        stderr: Standard error as text.
+        stdout_bytes: Standard output exactly as the command wrote it.
+        stderr_bytes: Standard error exactly as the command wrote it.
+        stdout_truncated: True when output past ``max_output_bytes`` was dropped.
+        stderr_truncated: The same for standard error.
+        timed_out: True when the daemon killed the command for running past its timeout.
+        signal: The number of the signal that killed it (e.g. 9), else None.
+        duration_ms: How long it ran.
+    """
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    stdout_bytes: bytes
+    stderr_bytes: bytes
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    timed_out: bool = False
+    signal: Optional[int] = None
+    duration_ms: int = 0
+
+    @property
+    def ok(self) -> bool:
+        """True when the command exited 0 on its own."""
+        return self.exit_code == 0 and not self.timed_out and self.signal is None
+
+    @classmethod
+    def _from_api(cls, d: Mapping[str, Any]) -> "ExecResult":
+        out = _decode(d.get("stdout"), d.get("stdout_encoding"))
+        err = _decode(d.get("stderr"), d.get("stderr_encoding"))
+        return cls._build(d, out, err)
+
+    @classmethod
+    def _build(cls, d: Mapping[str, Any], out: bytes, err: bytes) -> "ExecResult":
+        sig = d.get("signal")
+        return cls(
+            exit_code=int(d.get("exit_code", -1)),
+            stdout=_text(out),
+            stderr=_text(err),
+            stdout_bytes=out,
+            stderr_bytes=err,
+            stdout_truncated=bool(d.get("stdout_truncated", False)),
+            stderr_truncated=bool(d.get("stderr_truncated", False)),
+            timed_out=bool(d.get("timed_out", False)),
+            signal=int(sig) if isinstance(sig, int) else None,
+            duration_ms=int(d.get("duration_ms", 0) or 0),
+        )
+
+    def __repr__(self) -> str:
+        def short(s: str) -> str:
+            return repr(s if len(s) <= 80 else s[:77] + "...")
+
+        return (f"ExecResult(exit_code={self.exit_code}, stdout={short(self.stdout)}, "
+                f"stderr={short(self.stderr)}, timed_out={self.timed_out}, signal={self.signal})")
+
+
+@dataclass(frozen=True)
+class ExecEvent:
+    """One event of :meth:`Sandbox.exec_stream`.
+
+    Attributes:
+        type: ``"stdout"``, ``"stderr"`` or ``"exit"`` (the last one; newer daemons may add
+            types, which are passed on with ``raw`` only).
+        data: The bytes of an output event.
+        text: ``data`` as text (invalid UTF-8 replaced; a multi-byte character may be split
+            across two events, so join ``data`` when that matters).
+        result: On ``"exit"``: the whole :class:`ExecResult`, with all the output streamed.
+        raw: The event as the daemon sent it.
+    """
+
+    type: str
+    data: bytes = b""
+    text: str = ""
+    result: Optional[ExecResult] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """A file or directory in a sandbox.
+
+    Attributes:
+        name: The last path component.
+        path: The absolute path inside the sandbox.
+        type: ``"file"``, ``"directory"``, ``"symlink"`` or ``"other"``.
+        size: Size in bytes.
+        mode: Permission bits as an octal string, e.g. ``"0644"``.
+        mtime: Last modification, RFC 3339 UTC.
+        target: A symlink's target, else None.
+    """
+
+    name: str
+    path: str
+    type: str
+    size: int
+    mode: str
+    mtime: str
+    target: Optional[str] = None
+
+    @property
+    def is_dir(self) -> bool:
+        return self.type == "directory"
+
+    @property
+    def is_file(self) -> bool:
+        return self.type == "file"
+
+    @classmethod
+    def _from_api(cls, d: Mapping[str, Any]) -> "FileInfo":
+        return cls(
+            name=str(d.get("name", "")),
+            path=str(d.get("path", "")),
+            type=str(d.get("type", "other")),
+            size=int(d.get("size", 0) or 0),
+            mode=str(d.get("mode", "")),
+            mtime=str(d.get("mtime", "")),
+            target=d.get("target") if isinstance(d.get("target"), str) else None,
+        )
+
+
+def _mode_str(mode: Union[int, str, None]) -> Optional[str]:
+    if mode is None:
+        return None
+    if isinstance(mode, bool):
+        raise TypeError("mode must be an int such as 0o644 or a string such as '0644'")
+    if isinstance(mode, int):
+        return format(mode, "04o")
+    return str(mode)
+
+
+class Files:
+    """File operations in one sandbox (``sbx.files``). A relative path is relative to
+    ``/workspace``; every path resolves inside the sandbox, never on the host."""
+
+    def __init__(self, sandbox: "Sandbox") -> None:
+        self._sbx = sandbox
+
+    def _path(self, leaf: str) -> str:
+        return f"{self._sbx._path}/files{leaf}"
+
+    def read(self, path: str, offset: Optional[int] = None, length: Optional[int] = None) -> bytes:
+        """Reads a file's bytes (optionally ``length`` bytes from ``offset``).
+
+        Raises:
+            NotFound: The file does not exist.
+            FileError: It cannot be read (e.g. it is a directory).
+        """
+        return self._sbx._client.request(
+            "GET", self._path("/content"),
+            query={"path": path, "offset": offset, "length": length}).body
+
+    def read_text(self, path: str, encoding: str = "utf-8", errors: str = "strict") -> str:
+        """Reads a file and decodes it (UTF-8 unless told otherwise)."""
+        return self.read(path).decode(encoding, errors)
+
+    def write(
+        self,
+        path: str,
+        data: Union[bytes, bytearray, memoryview, str],
+        mode: Union[int, str, None] = None,
+        parents: bool = True,
+    ) -> FileInfo:
+        """Creates or replaces a file; missing parent directories are made unless
+        ``parents=False``. ``str`` data is written as UTF-8. ``mode`` is an int (``0o755``) or
+        an octal string (``"0755"``). Returns the new file's :class:`FileInfo`."""
+        if isinstance(data, str):
+            body = data.encode("utf-8")
+        elif isinstance(data, (bytes, bytearray, memoryview)):
+            body = bytes(data)
+        else:
+            raise TypeError(f"data must be bytes or str, not {type(data).__name__}")
+        d = self._sbx._client.request_json(
+            "PUT", self._path("/content"),
+            query={"path": path, "mode": _mode_str(mode), "parents": None if parents else False},
+            body=body, content_type="application/octet-stream")
+        return FileInfo._from_api(d)
+
+    def list(self, path: str = "/workspace") -> List[FileInfo]:
+        """Lists a directory's entries."""
+        d = self._sbx._client.request_json("GET", self._path("/list"), query={"path": path})
+        return [FileInfo._from_api(e) for e in d.get("entries", [])]
+
+    def stat(self, path: str) -> FileInfo:
+        """Describes a file, directory or symlink (a final symlink is not followed).
+
+        Raises:
+            NotFound: Nothing is at ``path``.
+        """
+        d = self._sbx._client.request_json("GET", self._path("/stat"), query={"path": path})
+        return FileInfo._from_api(d)
+
+    def exists(self, path: str) -> bool:
+        """True when something (even a dangling symlink) is at ``path``."""
+        try:
+            self.stat(path)
+            return True
+        except NotFound:
+            return False
+
+    def mkdir(self, path: str, parents: bool = True, mode: Union[int, str, None] = None) -> FileInfo:
+        """Makes a directory (and, with ``parents``, its missing parents; an existing directory
+        is then fine too)."""
+        body: Dict[str, Any] = {"path": path, "parents": parents}
+        if mode is not None:
+            body["mode"] = _mode_str(mode)
+        d = self._sbx._client.request_json("POST", self._path("/mkdir"), json_body=body)
+        return FileInfo._from_api(d)
+
+    def remove(self, path: str, recursive: bool = False) -> None:
+        """Removes a file, a symlink or an empty directory; a non-empty directory only with
+        ``recursive=True``."""
+        self._sbx._client.request(
+            "DELETE", self._path(""),
+            query={"path": path, "recursive": True if recursive else None})
+
+
+class Sandbox:
+    """A sandbox on a withruntime daemon. Get one with :meth:`create`, :meth:`connect` or
+    :meth:`list`; as a context manager it ends its lease when the block is left (see
+    :meth:`__exit__`).
+
+    The attributes (``state``, ``image``, ``timeout_seconds``, ...) are as of the last answer
+    from the daemon; :meth:`refresh` asks again.
+    """
+
+    def __init__(self, info: Mapping[str, Any], client: Client) -> None:
+        self._client = client
+        self._info: Dict[str, Any] = dict(info)
+        self.id: str = str(info["id"])
+        self._path = "/v1/sandboxes/" + quote(self.id, safe="")
+        self.files = Files(self)
+
+    # ---- getting one ----
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        image: Optional[str] = None,
+        cpus: Optional[int] = None,
+        memory_mib: Optional[int] = None,
+        env: Optional[Mapping[str, str]] = None,
+        metadata: Optional[Mapping[str, str]] = None,
+        timeout_seconds: Optional[int] = None,
+        on_lease_end: Optional[str] = None,
+        network: Optional[Mapping[str, Any]] = None,
+        max_cost_micros: Optional[int] = None,
+        client: Optional[Client] = None,
+        **options: Any,
+    ) -> "Sandbox":
+        """Creates a sandbox and returns it running. Options left out (or None) take the
+        daemon's defaults.
+
+        Args:
+            image: The image to start from (default ``"default"``).
+            cpus: vCPUs (default 2).
+            memory_mib: Memory limit in MiB (default 4096).
+            env: Environment of every command run in it.
+            metadata: Your own string labels, stored and returned.
+            timeout_seconds: The lease: seconds until ``on_lease_end`` happens (default 3600).
+            on_lease_end: ``"stop"`` (keep the files) or ``"delete"``, when the lease ends or
+                the ``with`` block is left.
+            network: The egress policy, e.g. ``{"internet": True, "allow": ["pypi.org"]}``.
+                Stored and returned as given (sandboxes have no network yet).
+            max_cost_micros: A cost cap in micro-dollars (for daemons that meter cost).
+            client: The daemon to use (default: found from the environment).
+            **options: Any other field of ``POST /v1/sandboxes``, passed through as is: a field
+                the daemon does not know is answered with :class:`InvalidRequest` naming it.
+
+        Raises:
+            InvalidRequest: An option is unknown or out of range.
+            ServerError: The daemon could not create the sandbox.
+            DaemonUnavailable: The daemon cannot be reached.
+        """
+        body: Dict[str, Any] = {
+            "image": image,
+            "cpus": cpus,
+            "memory_mib": memory_mib,
+            "env": dict(env) if env is not None else None,
+            "metadata": dict(metadata) if metadata is not None else None,
+            "timeout_seconds": timeout_seconds,
+            "on_lease_end": on_lease_end,
+            "network": network,
+            "max_cost_micros": max_cost_micros,
+        }
+        body.update(options)
+        body = {k: v for k, v in body.items() if v is not None}
+        c = client if client is not None else Client()
+        return cls(c.request_json("POST", "/v1/sandboxes", json_body=body), c)
+
+    @classmethod
+    def connect(cls, sandbox_id: str, *, client: Optional[Client] = None) -> "Sandbox":
+        """Returns the existing sandbox ``sandbox_id``.
+
+        Raises:
+            NotFound: There is no such sandbox.
+        """
+        c = client if client is not None else Client()
+        sbx = cls({"id": sandbox_id}, c)
+        sbx.refresh()
+        return sbx
+
+    @classmethod
+    def list(cls, *, client: Optional[Client] = None) -> List["Sandbox"]:
+        """Every sandbox the daemon has (that this key may see)."""
+        c = client if client is not None else Client()
+        d = c.request_json("GET", "/v1/sandboxes")
+        return [cls(info, c) for info in d.get("sandboxes", [])]
+
+    # ---- what it is ----
+
+    @property
+    def client(self) -> Client:
+        return self._client
+
+    @property
+    def info(self) -> Dict[str, Any]:
+        """The daemon's last description of the sandbox (a copy)."""
+        return dict(self._info)
+
+    @property
+    def state(self) -> str:
+        """``creating``, ``running``, ``stopped``, ``failed`` or ``deleting`` (or ``deleted``
+        after :meth:`delete`)."""
+        return str(self._info.get("state", "unknown"))
+
+    @property
+    def state_reason(self) -> Optional[str]:
+        """Why a stopped or failed sandbox is so (e.g. ``lease_ended``, ``user``)."""
+        return self._info.get("state_reason")
+
+    @property
+    def image(self) -> Optional[str]:
+        return self._info.get("image")
+
+    @property
+    def cpus(self) -> Optional[int]:
+        return self._info.get("cpus")
+
+    @property
+    def memory_mib(self) -> Optional[int]:
+        return self._info.get("memory_mib")
+
+    @property
+    def env(self) -> Dict[str, str]:
+        return dict(self._info.get("env") or {})
+
+    @property
+    def metadata(self) -> Dict[str, str]:
+        return dict(self._info.get("metadata") or {})
+
+    @property
+    def timeout_seconds(self) -> Optional[int]:
+        return self._info.get("timeout_seconds")
+
+    @property
+    def on_lease_end(self) -> str:
+        return str(self._info.get("on_lease_end") or "stop")
+
+    @property
+    def network(self) -> Dict[str, Any]:
+        return dict(self._info.get("network") or {})
+
+    @property
+    def created_at(self) -> Optional[str]:
+        return self._info.get("created_at")
+
+    @property
+    def lease_ends_at(self) -> Optional[str]:
+        return self._info.get("lease_ends_at")
+
+    def __repr__(self) -> str:
+        return f"Sandbox(id={self.id!r}, state={self.state!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sandbox) and other.id == self.id and other._client.url == self._client.url
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    # ---- lifecycle ----
+
+    def _update(self, info: Any) -> "Sandbox":
+        if isinstance(info, dict) and info.get("id") == self.id:
+            self._info = dict(info)
+        return self
+
+    def refresh(self) -> "Sandbox":
+        """Asks the daemon for the sandbox's current state and settings; returns self."""
+        return self._update(self._client.request_json("GET", self._path))
+
+    def stop(self) -> "Sandbox":
+        """Stops the sandbox; its files stay (``start`` brings it back). Stopping a stopped
+        sandbox is fine."""
+        return self._update(self._client.request_json("POST", self._path + "/stop"))
+
+    def start(self) -> "Sandbox":
+        """Starts a stopped sandbox again, with the files it had, and a fresh lease."""
+        return self._update(self._client.request_json("POST", self._path + "/start"))
+
+    def set_timeout(self, seconds: int) -> "Sandbox":
+        """Sets the lease to end ``seconds`` from now (and become its length)."""
+        return self._update(self._client.request_json(
+            "POST", self._path + "/timeout", json_body={"timeout_seconds": seconds}))
+
+    def delete(self) -> None:
+        """Deletes the sandbox and everything in it."""
+        self._client.request_json("DELETE", self._path)
+        info = dict(self._info)
+        info["state"] = "deleted"
+        self._info = info
+
+    def events(self) -> List[Dict[str, Any]]:
+        """The sandbox's history, oldest first: ``{"at", "type", "state", "reason"}``."""
+        return list(self._client.request_json("GET", self._path + "/events").get("events", []))
+
+    def end_lease(self) -> None:
+        """Does what ``on_lease_end`` says now: stop (the default) or delete. A sandbox that is
+        already gone is fine."""
+        try:
+            if self.on_lease_end == "delete":
+                self.delete()
+            else:
+                self.stop()
+        except NotFound:
+            pass
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        """Ends the lease as ``on_lease_end`` says, also when the block raised. If ending it
+        fails too, the block's own exception is the one that propagates."""
+        try:
+            self.end_lease()
+        except WithruntimeError as e:
+            if exc is None:
+                raise
+            if hasattr(exc, "add_note"):
+                exc.add_note(f"withruntime: also, ending the lease of {self.id} failed: {e}")
+
+    # ---- commands ----
+
+    @staticmethod
+    def _exec_body(
+        command: Union[str, Sequence[str]],
+        cwd: Optional[str],
+        env: Optional[Mapping[str, str]],
+        stdin: Union[str, bytes, None],
+        timeout_seconds: Optional[float],
+        max_output_bytes: Optional[int],
+    ) -> Dict[str, Any]:
+        body: Dict[str, Any] = {}
+        if isinstance(command, str):
+            body["command"] = command
+        elif isinstance(command, (bytes, bytearray)):
+            raise TypeError("command must be a str (run by /bin/sh -c) or a list of str (argv)")
+        else:
+            argv = list(command)
+            if not argv or not all(isinstance(a, str) for a in argv):
+                raise TypeError("argv must be a non-empty list of str")
+            body["argv"] = argv
+        if cwd is not None:
+            body["cwd"] = cwd
+        if env is not None:
+            body["env"] = dict(env)
+        if isinstance(stdin, str):
+            body["stdin"] = stdin
+        elif isinstance(stdin, (bytes, bytearray, memoryview)):
+            body["stdin_base64"] = base64.b64encode(bytes(stdin)).decode("ascii")
+        elif stdin is not None:
+            raise TypeError("stdin must be str or bytes")
+        if timeout_seconds is not None:
+            body["timeout_seconds"] = timeout_seconds
+        if max_output_bytes is not None:
+            body["max_output_bytes"] = max_output_bytes
+        return body
+
+    @staticmethod
+    def _http_timeout(timeout_seconds: Optional[float]) -> float:
+        t = timeout_seconds if isinstance(timeout_seconds, (int, float)) and timeout_seconds > 0 \
+            else _DEFAULT_EXEC_TIMEOUT
+        return float(t) + _EXEC_MARGIN
+
+    def exec(
+        self,
+        command: Union[str, Sequence[str]],
+        cwd: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+        stdin: Union[str, bytes, None] = None,
+        timeout_seconds: Optional[float] = None,
+        max_output_bytes: Optional[int] = None,
+    ) -> ExecResult:
+        """Runs a command and waits for it. A non-zero exit is a result, not an exception.
+
+        Args:
+            command: A string, run by ``/bin/sh -c``; or a list of strings, run directly
+                (looked up in ``PATH``).
+            cwd: Working directory (default ``/workspace``).
+            env: Variables added over the sandbox's own ``env``.
+            stdin: Fed to the command, then closed (default: ``/dev/null``).
+            timeout_seconds: Kill the whole process tree after this long (default 300).
+            max_output_bytes: Keep at most this many bytes of each stream (default 1 MiB).
+
+        Raises:
+            ExecFailed: The command could not start (not found, bad ``cwd``).
+            Conflict: The sandbox is not running.
+        """
+        body = self._exec_body(command, cwd, env, stdin, timeout_seconds, max_output_bytes)
+        d = self._client.request_json("POST", self._path + "/exec", json_body=body,
+                                      timeout=self._http_timeout(timeout_seconds))
+        return ExecResult._from_api(d)
+
+    def exec_stream(
+        self,
+        command: Union[str, Sequence[str]],
+        cwd: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+        stdin: Union[str, bytes, None] = None,
+        timeout_seconds: Optional[float] = None,
+        max_output_bytes: Optional[int] = None,
+    ) -> Iterator[ExecEvent]:
+        """Runs a command and yields its output as it is produced: ``stdout`` and ``stderr``
+        events, then one ``exit`` event whose ``result`` holds everything. Arguments as for
+        :meth:`exec`. Leaving the loop early closes the connection.
+
+        Raises:
+            ExecFailed: The command could not start.
+            SandboxError: The sandbox failed while the command ran.
+        """
+        body = self._exec_body(command, cwd, env, stdin, timeout_seconds, max_output_bytes)
+        body["stream"] = True
+        return self._stream(body, self._http_timeout(timeout_seconds))
+
+    def _stream(self, body: Dict[str, Any], timeout: float) -> Iterator[ExecEvent]:
+        out = bytearray()
+        err = bytearray()
+        for ev in self._client.stream_ndjson("POST", self._path + "/exec", json_body=body,
+                                             timeout=timeout):
+            kind = ev.get("type")
+            if kind in ("stdout", "stderr"):
+                data = _decode(ev.get("data"), ev.get("encoding"))
+                (out if kind == "stdout" else err).extend(data)
+                yield ExecEvent(type=kind, data=data, text=_text(data), raw=ev)
+            elif kind == "exit":
+                result = ExecResult._build(ev, bytes(out), bytes(err))
+                yield ExecEvent(type="exit", result=result, raw=ev)
+                return
+            elif kind == "error":
+                raise error_from_response(None, ev)
+            else:
+                yield ExecEvent(type=str(kind), raw=ev)
