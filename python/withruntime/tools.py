@@ -16,7 +16,7 @@ are described, not dumped. The tools never show the API key.
 from __future__ import annotations
 
 import posixpath
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 from .errors import (
     Conflict,
@@ -100,16 +100,25 @@ def _entry_line(e: FileInfo) -> str:
     return f"{e.name}  ({e.type})"
 
 
-def _as_text(data: bytes, cut: bool) -> Optional[str]:
-    """``data`` as UTF-8 text, or None when it looks binary. When ``cut`` (more follows), a
-    character split at the end is left out rather than taken for binary."""
+def _as_text(data: bytes, mid_start: bool, mid_end: bool) -> Optional[Tuple[str, int]]:
+    """``data`` as UTF-8 text and the number of bytes skipped at its start, or None when it
+    looks binary. A read that starts (``mid_start``) or stops (``mid_end``) inside the file may
+    split a character; the split pieces are left out rather than taken for binary."""
     if b"\x00" in data:
         return None
+    skip = 0
+    if mid_start:
+        while skip < min(3, len(data)) and (data[skip] & 0xC0) == 0x80:
+            skip += 1
+    body = data[skip:]
     try:
-        return data.decode("utf-8")
+        return body.decode("utf-8"), skip
     except UnicodeDecodeError as e:
-        if cut and e.start >= len(data) - 3 and e.reason == "unexpected end of data":
-            return data[:e.start].decode("utf-8", errors="replace")
+        if mid_end and e.start >= len(body) - 3 and e.reason == "unexpected end of data":
+            try:
+                return body[:e.start].decode("utf-8"), skip
+            except UnicodeDecodeError:
+                return None
         return None
 
 
@@ -191,15 +200,17 @@ def sandbox_tools(
         size = max(st.size, start + len(data))
         end = start + len(data)
         more = end < size
-        text = _as_text(data, more)
-        if text is None:
+        decoded = _as_text(data, start > 0, more)
+        if decoded is None:
             return (f"{st.path} is a binary file ({st.size} bytes); not shown. Inspect it with "
                     f"runtime_exec, e.g. `file {st.path}` or `xxd {st.path} | head`.")
         if not data:
             if start:
                 return f"(nothing at offset {start}: {st.path} is {st.size} bytes long)"
             return f"({st.path} is an empty file)"
+        text, skipped = decoded
         if more or start:
+            start += skipped
             end = start + len(text.encode("utf-8"))
             note = f"[{st.path}: bytes {start}-{end} of {size}"
             note += f"; read on with offset={end}]" if end < size else "; the end of the file]"

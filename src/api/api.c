@@ -15,8 +15,28 @@
 typedef void (*handler_fn)(struct daemon *, struct http_req *, struct route_match *);
 
 enum {
-    H_HEALTH, H_IMAGES, H_SB_CREATE, H_SB_LIST, H_SB_GET, H_SB_DELETE, H_SB_EVENTS, H_SB_STOP, H_SB_START, H_SB_TIMEOUT, H_EXEC, H_CMD_LIST, H_CMD_GET, H_CMD_OUT, H_CMD_WAIT, H_CMD_SIGNAL,
-    H_F_READ, H_F_WRITE, H_F_LIST, H_F_STAT, H_F_MKDIR, H_F_REMOVE,
+    H_HEALTH,
+    H_IMAGES,
+    H_SB_CREATE,
+    H_SB_LIST,
+    H_SB_GET,
+    H_SB_DELETE,
+    H_SB_EVENTS,
+    H_SB_STOP,
+    H_SB_START,
+    H_SB_TIMEOUT,
+    H_EXEC,
+    H_CMD_LIST,
+    H_CMD_GET,
+    H_CMD_OUT,
+    H_CMD_WAIT,
+    H_CMD_SIGNAL,
+    H_F_READ,
+    H_F_WRITE,
+    H_F_LIST,
+    H_F_STAT,
+    H_F_MKDIR,
+    H_F_REMOVE,
 };
 
 static const handler_fn handlers[] = {
@@ -84,13 +104,11 @@ void api_handle(struct http_req *req, void *ctx)
     }
     struct route_match m;
     switch (route_find(routes, WR_ARRAY_LEN(routes), method, path, &m)) {
-    case ROUTE_OK:
-        handlers[m.handler](d, req, &m);
-        return;
+    case ROUTE_OK: handlers[m.handler](d, req, &m); return;
     case ROUTE_BAD_METHOD:
         http_reply_header(req, "Allow", m.allow);
-        http_reply_error(req, 405, "method_not_allowed", "%s is not allowed on %.200s (allowed: %s)",
-                         method, path, m.allow);
+        http_reply_error(req, 405, "method_not_allowed",
+                         "%s is not allowed on %.200s (allowed: %s)", method, path, m.allow);
         return;
     default:
         http_reply_error(req, 404, "not_found", "no such route: %s %.200s", method, path);
@@ -138,9 +156,10 @@ struct sandbox *api_sandbox_running(struct daemon *d, struct http_req *req, cons
     if (sb->state != SB_RUNNING || !agentconn_alive(sb->conn)) {
         const char *st = sandbox_state_name(sb->state);
         if (sb->state == SB_STOPPED)
-            http_reply_error(req, 409, "conflict",
-                             "sandbox %s is stopped (%s); start it with POST /v1/sandboxes/%s/start",
-                             sb->id, sb->reason[0] ? sb->reason : "stopped", sb->id);
+            http_reply_error(
+                req, 409, "conflict",
+                "sandbox %s is stopped (%s); start it with POST /v1/sandboxes/%s/start", sb->id,
+                sb->reason[0] ? sb->reason : "stopped", sb->id);
         else if (sb->state == SB_FAILED)
             http_reply_error(req, 409, "conflict",
                              "sandbox %s has failed (%s); start it again with POST "

@@ -112,7 +112,8 @@ void api_commands_wait(struct daemon *d, struct http_req *req, struct route_matc
         return;
     char msg[JV_MSG];
     double t;
-    if (jv_only(o, wait_fields, msg) < 0 || jv_number(o, "timeout_seconds", 0, 3600, 30, &t, msg) < 0) {
+    if (jv_only(o, wait_fields, msg) < 0 ||
+        jv_number(o, "timeout_seconds", 0, 3600, 30, &t, msg) < 0) {
         json_decref(o);
         http_reply_error(req, 400, "invalid_request", "%s", msg);
         return;
@@ -128,14 +129,15 @@ static int signal_number(json_t *v)
     static const struct {
         const char *name;
         int num;
-    } names[] = {{"TERM", SIGTERM}, {"KILL", SIGKILL}, {"INT", SIGINT}, {"HUP", SIGHUP},
-                 {"QUIT", SIGQUIT}, {"USR1", SIGUSR1}, {"USR2", SIGUSR2}, {"STOP", SIGSTOP},
-                 {"CONT", SIGCONT}};
+    } names[] = {{"TERM", SIGTERM}, {"KILL", SIGKILL}, {"INT", SIGINT},
+                 {"HUP", SIGHUP},   {"QUIT", SIGQUIT}, {"USR1", SIGUSR1},
+                 {"USR2", SIGUSR2}, {"STOP", SIGSTOP}, {"CONT", SIGCONT}};
     if (!v)
         return SIGTERM;
     if (json_is_integer(v))
         return json_integer_value(v) >= 1 && json_integer_value(v) <= 64
-                   ? (int)json_integer_value(v) : -1;
+                   ? (int)json_integer_value(v)
+                   : -1;
     if (!json_is_string(v))
         return -1;
     const char *s = json_string_value(v);
@@ -161,7 +163,8 @@ void api_commands_signal(struct daemon *d, struct http_req *req, struct route_ma
     json_decref(o);
     if (bad || sig < 0) {
         http_reply_error(req, 400, "invalid_request", "%s",
-                         bad ? msg : "signal: must be a number from 1 to 64 or a name like \"TERM\"");
+                         bad ? msg
+                             : "signal: must be a number from 1 to 64 or a name like \"TERM\"");
         return;
     }
     if (command_signal(c, sig) < 0) {

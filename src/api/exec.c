@@ -21,7 +21,7 @@
 #define KILL_GRACE_SECONDS 10
 
 static const char *const exec_fields[] = {
-    "command", "argv", "cwd", "env", "stdin", "stdin_base64", "timeout_seconds",
+    "command",          "argv",   "cwd",        "env", "stdin", "stdin_base64", "timeout_seconds",
     "max_output_bytes", "stream", "background", NULL};
 
 static const char *const default_env[][2] = {
@@ -135,11 +135,11 @@ static void on_output(struct exec_op *op, int which, const uint8_t *b, size_t n)
 
 static json_t *result_json(struct exec_op *op, int code, int sig)
 {
-    json_t *o = json_pack("{s:i, s:o, s:b, s:b, s:b, s:I}", "exit_code", code, "signal",
-                          sig ? json_integer(sig) : json_null(), "stdout_truncated",
-                          op->out[0].truncated, "stderr_truncated", op->out[1].truncated,
-                          "timed_out", op->timed_out,
-                          "duration_ms", (json_int_t)(now_ms_monotonic() - op->start_ms));
+    json_t *o =
+        json_pack("{s:i, s:o, s:b, s:b, s:b, s:I}", "exit_code", code, "signal",
+                  sig ? json_integer(sig) : json_null(), "stdout_truncated", op->out[0].truncated,
+                  "stderr_truncated", op->out[1].truncated, "timed_out", op->timed_out,
+                  "duration_ms", (json_int_t)(now_ms_monotonic() - op->start_ms));
     return o;
 }
 
@@ -174,8 +174,8 @@ static void finish_error(struct exec_op *op, int status, const char *code, const
 {
     log_warn(op->sb->id, "exec.error", "code=%s message=\"%s\"", code, msg);
     if (op->stream) {
-        stream_line(op, json_pack("{s:s, s:s, s:s}", "type", "error", "code", code, "message",
-                                  msg));
+        stream_line(op,
+                    json_pack("{s:s, s:s, s:s}", "type", "error", "code", code, "message", msg));
         http_stream_end(op->req);
     } else {
         http_reply_error(op->req, status, code, "%s", msg);
@@ -196,9 +196,7 @@ static void on_frame(void *arg, const struct proto_header *h, const uint8_t *pay
     }
     switch (h->type) {
     case PROTO_STDOUT:
-    case PROTO_STDERR:
-        on_output(op, h->type == PROTO_STDERR, payload, h->len);
-        return;
+    case PROTO_STDERR: on_output(op, h->type == PROTO_STDERR, payload, h->len); return;
     case PROTO_EXIT: {
         uint32_t code = 0, sig = 0;
         struct proto_field f;
@@ -224,8 +222,7 @@ static void on_frame(void *arg, const struct proto_header *h, const uint8_t *pay
         finish_error(op, 422, "exec_failed", msg);
         return;
     }
-    default:
-        return; /* nothing else belongs to an exec; ignore rather than guess */
+    default: return; /* nothing else belongs to an exec; ignore rather than guess */
     }
 }
 
@@ -326,7 +323,8 @@ void api_exec(struct daemon *d, struct http_req *req, struct route_match *m)
     unsigned char *stdin_data = NULL;
     size_t stdin_len = 0;
     struct proto_buf b = {0};
-    if (jv_only(o, exec_fields, msg) < 0 || jv_string(o, "command", 256 * 1024, &command, msg) < 0 ||
+    if (jv_only(o, exec_fields, msg) < 0 ||
+        jv_string(o, "command", 256 * 1024, &command, msg) < 0 ||
         jv_string_array(o, "argv", PROTO_MAX_ARGS, 256 * 1024, &argv, msg) < 0 ||
         jv_string(o, "cwd", PROTO_MAX_PATH, &cwd, msg) < 0 ||
         jv_string_map(o, "env", 256, 256, 32768, 1, &env, msg) < 0 ||

@@ -25,9 +25,9 @@ struct file_op {
     struct http_req *req;
     uint32_t id;
     enum fop_kind kind;
-    int started;      /* FOP_READ: the 200 and some bytes have gone out */
+    int started; /* FOP_READ: the 200 and some bytes have gone out */
     uint64_t bytes;
-    json_t *result;   /* stat entry or entries array */
+    json_t *result;                 /* stat entry or entries array */
     char path[PROTO_MAX_PATH + 16]; /* as the user will see it: absolute */
 };
 
@@ -71,11 +71,26 @@ static json_t *entry_from_fields(const uint8_t *payload, size_t len, const char 
     int have_target = 0, rc;
     while ((rc = proto_iter_next(&it, &f)) == 1) {
         switch (f.tag) {
-        case PT_TYPE: if (proto_field_u32(&f, &type) < 0) return NULL; break;
-        case PT_MODE: if (proto_field_u32(&f, &mode) < 0) return NULL; break;
-        case PT_SIZE: if (proto_field_u64(&f, &size) < 0) return NULL; break;
-        case PT_MTIME: if (proto_field_u64(&f, &mtime) < 0) return NULL; break;
-        case PT_NAME: if (proto_field_str(&f, name, sizeof(name)) < 0) return NULL; break;
+        case PT_TYPE:
+            if (proto_field_u32(&f, &type) < 0)
+                return NULL;
+            break;
+        case PT_MODE:
+            if (proto_field_u32(&f, &mode) < 0)
+                return NULL;
+            break;
+        case PT_SIZE:
+            if (proto_field_u64(&f, &size) < 0)
+                return NULL;
+            break;
+        case PT_MTIME:
+            if (proto_field_u64(&f, &mtime) < 0)
+                return NULL;
+            break;
+        case PT_NAME:
+            if (proto_field_str(&f, name, sizeof(name)) < 0)
+                return NULL;
+            break;
         case PT_TARGET:
             if (proto_field_str(&f, target, sizeof(target)) < 0)
                 return NULL;
@@ -181,8 +196,7 @@ static void on_frame(void *arg, const struct proto_header *h, const uint8_t *pay
             }
         }
         return;
-    case PROTO_OK:
-        break;
+    case PROTO_OK: break;
     case PROTO_ERROR:
         if (op->started) { /* too late for a status: end the body short */
             log_warn(op->sb->id, "files.read_error", "path=\"%s\" after=%llu", op->path,
@@ -193,8 +207,7 @@ static void on_frame(void *arg, const struct proto_header *h, const uint8_t *pay
         }
         fop_free(op);
         return;
-    default:
-        return;
+    default: return;
     }
     /* OK */
     switch (op->kind) {
@@ -206,8 +219,8 @@ static void on_frame(void *arg, const struct proto_header *h, const uint8_t *pay
         }
         break;
     case FOP_LIST:
-        http_reply_json(op->req, 200, json_pack("{s:s, s:O}", "path", op->path, "entries",
-                                                op->result));
+        http_reply_json(op->req, 200,
+                        json_pack("{s:s, s:O}", "path", op->path, "entries", op->result));
         break;
     case FOP_MKDIR:
         if (!op->result) {
@@ -316,9 +329,8 @@ void api_files_read(struct daemon *d, struct http_req *req, struct route_match *
     uint64_t offset = 0, length = UINT64_MAX;
     const char *so = http_req_query(req, "offset"), *sl = http_req_query(req, "length");
     if ((so && parse_u64(so, &offset) < 0) || (sl && parse_u64(sl, &length) < 0)) {
-        http_reply_error(req, 400, "invalid_request",
-                         "%s: must be a non-negative integer", so && parse_u64(so, &offset) < 0
-                                                                   ? "offset" : "length");
+        http_reply_error(req, 400, "invalid_request", "%s: must be a non-negative integer",
+                         so && parse_u64(so, &offset) < 0 ? "offset" : "length");
         return;
     }
     struct file_op *op = fop_new(d, req, m, FOP_READ, http_req_query(req, "path"));

@@ -40,8 +40,8 @@ int jv_only(json_t *o, const char *const *allowed, char *msg)
     return 0;
 }
 
-int jv_int(json_t *o, const char *name, long long min, long long max, long long def,
-           long long *out, char *msg)
+int jv_int(json_t *o, const char *name, long long min, long long max, long long def, long long *out,
+           char *msg)
 {
     json_t *v = json_object_get(o, name);
     if (!v || json_is_null(v)) {
@@ -66,8 +66,8 @@ int jv_number(json_t *o, const char *name, double min_excl, double max, double d
     }
     double d = json_is_number(v) ? json_number_value(v) : NAN;
     if (!json_is_number(v) || !isfinite(d) || d <= min_excl || d > max) {
-        snprintf(msg, JV_MSG, "%s: must be a number greater than %g and at most %g", name,
-                 min_excl, max);
+        snprintf(msg, JV_MSG, "%s: must be a number greater than %g and at most %g", name, min_excl,
+                 max);
         return -1;
     }
     *out = d;

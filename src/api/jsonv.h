@@ -19,8 +19,8 @@ json_t *jv_parse_object(const char *body, char *msg);
 int jv_only(json_t *o, const char *const *allowed, char *msg);
 
 /** An integer in [min, max]; absent = def. */
-int jv_int(json_t *o, const char *name, long long min, long long max, long long def,
-           long long *out, char *msg);
+int jv_int(json_t *o, const char *name, long long min, long long max, long long def, long long *out,
+           char *msg);
 
 /** A number (integer or real) in (min, max]; absent = def. */
 int jv_number(json_t *o, const char *name, double min_excl, double max, double def, double *out,

@@ -17,9 +17,9 @@
 #define WR_VERSION "0.1.0"
 #endif
 
-static const char *const create_fields[] = {
-    "image", "cpus", "memory_mib", "env", "metadata", "timeout_seconds", "on_lease_end",
-    "network", NULL};
+static const char *const create_fields[] = {"image",        "cpus",     "memory_mib",
+                                            "env",          "metadata", "timeout_seconds",
+                                            "on_lease_end", "network",  NULL};
 
 struct create_req {
     struct http_req *req;
@@ -47,8 +47,8 @@ void api_sandboxes_create(struct daemon *d, struct http_req *req, struct route_m
         jv_int(o, "cpus", 1, d->cfg.max_cpus, 2 > d->cfg.max_cpus ? d->cfg.max_cpus : 2, &cpus,
                msg) < 0 ||
         jv_int(o, "memory_mib", 128, 65536, 4096, &mem, msg) < 0 ||
-        jv_int(o, "timeout_seconds", 1, d->cfg.max_timeout, d->cfg.default_timeout, &timeout,
-               msg) < 0 ||
+        jv_int(o, "timeout_seconds", 1, d->cfg.max_timeout, d->cfg.default_timeout, &timeout, msg) <
+            0 ||
         jv_string(o, "on_lease_end", 16, &ole, msg) < 0 ||
         jv_string_map(o, "env", 256, 256, 32768, 1, &env, msg) < 0 ||
         jv_string_map(o, "metadata", 64, 128, 1024, 0, &md, msg) < 0)
@@ -62,8 +62,9 @@ void api_sandboxes_create(struct daemon *d, struct http_req *req, struct route_m
         json_t *allow = json_object_get(net, "allow");
         if (!json_is_object(net) || (internet && !json_is_boolean(internet)) ||
             (allow && !json_is_array(allow))) {
-            snprintf(msg, sizeof(msg),
-                     "network: must be an object like {\"internet\": true, \"allow\": [\"pypi.org\"]}");
+            snprintf(
+                msg, sizeof(msg),
+                "network: must be an object like {\"internet\": true, \"allow\": [\"pypi.org\"]}");
             goto bad;
         }
         size_t i;
@@ -229,8 +230,7 @@ struct events_ctx {
     json_t *arr;
 };
 
-static int add_event(void *arg, int64_t at, const char *type, const char *state,
-                     const char *reason)
+static int add_event(void *arg, int64_t at, const char *type, const char *state, const char *reason)
 {
     struct events_ctx *c = arg;
     char ts[32];

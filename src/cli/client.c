@@ -31,7 +31,10 @@ static bool g_signals_set;
 static sigset_t g_orig_mask;    /* the mask before setup: stop signals deliverable */
 static sigset_t g_blocked_mask; /* the mask outside cancelable waits */
 
-static void on_stop_signal(int sig) { cli_stop_signal = sig; }
+static void on_stop_signal(int sig)
+{
+    cli_stop_signal = sig;
+}
 
 void cli_signals_setup(void)
 {
@@ -373,9 +376,7 @@ static int body_feed(struct body_reader *b, struct sink *s, const char *p, size_
                      struct wr_err *err)
 {
     switch (b->mode) {
-    case BODY_NONE:
-        b->done = true;
-        return 0;
+    case BODY_NONE: b->done = true; return 0;
     case BODY_LENGTH:
         if ((uint64_t)n > b->left)
             n = (size_t)b->left;
@@ -389,8 +390,7 @@ static int body_feed(struct body_reader *b, struct sink *s, const char *p, size_
             return s->failed ? -1 : wr_err_prefix(err, "bad chunked answer from the daemon");
         b->done = cli_chunked_done(&b->ch);
         return 0;
-    case BODY_EOF:
-        return sink_data(s, p, n, err);
+    case BODY_EOF: return sink_data(s, p, n, err);
     }
     return 0;
 }

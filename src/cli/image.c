@@ -56,14 +56,9 @@ static int cmd_build(struct cli_ctx *c, int argc, char **argv)
     opterr = 0;
     while ((opt = getopt_long(argc, argv, "fh", opts, NULL)) != -1) {
         switch (opt) {
-        case 'f':
-            force = true;
-            break;
-        case 'h':
-            fputs(usage_build, stdout);
-            return CLI_EXIT_OK;
-        default:
-            return cli_usage_error("image build", "unknown option '%s'", argv[optind - 1]);
+        case 'f': force = true; break;
+        case 'h': fputs(usage_build, stdout); return CLI_EXIT_OK;
+        default: return cli_usage_error("image build", "unknown option '%s'", argv[optind - 1]);
         }
     }
     if (argc - optind > 1)
@@ -104,14 +99,9 @@ static int cmd_ilist(struct cli_ctx *c, int argc, char **argv)
     opterr = 0;
     while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (opt) {
-        case 'j':
-            as_json = true;
-            break;
-        case 'h':
-            fputs(usage_ilist, stdout);
-            return CLI_EXIT_OK;
-        default:
-            return cli_usage_error("image list", "unknown option '%s'", argv[optind - 1]);
+        case 'j': as_json = true; break;
+        case 'h': fputs(usage_ilist, stdout); return CLI_EXIT_OK;
+        default: return cli_usage_error("image list", "unknown option '%s'", argv[optind - 1]);
         }
     }
     if (optind < argc)

@@ -59,7 +59,10 @@ static const char usage_logout[] = "Usage: withruntime logout\n"
 
 static const char usage_version[] = "Usage: withruntime version\n";
 
-void cli_usage(FILE *f) { fputs(usage_top, f); }
+void cli_usage(FILE *f)
+{
+    fputs(usage_top, f);
+}
 
 bool cli_wants_help(int argc, char **argv)
 {
@@ -94,12 +97,8 @@ int cli_cmd_login(struct cli_ctx *c, int argc, char **argv)
     opterr = 0;
     while ((opt = getopt_long(argc, argv, "hk:", opts, NULL)) != -1) {
         switch (opt) {
-        case 'h':
-            fputs(usage_login, stdout);
-            return CLI_EXIT_OK;
-        case 'k':
-            key = optarg;
-            break;
+        case 'h': fputs(usage_login, stdout); return CLI_EXIT_OK;
+        case 'k': key = optarg; break;
         default:
             return cli_usage_error("login", "unknown option, or missing value: '%s'",
                                    argv[optind - 1]);

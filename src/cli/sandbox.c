@@ -254,9 +254,7 @@ static int create_opt(const char *cmd, struct create_opts *co, int opt, const ch
 {
     long v;
     switch (opt) {
-    case OPT_IMAGE:
-        json_object_set_new(co->body, "image", json_string(arg));
-        return 1;
+    case OPT_IMAGE: json_object_set_new(co->body, "image", json_string(arg)); return 1;
     case OPT_CPUS:
         if (cli_parse_long(arg, 1, 1024, &v) < 0)
             return cli_usage_error(cmd, "--cpus wants a whole number, got '%s'", arg);
@@ -275,8 +273,7 @@ static int create_opt(const char *cmd, struct create_opts *co, int opt, const ch
         if (cli_parse_kv(arg, co->metadata) < 0)
             return cli_usage_error(cmd, "--metadata wants K=V, got '%s'", arg);
         return 1;
-    default:
-        return 0;
+    default: return 0;
     }
 }
 
@@ -350,9 +347,7 @@ static int cmd_run(struct cli_ctx *c, int argc, char **argv)
             goto out;
         }
         switch (opt) {
-        case 'h':
-            code = print_usage(usage_run);
-            goto out;
+        case 'h': code = print_usage(usage_run); goto out;
         case OPT_TIMEOUT:
             if (cli_parse_long(optarg, 1, MAX_SECONDS, &timeout) < 0) {
                 code = cli_usage_error(cmd, "--timeout wants seconds, 1..%d, got '%s'", MAX_SECONDS,
@@ -360,20 +355,11 @@ static int cmd_run(struct cli_ctx *c, int argc, char **argv)
                 goto out;
             }
             break;
-        case OPT_CWD:
-            cwd = optarg;
-            break;
-        case OPT_KEEP:
-            keep = true;
-            break;
-        case OPT_STDIN:
-            use_stdin = true;
-            break;
-        case OPT_TRIAL:
-            break;
-        default:
-            code = bad_option(cmd, argc, argv);
-            goto out;
+        case OPT_CWD: cwd = optarg; break;
+        case OPT_KEEP: keep = true; break;
+        case OPT_STDIN: use_stdin = true; break;
+        case OPT_TRIAL: break;
+        default: code = bad_option(cmd, argc, argv); goto out;
         }
     }
     if (optind >= argc) {
@@ -500,9 +486,7 @@ static int cmd_create(struct cli_ctx *c, int argc, char **argv)
             goto out;
         }
         switch (opt) {
-        case 'h':
-            code = print_usage(usage_create);
-            goto out;
+        case 'h': code = print_usage(usage_create); goto out;
         case OPT_TIMEOUT:
             if (cli_parse_long(optarg, 1, MAX_SECONDS, &v) < 0) {
                 code = cli_usage_error(cmd, "--timeout wants seconds, 1..%d, got '%s'", MAX_SECONDS,
@@ -519,12 +503,8 @@ static int cmd_create(struct cli_ctx *c, int argc, char **argv)
             }
             json_object_set_new(co.body, "on_lease_end", json_string(optarg));
             break;
-        case OPT_JSON:
-            as_json = true;
-            break;
-        default:
-            code = bad_option(cmd, argc, argv);
-            goto out;
+        case OPT_JSON: as_json = true; break;
+        default: code = bad_option(cmd, argc, argv); goto out;
         }
     }
     if (optind < argc) {
@@ -682,12 +662,8 @@ static int cmd_exec(struct cli_ctx *c, int argc, char **argv)
             continue;
         }
         switch (opt) {
-        case 'h':
-            code = print_usage(usage_exec);
-            goto out;
-        case OPT_CWD:
-            json_object_set_new(exec, "cwd", json_string(optarg));
-            break;
+        case 'h': code = print_usage(usage_exec); goto out;
+        case OPT_CWD: json_object_set_new(exec, "cwd", json_string(optarg)); break;
         case OPT_ENV:
             if (cli_parse_kv(optarg, env) < 0) {
                 code = cli_usage_error(cmd, "--env wants K=V, got '%s'", optarg);
@@ -706,12 +682,8 @@ static int cmd_exec(struct cli_ctx *c, int argc, char **argv)
             json_object_set_new(exec, "timeout_seconds", json_real(t));
             break;
         }
-        case OPT_STDIN:
-            use_stdin = true;
-            break;
-        default:
-            code = bad_option(cmd, ac, av);
-            goto out;
+        case OPT_STDIN: use_stdin = true; break;
+        default: code = bad_option(cmd, ac, av); goto out;
         }
     }
     if (!id) {
@@ -869,19 +841,15 @@ static int cmd_write(struct cli_ctx *c, int argc, char **argv)
     opterr = 0;
     while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (opt) {
-        case 'h':
-            return print_usage(usage_write);
+        case 'h': return print_usage(usage_write);
         case OPT_MODE:
             if (!mode_ok(optarg))
                 return cli_usage_error(cmd, "--mode wants an octal mode like 0644, got '%s'",
                                        optarg);
             mode = optarg;
             break;
-        case OPT_JSON:
-            as_json = true;
-            break;
-        default:
-            return bad_option(cmd, argc, argv);
+        case OPT_JSON: as_json = true; break;
+        default: return bad_option(cmd, argc, argv);
         }
     }
     int npos = argc - optind;

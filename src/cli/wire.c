@@ -131,7 +131,10 @@ int cli_url_parse(const char *s, struct cli_url *out, struct wr_err *err)
 
 /* ---- response heads ---- */
 
-static bool is_tchar(unsigned char c) { return isalnum(c) || (c && strchr("!#$%&'*+-.^_`|~", c)); }
+static bool is_tchar(unsigned char c)
+{
+    return isalnum(c) || (c && strchr("!#$%&'*+-.^_`|~", c));
+}
 
 /* Copies [s, s+n) into dst, truncated to fit, always NUL-terminated. */
 static void copy_trunc(char *dst, size_t dstlen, const char *s, size_t n)
@@ -352,7 +355,10 @@ void cli_chunked_init(struct cli_chunked *d)
     d->state = CH_SIZE;
 }
 
-bool cli_chunked_done(const struct cli_chunked *d) { return d->state == CH_DONE; }
+bool cli_chunked_done(const struct cli_chunked *d)
+{
+    return d->state == CH_DONE;
+}
 
 static int hexval(unsigned char c)
 {
@@ -472,8 +478,7 @@ ssize_t cli_chunked_feed(struct cli_chunked *d, const char *in, size_t len, cli_
             d->state = CH_DONE;
             i++;
             break;
-        default:
-            return wr_err_set(err, EPROTO, "chunked decoder in a bad state");
+        default: return wr_err_set(err, EPROTO, "chunked decoder in a bad state");
         }
     }
     return (ssize_t)i;

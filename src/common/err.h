@@ -12,8 +12,8 @@
 #define WR_ERR_MSG_MAX 512
 
 struct wr_err {
-    int code;                  /* errno-style code, 0 when unset */
-    char msg[WR_ERR_MSG_MAX];  /* human-readable, NUL-terminated */
+    int code;                 /* errno-style code, 0 when unset */
+    char msg[WR_ERR_MSG_MAX]; /* human-readable, NUL-terminated */
 };
 
 /** Sets err (if not NULL) to code and a formatted message; returns -1. */
@@ -25,8 +25,7 @@ int wr_err_sys(struct wr_err *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /** Prefixes the existing message with formatted context ("ctx: old"). Returns -1. */
-int wr_err_prefix(struct wr_err *err, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+int wr_err_prefix(struct wr_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /** Clears err. */
 void wr_err_clear(struct wr_err *err);

@@ -25,7 +25,8 @@ static const char *level_name(enum wr_log_level l)
     }
 }
 
-void log_event(enum wr_log_level level, const char *sandbox, const char *event, const char *fmt, ...)
+void log_event(enum wr_log_level level, const char *sandbox, const char *event, const char *fmt,
+               ...)
 {
     if (level < min_level)
         return;
@@ -45,8 +46,8 @@ void log_event(enum wr_log_level level, const char *sandbox, const char *event, 
         va_end(ap);
     }
     pthread_mutex_lock(&log_lock);
-    fprintf(stderr, "ts=%s.%03dZ level=%s event=%s", ts, (int)(tv.tv_usec / 1000), level_name(level),
-            event);
+    fprintf(stderr, "ts=%s.%03dZ level=%s event=%s", ts, (int)(tv.tv_usec / 1000),
+            level_name(level), event);
     if (sandbox)
         fprintf(stderr, " sandbox=%s", sandbox);
     if (extra[0])

@@ -14,8 +14,8 @@ void log_set_level(enum wr_log_level level);
  * Logs one event. `sandbox` may be NULL. `fmt` formats extra "k=v" pairs and may be NULL.
  * Example: log_event(WR_LOG_INFO, sb->id, "sandbox.created", "image=%s", image);
  */
-void log_event(enum wr_log_level level, const char *sandbox, const char *event, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+void log_event(enum wr_log_level level, const char *sandbox, const char *event, const char *fmt,
+               ...) __attribute__((format(printf, 4, 5)));
 
 #define log_info(sb, ev, ...) log_event(WR_LOG_INFO, sb, ev, __VA_ARGS__)
 #define log_warn(sb, ev, ...) log_event(WR_LOG_WARN, sb, ev, __VA_ARGS__)

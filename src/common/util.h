@@ -13,7 +13,10 @@
 
 #define WR_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
-static inline void wr_freep(void *p) { free(*(void **)p); }
+static inline void wr_freep(void *p)
+{
+    free(*(void **)p);
+}
 static inline void wr_closep(int *fd)
 {
     if (*fd >= 0)
@@ -83,7 +86,10 @@ static inline void put_be64(uint8_t *p, uint64_t v)
     put_be32(p, (uint32_t)(v >> 32));
     put_be32(p + 4, (uint32_t)v);
 }
-static inline uint16_t get_be16(const uint8_t *p) { return (uint16_t)((p[0] << 8) | p[1]); }
+static inline uint16_t get_be16(const uint8_t *p)
+{
+    return (uint16_t)((p[0] << 8) | p[1]);
+}
 static inline uint32_t get_be32(const uint8_t *p)
 {
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];

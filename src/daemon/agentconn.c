@@ -31,7 +31,7 @@ struct agentconn {
     uint32_t next_id;
     int ready;
     int dead;
-    int in_callback;   /* depth of callbacks running; free is deferred while > 0 */
+    int in_callback; /* depth of callbacks running; free is deferred while > 0 */
     int free_pending;
     char reason[256];
 };
@@ -112,10 +112,8 @@ static int agent_may_send(uint16_t type)
     case PROTO_STAT_RESULT:
     case PROTO_DIR_ENTRIES:
     case PROTO_OK:
-    case PROTO_ERROR:
-        return 1;
-    default:
-        return 0;
+    case PROTO_ERROR: return 1;
+    default: return 0;
     }
 }
 

@@ -96,8 +96,7 @@ static void on_frame(void *arg, const struct proto_header *h, const uint8_t *pay
         finish(c);
         return;
     }
-    default:
-        return;
+    default: return;
     }
 }
 
@@ -193,13 +192,15 @@ json_t *command_to_json(const struct command *c)
     char started[32], ended[32];
     format_rfc3339(c->started_ms / 1000, started, sizeof(started));
     format_rfc3339(c->ended_ms / 1000, ended, sizeof(ended));
-    const char *st = c->state == CMD_RUNNING ? "running" : c->state == CMD_EXITED ? "exited" : "failed";
+    const char *st = c->state == CMD_RUNNING  ? "running"
+                     : c->state == CMD_EXITED ? "exited"
+                                              : "failed";
     json_t *o = json_pack(
         "{s:s, s:s, s:O, s:s, s:o, s:o, s:b, s:s, s:o, s:I, s:I, s:b, s:b}", "id", c->id,
         "sandbox_id", c->sb->id, "argv", c->argv, "state", st, "exit_code",
         c->state == CMD_EXITED ? json_integer(c->exit_code) : json_null(), "signal",
-        c->signal ? json_integer(c->signal) : json_null(), "timed_out", c->timed_out,
-        "started_at", started, "ended_at", c->state == CMD_RUNNING ? json_null() : json_string(ended),
+        c->signal ? json_integer(c->signal) : json_null(), "timed_out", c->timed_out, "started_at",
+        started, "ended_at", c->state == CMD_RUNNING ? json_null() : json_string(ended),
         "stdout_bytes", (json_int_t)c->out[0].total, "stderr_bytes", (json_int_t)c->out[1].total,
         "stdout_truncated", c->out[0].truncated, "stderr_truncated", c->out[1].truncated);
     if (c->state == CMD_FAILED) {

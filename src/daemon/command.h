@@ -23,8 +23,8 @@ enum command_state { CMD_RUNNING, CMD_EXITED, CMD_FAILED };
 
 struct command_out {
     unsigned char *data;
-    size_t len;      /* bytes kept */
-    size_t total;    /* bytes the command wrote */
+    size_t len;   /* bytes kept */
+    size_t total; /* bytes the command wrote */
     int truncated;
 };
 
@@ -33,18 +33,18 @@ struct command_waiter;
 struct command {
     struct sandbox *sb;
     char id[COMMAND_ID_LEN];
-    uint32_t req_id;         /* the agent request, 0 once finished */
-    json_t *argv;            /* array of strings, for display */
+    uint32_t req_id; /* the agent request, 0 once finished */
+    json_t *argv;    /* array of strings, for display */
     enum command_state state;
     int exit_code;
     int signal;
     int timed_out;
-    char error[256];         /* CMD_FAILED: why */
-    int64_t started_ms;      /* wall clock */
+    char error[256];    /* CMD_FAILED: why */
+    int64_t started_ms; /* wall clock */
     int64_t ended_ms;
-    size_t cap;              /* per stream */
+    size_t cap; /* per stream */
     struct command_out out[2];
-    struct event *timer;     /* optional timeout */
+    struct event *timer; /* optional timeout */
     struct command_waiter *waiters;
     struct command *next;
 };

@@ -87,18 +87,19 @@ static void usage(FILE *out)
 
 static int parse_args(int argc, char **argv, struct daemon_config *cfg)
 {
-    static const struct option opts[] = {
-        {"state-dir", required_argument, NULL, 's'}, {"listen", required_argument, NULL, 'l'},
-        {"socket", required_argument, NULL, 'u'},    {"agent", required_argument, NULL, 'a'},
-        {"platform", required_argument, NULL, 'p'},  {"debug", no_argument, NULL, 'd'},
-        {"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"state-dir", required_argument, NULL, 's'},
+                                         {"listen", required_argument, NULL, 'l'},
+                                         {"socket", required_argument, NULL, 'u'},
+                                         {"agent", required_argument, NULL, 'a'},
+                                         {"platform", required_argument, NULL, 'p'},
+                                         {"debug", no_argument, NULL, 'd'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
     optind = 1;
     int c;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
-        case 's':
-            snprintf(cfg->state_dir, sizeof(cfg->state_dir), "%s", optarg);
-            break;
+        case 's': snprintf(cfg->state_dir, sizeof(cfg->state_dir), "%s", optarg); break;
         case 'l': {
             if (strcmp(optarg, "none") == 0) {
                 cfg->listen_port = 0;
@@ -117,24 +118,12 @@ static int parse_args(int argc, char **argv, struct daemon_config *cfg)
             cfg->listen_port = (int)port;
             break;
         }
-        case 'u':
-            snprintf(cfg->socket_path, sizeof(cfg->socket_path), "%s", optarg);
-            break;
-        case 'a':
-            snprintf(cfg->agent_path, sizeof(cfg->agent_path), "%s", optarg);
-            break;
-        case 'p':
-            snprintf(cfg->platform, sizeof(cfg->platform), "%s", optarg);
-            break;
-        case 'd':
-            cfg->debug = 1;
-            break;
-        case 'h':
-            usage(stdout);
-            exit(0);
-        default:
-            usage(stderr);
-            return -1;
+        case 'u': snprintf(cfg->socket_path, sizeof(cfg->socket_path), "%s", optarg); break;
+        case 'a': snprintf(cfg->agent_path, sizeof(cfg->agent_path), "%s", optarg); break;
+        case 'p': snprintf(cfg->platform, sizeof(cfg->platform), "%s", optarg); break;
+        case 'd': cfg->debug = 1; break;
+        case 'h': usage(stdout); exit(0);
+        default: usage(stderr); return -1;
         }
     }
     if (optind < argc) {
@@ -236,8 +225,10 @@ int daemon_main(int argc, char **argv)
      * and a host that cannot run sandboxes says so at once. */
     char detail[256] = "";
     if (d.driver->probe(detail, sizeof(detail), &err) < 0) {
-        fprintf(stderr, "withruntime serve: the %s driver cannot run here: %s (see `withruntime "
-                        "doctor`)\n", d.driver->name, err.msg);
+        fprintf(stderr,
+                "withruntime serve: the %s driver cannot run here: %s (see `withruntime "
+                "doctor`)\n",
+                d.driver->name, err.msg);
         return 1;
     }
     log_info(NULL, "driver.ready", "driver=%s detail=\"%s\"", d.driver->name, detail);
@@ -259,10 +250,12 @@ int daemon_main(int argc, char **argv)
         fprintf(stderr, "withruntime serve: %s\n", err.msg);
         return 1;
     }
-    size_t max_body = d.cfg.max_upload > d.cfg.max_json_body ? d.cfg.max_upload : d.cfg.max_json_body;
+    size_t max_body =
+        d.cfg.max_upload > d.cfg.max_json_body ? d.cfg.max_upload : d.cfg.max_json_body;
     d.http = http_server_new(d.base, api_handle, &d, max_body, &err);
-    if (!d.http || (d.cfg.listen_port &&
-                    http_server_listen_tcp(d.http, d.cfg.listen_host, d.cfg.listen_port, &err) < 0) ||
+    if (!d.http ||
+        (d.cfg.listen_port &&
+         http_server_listen_tcp(d.http, d.cfg.listen_host, d.cfg.listen_port, &err) < 0) ||
         http_server_listen_unix(d.http, d.cfg.socket_path, &err) < 0) {
         fprintf(stderr, "withruntime serve: %s\n", err.msg);
         return 1;

@@ -14,21 +14,21 @@
 struct daemon_config {
     char state_dir[PATH_MAX];
     char listen_host[64];
-    int listen_port;           /* 0 = no TCP listener */
+    int listen_port; /* 0 = no TCP listener */
     char socket_path[PATH_MAX];
     char agent_path[PATH_MAX];
-    char platform[32];         /* "" = auto */
+    char platform[32]; /* "" = auto */
     int debug;
     size_t max_json_body;      /* bytes of a JSON request body */
     size_t max_upload;         /* bytes of a file upload */
     size_t default_output_cap; /* per stream, per exec */
     size_t max_output_cap;
     int max_cpus;
-    int default_timeout;       /* lease, seconds */
+    int default_timeout; /* lease, seconds */
     int max_timeout;
-    int default_exec_timeout;  /* seconds */
-    int hello_timeout_ms;      /* how long a new sandbox's agent has to say HELLO */
-    int pids_max;              /* processes per sandbox */
+    int default_exec_timeout; /* seconds */
+    int hello_timeout_ms;     /* how long a new sandbox's agent has to say HELLO */
+    int pids_max;             /* processes per sandbox */
 };
 
 struct sandbox;

@@ -19,7 +19,7 @@
 #include "daemon/work.h"
 #include "store/store.h"
 
-static const char *state_names[] = {"creating", "running", "stopped", "failed",
+static const char *state_names[] = {"creating", "running",  "stopped", "failed",
                                     "deleting", "stopping", "starting"};
 
 const char *sandbox_state_name(enum sb_state s)
@@ -134,12 +134,12 @@ json_t *sandbox_to_json(const struct sandbox *sb)
     char created[32], lease[32];
     format_rfc3339(sb->created_at, created, sizeof(created));
     format_rfc3339((sb->lease_ends_ms + 999) / 1000, lease, sizeof(lease));
-    json_t *o = json_pack("{s:s, s:s, s:s, s:i, s:i, s:O, s:O, s:i, s:s, s:O, s:s, s:s}", "id",
-                          sb->id, "state", sandbox_state_name(sb->state), "image", sb->image,
-                          "cpus", sb->cpus, "memory_mib", sb->memory_mib, "env", sb->env,
-                          "metadata", sb->metadata, "timeout_seconds", sb->timeout_seconds,
-                          "on_lease_end", sb->on_lease_end, "network", sb->network, "created_at",
-                          created, "lease_ends_at", lease);
+    json_t *o =
+        json_pack("{s:s, s:s, s:s, s:i, s:i, s:O, s:O, s:i, s:s, s:O, s:s, s:s}", "id", sb->id,
+                  "state", sandbox_state_name(sb->state), "image", sb->image, "cpus", sb->cpus,
+                  "memory_mib", sb->memory_mib, "env", sb->env, "metadata", sb->metadata,
+                  "timeout_seconds", sb->timeout_seconds, "on_lease_end", sb->on_lease_end,
+                  "network", sb->network, "created_at", created, "lease_ends_at", lease);
     if (sb->reason[0] && (sb->state == SB_FAILED || sb->state == SB_STOPPED))
         json_object_set_new(o, "state_reason", json_string(sb->reason));
     return o;
@@ -162,7 +162,8 @@ void sandbox_persist(struct sandbox *sb)
 {
     struct wr_err err = {0};
     char *doc = sandbox_doc(sb);
-    if (!doc || store_sandbox_put(sb->d->store, sb->id, sandbox_state_name(sb->state), doc, &err) < 0)
+    if (!doc ||
+        store_sandbox_put(sb->d->store, sb->id, sandbox_state_name(sb->state), doc, &err) < 0)
         log_error(sb->id, "store.failed", "error=\"%s\"", doc ? err.msg : "encode");
     free(doc);
 }
@@ -172,7 +173,8 @@ void sandbox_set_state(struct sandbox *sb, enum sb_state st, const char *reason)
     sb->state = st;
     snprintf(sb->reason, sizeof(sb->reason), "%s", reason ? reason : "");
     struct wr_err err = {0};
-    if (store_event_add(sb->d->store, sb->id, "state", sandbox_state_name(st), sb->reason, &err) < 0)
+    if (store_event_add(sb->d->store, sb->id, "state", sandbox_state_name(st), sb->reason, &err) <
+        0)
         log_error(sb->id, "store.failed", "error=\"%s\"", err.msg);
     log_info(sb->id, "sandbox.state", "state=%s reason=\"%s\"", sandbox_state_name(st), sb->reason);
     sandbox_persist(sb);
@@ -214,15 +216,9 @@ static void job_run(void *p)
     const struct driver_ops *drv = j->sb->d->driver;
     j->fd = -1;
     switch (j->kind) {
-    case JOB_START:
-        j->rc = drv->start(&j->spec, &j->fd, &j->err);
-        break;
-    case JOB_STOP:
-        j->rc = drv->stop(&j->spec, &j->err);
-        break;
-    case JOB_DESTROY:
-        j->rc = drv->destroy(&j->spec, &j->err);
-        break;
+    case JOB_START: j->rc = drv->start(&j->spec, &j->fd, &j->err); break;
+    case JOB_STOP: j->rc = drv->stop(&j->spec, &j->err); break;
+    case JOB_DESTROY: j->rc = drv->destroy(&j->spec, &j->err); break;
     }
 }
 
@@ -454,9 +450,9 @@ static int load_one(void *arg, const char *id, const char *state, const char *do
     json_int_t created = 0, lease = 0;
     json_unpack(o, "{s?s, s?i, s?i, s?i, s?s, s?o, s?o, s?o, s?I, s?I, s?s, s?s}", "image", &image,
                 "cpus", &sb->cpus, "memory_mib", &sb->memory_mib, "timeout_seconds",
-                &sb->timeout_seconds, "on_lease_end", &ole, "env", &env, "metadata", &md,
-                "network", &net, "created_unix", &created, "lease_ends_ms", &lease, "reason",
-                &reason, "rootfs", &rootfs);
+                &sb->timeout_seconds, "on_lease_end", &ole, "env", &env, "metadata", &md, "network",
+                &net, "created_unix", &created, "lease_ends_ms", &lease, "reason", &reason,
+                "rootfs", &rootfs);
     if (image)
         snprintf(sb->image, sizeof(sb->image), "%s", image);
     if (ole)

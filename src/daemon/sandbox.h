@@ -41,13 +41,13 @@ struct sandbox {
     int64_t lease_ends_ms; /* wall clock, milliseconds */
     char dir[PATH_MAX];
     char rootfs[PATH_MAX];
-    char reason[256];  /* why it is in its state (failed: what went wrong) */
+    char reason[256]; /* why it is in its state (failed: what went wrong) */
     struct agentconn *conn;
     int refs;
-    int busy;          /* a driver operation is in flight */
-    int unlinked;      /* removed from the daemon's list */
-    void *create_job;  /* while CREATING and waiting for HELLO */
-    void *commands;    /* struct command list (daemon/command.h), newest first */
+    int busy;         /* a driver operation is in flight */
+    int unlinked;     /* removed from the daemon's list */
+    void *create_job; /* while CREATING and waiting for HELLO */
+    void *commands;   /* struct command list (daemon/command.h), newest first */
     unsigned command_seq;
     struct sandbox *next;
 };

@@ -16,29 +16,29 @@
 
 #include "common/err.h"
 
-#define DRIVER_ID_LEN 24  /* sandbox ids are fixed-width: "sb-" + 21 lowercase base32 chars */
+#define DRIVER_ID_LEN 24 /* sandbox ids are fixed-width: "sb-" + 21 lowercase base32 chars */
 
 /** What a sandbox is made of. Strings are borrowed for the duration of the call. */
 struct driver_spec {
-    const char *id;            /* fixed-width id, [a-z0-9-], DRIVER_ID_LEN chars */
-    const char *dir;           /* per-sandbox directory on the host (exists; driver owns its
-                                  contents: writable layer, bundle, logs) */
-    const char *image_rootfs;  /* read-only image root filesystem shared by every sandbox */
-    const char *agent_path;    /* host path of the static withruntime-agent binary */
-    int cpus;                  /* CPU limit, whole vCPUs (>= 1) */
-    int memory_mib;            /* memory for the sandbox's processes */
-    int pids_max;              /* process-count cap inside the sandbox */
+    const char *id;           /* fixed-width id, [a-z0-9-], DRIVER_ID_LEN chars */
+    const char *dir;          /* per-sandbox directory on the host (exists; driver owns its
+                                 contents: writable layer, bundle, logs) */
+    const char *image_rootfs; /* read-only image root filesystem shared by every sandbox */
+    const char *agent_path;   /* host path of the static withruntime-agent binary */
+    int cpus;                 /* CPU limit, whole vCPUs (>= 1) */
+    int memory_mib;           /* memory for the sandbox's processes */
+    int pids_max;             /* process-count cap inside the sandbox */
 };
 
 /** Resource use as measured on the host. */
 struct driver_stats {
-    uint64_t cpu_usec;       /* CPU time used since the sandbox started */
-    uint64_t memory_bytes;   /* current memory use */
-    uint64_t pids;           /* current number of host tasks */
+    uint64_t cpu_usec;     /* CPU time used since the sandbox started */
+    uint64_t memory_bytes; /* current memory use */
+    uint64_t pids;         /* current number of host tasks */
 };
 
 struct driver_ops {
-    const char *name;  /* "gvisor" */
+    const char *name; /* "gvisor" */
 
     /**
      * Checks whether this host can run the driver. Returns 0 if it can, -1 with the reason in
@@ -76,9 +76,9 @@ struct driver_ops {
 
 /** Global driver configuration, set once by the daemon before any call. */
 struct driver_config {
-    const char *state_dir;  /* e.g. /var/lib/withruntime; drivers keep their state under it */
-    const char *platform;   /* gvisor platform override (NULL = auto: systrap, else ptrace) */
-    int debug;              /* keep runsc debug logs in the sandbox dir */
+    const char *state_dir; /* e.g. /var/lib/withruntime; drivers keep their state under it */
+    const char *platform;  /* gvisor platform override (NULL = auto: systrap, else ptrace) */
+    int debug;             /* keep runsc debug logs in the sandbox dir */
 };
 
 /** The gVisor driver. */

@@ -127,8 +127,8 @@ struct http_server *http_server_new(struct event_base *base, http_handler handle
     evhttp_set_max_body_size(s->http, (ev_ssize_t)max_body);
     evhttp_set_max_headers_size(s->http, 64 * 1024);
     evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_PUT |
-                                            EVHTTP_REQ_DELETE | EVHTTP_REQ_HEAD |
-                                            EVHTTP_REQ_PATCH | EVHTTP_REQ_OPTIONS);
+                                            EVHTTP_REQ_DELETE | EVHTTP_REQ_HEAD | EVHTTP_REQ_PATCH |
+                                            EVHTTP_REQ_OPTIONS);
     /* Long-running execs stream for as long as they run; idle keep-alive connections close. */
     evhttp_set_timeout(s->http, 3600);
     evhttp_set_gencb(s->http, on_request, s);

@@ -12,16 +12,16 @@
 #define ROUTE_MAX_PARAM_LEN 128
 
 struct route {
-    const char *method;   /* "GET", ... */
-    const char *pattern;  /* "/v1/sandboxes/{id}/exec" */
-    int handler;          /* the caller's handler number */
+    const char *method;  /* "GET", ... */
+    const char *pattern; /* "/v1/sandboxes/{id}/exec" */
+    int handler;         /* the caller's handler number */
 };
 
 struct route_match {
     int handler;
     int nparams;
     char params[ROUTE_MAX_PARAMS][ROUTE_MAX_PARAM_LEN];
-    char allow[128];      /* on ROUTE_BAD_METHOD: the methods that would match, "GET, DELETE" */
+    char allow[128]; /* on ROUTE_BAD_METHOD: the methods that would match, "GET, DELETE" */
 };
 
 enum route_result { ROUTE_OK = 0, ROUTE_NOT_FOUND = 1, ROUTE_BAD_METHOD = 2 };

@@ -5,9 +5,9 @@
  */
 #include "store/store.h"
 
+#include <errno.h>
 #include <sqlite3.h>
 #include <stdlib.h>
-#include <errno.h>
 #include <string.h>
 
 #include "common/util.h"
@@ -47,8 +47,9 @@ static int db_err(struct store *s, struct wr_err *err, const char *what)
 struct store *store_open(const char *path, struct wr_err *err)
 {
     struct store *s = xcalloc(1, sizeof(*s));
-    if (sqlite3_open_v2(path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
-                        SQLITE_OPEN_NOMUTEX, NULL) != SQLITE_OK) {
+    if (sqlite3_open_v2(path, &s->db,
+                        SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+                        NULL) != SQLITE_OK) {
         wr_err_set(err, EIO, "open database %s: %s", path,
                    s->db ? sqlite3_errmsg(s->db) : "out of memory");
         store_close(s);

@@ -12,6 +12,13 @@ def parse_time(s):
     return datetime.datetime.strptime(s.split(".")[0].rstrip("Z"), "%Y-%m-%dT%H:%M:%S")
 
 
+def assert_lease(sb):
+    """The lease runs timeout_seconds from when the sandbox started (after created_at)."""
+    lease = parse_time(sb["lease_ends_at"]) - parse_time(sb["created_at"])
+    extra = lease - datetime.timedelta(seconds=sb["timeout_seconds"])
+    assert datetime.timedelta(0) <= extra <= datetime.timedelta(seconds=30), sb
+
+
 def test_health(client, make_sandbox):
     h = client.health()
     assert h["status"] == "ok"
@@ -55,7 +62,7 @@ def test_create_get_list_delete(client, make_sandbox):
     assert sb["network"] == {"internet": False}
     created = parse_time(sb["created_at"])
     assert t0 <= created <= datetime.datetime.utcnow() + datetime.timedelta(seconds=5)
-    assert parse_time(sb["lease_ends_at"]) - created == datetime.timedelta(seconds=3600)
+    assert_lease(sb)
 
     got = client.get(sb["id"])
     assert got == sb
@@ -106,8 +113,7 @@ def test_create_with_every_field(client, make_sandbox):
     sb = make_sandbox(**fields)
     for k, v in fields.items():
         assert sb[k] == v, k
-    assert parse_time(sb["lease_ends_at"]) - parse_time(sb["created_at"]) == \
-        datetime.timedelta(seconds=120)
+    assert_lease(sb)
     assert client.get(sb["id"]) == sb
 
 

@@ -22,8 +22,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char msg[JV_MSG];
     json_t *o = jv_parse_object(body, msg);
     if (o) {
-        static const char *const allowed[] = {"command", "argv", "env", "cpus", "timeout_seconds",
-                                              "stdin", "mode", NULL};
+        static const char *const allowed[] = {"command",         "argv",  "env",  "cpus",
+                                              "timeout_seconds", "stdin", "mode", NULL};
         long long v;
         double d;
         int b;

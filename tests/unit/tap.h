@@ -9,17 +9,17 @@
 
 static int tap_n, tap_failed;
 
-#define ok(cond, ...)                                                        \
-    do {                                                                     \
-        int ok_c_ = (cond) ? 1 : 0;                                          \
-        tap_n++;                                                             \
-        if (!ok_c_)                                                          \
-            tap_failed++;                                                    \
-        printf("%sok %d - ", ok_c_ ? "" : "not ", tap_n);                    \
-        printf(__VA_ARGS__);                                                 \
-        printf("\n");                                                        \
-        if (!ok_c_)                                                          \
-            printf("#   failed at %s:%d: %s\n", __FILE__, __LINE__, #cond);  \
+#define ok(cond, ...)                                                                              \
+    do {                                                                                           \
+        int ok_c_ = (cond) ? 1 : 0;                                                                \
+        tap_n++;                                                                                   \
+        if (!ok_c_)                                                                                \
+            tap_failed++;                                                                          \
+        printf("%sok %d - ", ok_c_ ? "" : "not ", tap_n);                                          \
+        printf(__VA_ARGS__);                                                                       \
+        printf("\n");                                                                              \
+        if (!ok_c_)                                                                                \
+            printf("#   failed at %s:%d: %s\n", __FILE__, __LINE__, #cond);                        \
     } while (0)
 
 static inline int tap_done(void)

@@ -24,7 +24,8 @@ static const struct route routes[] = {
 static void test_router(void)
 {
     struct route_match m;
-    ok(route_find(routes, NR, "GET", "/v1/health", &m) == ROUTE_OK && m.handler == 0, "exact route");
+    ok(route_find(routes, NR, "GET", "/v1/health", &m) == ROUTE_OK && m.handler == 0,
+       "exact route");
     ok(route_find(routes, NR, "GET", "/v1/sandboxes/sb-abc", &m) == ROUTE_OK && m.handler == 3 &&
            m.nparams == 1 && strcmp(m.params[0], "sb-abc") == 0,
        "parameter captured");
@@ -53,7 +54,8 @@ static void test_jsonv(void)
     ok(jv_parse_object("{\"a\":", msg) == NULL && strstr(msg, "not valid JSON"), "bad JSON: %s",
        msg);
     ok(jv_parse_object("{\"a\":1,\"a\":2}", msg) == NULL, "duplicate keys rejected");
-    json_t *o = jv_parse_object("{\"cpus\":\"two\",\"x\":1,\"env\":{\"A\":\"b\"},\"argv\":[]}", msg);
+    json_t *o =
+        jv_parse_object("{\"cpus\":\"two\",\"x\":1,\"env\":{\"A\":\"b\"},\"argv\":[]}", msg);
     ok(o != NULL, "object parsed");
     long long v;
     ok(jv_int(o, "cpus", 1, 2, 2, &v, msg) < 0 && strncmp(msg, "cpus:", 5) == 0,
@@ -71,7 +73,8 @@ static void test_jsonv(void)
     double d;
     ok(jv_number(o, "t", 0, 10, 1, &d, msg) < 0, "zero timeout rejected");
     const char *s = NULL;
-    ok(jv_string(o, "s", 100, &s, msg) < 0 && strncmp(msg, "s:", 2) == 0, "number as string rejected");
+    ok(jv_string(o, "s", 100, &s, msg) < 0 && strncmp(msg, "s:", 2) == 0,
+       "number as string rejected");
     json_decref(o);
     unsigned mode;
     ok(jv_parse_mode("0644", &mode) == 0 && mode == 0644, "mode 0644");
@@ -97,8 +100,8 @@ static void test_utf8(void)
 
 static void test_base64(void)
 {
-    const char *cases[][2] = {{"", ""}, {"f", "Zg=="}, {"fo", "Zm8="}, {"foo", "Zm9v"},
-                              {"foob", "Zm9vYg=="}, {"\xff\x00\xfe", "/wD+"}};
+    const char *cases[][2] = {{"", ""},        {"f", "Zg=="},        {"fo", "Zm8="},
+                              {"foo", "Zm9v"}, {"foob", "Zm9vYg=="}, {"\xff\x00\xfe", "/wD+"}};
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         size_t n = i == 5 ? 3 : strlen(cases[i][0]);
         char *e = base64_encode(cases[i][0], n);
