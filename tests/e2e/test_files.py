@@ -110,7 +110,6 @@ def test_list_and_stat(client, sandbox, d):
     assert listing["path"] == f"/workspace/{d}"
     by_name = {e["name"]: e for e in listing["entries"]}
     assert sorted(by_name) == ["fifo", "link", "sub", "x.txt"]
-    assert [e["name"] for e in listing["entries"]] == sorted(by_name)
     x = by_name["x.txt"]
     assert x["type"] == "file" and x["size"] == 3 and x["mode"] == "0644"
     assert x["path"] == f"/workspace/{d}/x.txt"
@@ -128,8 +127,13 @@ def test_list_and_stat(client, sandbox, d):
     assert client.read_file(sandbox, f"{d}/link") == b"abc"
     st = client.files("GET", sandbox, "stat", 200, path=f"/workspace/{d}/x.txt").json()
     assert st == x
+    # without a path, list shows /workspace
+    top = client.files("GET", sandbox, "list", 200).json()
+    assert top["path"] == "/workspace" and d in [e["name"] for e in top["entries"]]
     # empty directory lists as empty
     assert client.files("GET", sandbox, "list", 200, path=f"{d}/sub").json()["entries"] == []
+    # entries come sorted by name (api/openapi.yaml)
+    assert [e["name"] for e in listing["entries"]] == sorted(by_name)
 
 
 def test_list_errors(client, sandbox, d):
@@ -147,15 +151,16 @@ def test_mkdir(client, sandbox, d):
     assert e["type"] == "directory" and e["path"] == f"/workspace/{d}/one"
     assert e["name"] == "one" and e["mode"] == "0755"
     # exists, without parents: EEXIST
-    r = client.files("POST", sandbox, "mkdir", body={"path": f"{d}/one"})
-    assert r.status == 422 and r.error[2] == EEXIST
-    # exists, with parents: fine
+    r = client.files("POST", sandbox, "mkdir", body={"path": f"{d}/one", "parents": False})
+    assert r.status == 422 and r.error[2] == EEXIST, r
+    # exists, with parents (the default): fine
     client.files("POST", sandbox, "mkdir", 200, {"path": f"{d}/one", "parents": True})
+    client.files("POST", sandbox, "mkdir", 200, {"path": f"{d}/one"})
     # nested without parents: missing parent
-    r = client.files("POST", sandbox, "mkdir", body={"path": f"{d}/two/three"})
-    assert r.status == 404 and r.error[2] == ENOENT
+    r = client.files("POST", sandbox, "mkdir", body={"path": f"{d}/two/three", "parents": False})
+    assert r.status == 404 and r.error[2] == ENOENT, r
     e = client.files("POST", sandbox, "mkdir", 200,
-                     {"path": f"{d}/two/three", "parents": True, "mode": "0700"}).json()
+                     {"path": f"{d}/two/three", "mode": "0700"}).json()
     assert e["mode"] == "0700"
     assert client.exec(sandbox, f"test -d {d}/two/three && stat -c %a {d}/two/three")[
         "stdout"].strip() == "700"
@@ -215,8 +220,6 @@ def test_bad_file_queries(client, sandbox, d):
         ("PUT", "/content", {"path": f"{d}/m", "mode": "rw-r--r--"}),
         ("PUT", "/content", {"path": f"{d}/m", "parents": "maybe"}),
         ("DELETE", "", {"path": d, "recursive": "yes"}),
-        ("DELETE", "", {"path": d, "recursiv": "true"}),           # typo'd parameter
-        ("GET", "/list", {}),
         ("GET", "/stat", {}),
     ]:
         data = b"x" if method == "PUT" else None
@@ -231,3 +234,14 @@ def test_bad_file_queries(client, sandbox, d):
                  {"path": f"{d}/q", "parents": "yes"}, {"path": f"{d}/q", "owner": "me"}]:
         r = client.files("POST", sandbox, "mkdir", body=body)
         assert r.status == 400, (body, r)
+
+
+def test_unknown_query_parameter_is_400(client, sandbox, d):
+    # a typo must not pass silently (as for JSON bodies): nothing is removed
+    client.write_file(sandbox, f"{d}/sub/f", b"1")
+    r = client.files("DELETE", sandbox, None, path=f"{d}/sub", recursiv="true")
+    assert r.status == 400, r
+    assert r.error[0] == "invalid_request" and "recursiv" in r.error[1]
+    assert client.read_file(sandbox, f"{d}/sub/f") == b"1"
+    r = client.files("GET", sandbox, "content", path=f"{d}/sub/f", ofset="1")
+    assert r.status == 400 and "ofset" in r.error[1], r

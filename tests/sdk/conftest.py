@@ -1,0 +1,188 @@
+"""SDK tests: one real daemon for the session, real gVisor sandboxes, the SDK from python/.
+
+Environment:
+  WR_BIN              the withruntime binary (default build/withruntime; while that is not
+                      built, the dev daemon /tmp/wrd if it exists)
+  WR_AGENT            the agent binary (default build/withruntime-agent)
+  WR_TEST_STATE_DIR   the daemon's state directory (default /var/lib/withruntime-test); only one
+                      daemon may use a state directory at a time
+
+The image is built into the state directory before the daemon starts (cached). The SDK under
+test finds the daemon through RUNTIME_URL, as a user's program would.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import pytest
+
+# Agno reports runs to its own service unless told not to; tests talk to loopback only.
+os.environ["AGNO_TELEMETRY"] = "false"
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, HERE)
+
+DEV_BIN = "/tmp/wrd"
+
+
+def _binary():
+    if os.environ.get("WR_BIN"):
+        return os.path.abspath(os.environ["WR_BIN"]), False
+    built = os.path.join(ROOT, "build", "withruntime")
+    if not os.access(built, os.X_OK) and os.access(DEV_BIN, os.X_OK):
+        return DEV_BIN, True
+    return built, False
+
+
+WR_BIN, WR_BIN_IS_DEV = _binary()
+WR_AGENT = os.path.abspath(
+    os.environ.get("WR_AGENT", os.path.join(ROOT, "build", "withruntime-agent")))
+STATE_DIR = os.path.abspath(os.environ.get("WR_TEST_STATE_DIR", "/var/lib/withruntime-test"))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Daemon:
+    def __init__(self):
+        self.state_dir = STATE_DIR
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.socket_path = os.path.join(STATE_DIR, "withruntime.sock")
+        self.logdir = tempfile.mkdtemp(prefix="wr-sdk-")
+        self.log_path = os.path.join(self.logdir, "daemon.log")
+        self.proc = None
+
+    def build_image(self):
+        if WR_BIN_IS_DEV:
+            if os.path.isdir(os.path.join(self.state_dir, "images", "default")):
+                return
+            cmd = [WR_BIN, "image", self.state_dir]
+        else:
+            cmd = [WR_BIN, "--state-dir", self.state_dir, "image", "build"]
+        r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=1800)
+        if r.returncode != 0:
+            raise RuntimeError(f"image build failed ({r.returncode}):\n"
+                               f"{r.stdout.decode(errors='replace')[-3000:]}\n"
+                               f"{r.stderr.decode(errors='replace')[-3000:]}")
+
+    def health(self):
+        with urllib.request.urlopen(self.url + "/v1/health", timeout=2) as r:
+            return r.status
+
+    def start(self):
+        for p in (WR_BIN, WR_AGENT):
+            if not os.access(p, os.X_OK):
+                raise RuntimeError(f"{p} is not built (run make)")
+        os.makedirs(self.state_dir, exist_ok=True)
+        self.build_image()
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [WR_BIN, "serve", "--state-dir", self.state_dir,
+                 "--listen", f"127.0.0.1:{self.port}", "--agent", WR_AGENT],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited with {self.proc.returncode} at start-up "
+                                   f"(is another daemon using {self.state_dir}?):\n"
+                                   f"{self.log_tail()}")
+            try:
+                if self.health() == 200:
+                    return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"daemon did not answer /v1/health in 60 s:\n{self.log_tail()}")
+            time.sleep(0.1)
+
+    def log_tail(self, n=60):
+        try:
+            with open(self.log_path, "rb") as f:
+                lines = f.read().splitlines()[-n:]
+        except OSError:
+            return ""
+        return b"\n".join(lines).decode(errors="replace")
+
+    def stop(self):
+        """Deletes the sandboxes the tests left (stopped ones are expected: leaving a
+        `with` block stops them), then SIGTERM, SIGKILL after 10 s."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            import withruntime
+            client = withruntime.Client(self.url)
+            for sbx in withruntime.Sandbox.list(client=client):
+                try:
+                    sbx.delete()
+                except withruntime.WithruntimeError as e:
+                    print(f"conftest: could not delete {sbx.id}: {e}", file=sys.stderr)
+        except Exception as e:  # the daemon may be broken; still stop it
+            print(f"conftest: could not delete leftovers: {e}", file=sys.stderr)
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def daemon():
+    d = Daemon()
+    saved = {k: os.environ.get(k) for k in ("RUNTIME_URL", "RUNTIME_API_KEY")}
+    try:
+        d.start()
+        os.environ["RUNTIME_URL"] = d.url
+        os.environ.pop("RUNTIME_API_KEY", None)
+        yield d
+    finally:
+        d.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture
+def sandbox(daemon):
+    """A small running sandbox, deleted after the test."""
+    from withruntime import NotFound, Sandbox
+
+    sbx = Sandbox.create(memory_mib=512, on_lease_end="delete")
+    yield sbx
+    try:
+        sbx.delete()
+    except NotFound:
+        pass
+
+
+@pytest.fixture
+def new_sandboxes(daemon):
+    """Returns a function listing the sandboxes created since the test began, and deletes
+    them afterwards: for code (like the seed's examples) that creates its own."""
+    from withruntime import NotFound, Sandbox
+
+    before = {s.id for s in Sandbox.list()}
+
+    def created():
+        return [s for s in Sandbox.list() if s.id not in before]
+
+    yield created
+    for s in created():
+        try:
+            s.delete()
+        except NotFound:
+            pass
