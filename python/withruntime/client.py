@@ -32,7 +32,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, Mapping, Optional, Tuple, Union
 
-from .errors import ConfigurationError, DaemonUnavailable, error_from_response
+from .errors import ConfigurationError, DaemonUnavailable, ServerError, error_from_response
 
 __all__ = ["Client", "Connection", "resolve_connection", "DEFAULT_STATE_DIR"]
 
@@ -356,7 +356,7 @@ class Client:
         try:
             return resp.json()
         except ValueError:
-            raise DaemonUnavailable(
+            raise ServerError(
                 f"the daemon at {self.url} answered {method} {path} with something that is "
                 f"not JSON: {resp.body[:200]!r}", status=resp.status) from None
 
@@ -390,7 +390,7 @@ class Client:
                 try:
                     obj = json.loads(line)
                 except ValueError:
-                    raise DaemonUnavailable(
+                    raise ServerError(
                         f"the daemon at {self.url} sent a stream line that is not JSON: "
                         f"{line[:200]!r}") from None
                 if isinstance(obj, dict):

@@ -54,6 +54,7 @@ struct exec_op {
     int timed_out;
     int killed;
     uint64_t start_ms;
+    uint64_t oom_kills_before; /* the sandbox cgroup's OOM-kill count when the command started */
 };
 
 static void op_free(struct exec_op *op)
@@ -133,14 +134,25 @@ static void on_output(struct exec_op *op, int which, const uint8_t *b, size_t n)
     free(buf);
 }
 
+/* Reads the sandbox's OOM-kill count (0 if unknown). */
+static uint64_t oom_kills(struct sandbox *sb)
+{
+    struct driver_spec spec;
+    struct driver_stats st;
+    sandbox_spec(sb, &spec);
+    return sb->d->driver->stats(&spec, &st, NULL) < 0 ? 0 : st.oom_kills;
+}
+
 static json_t *result_json(struct exec_op *op, int code, int sig)
 {
-    json_t *o =
-        json_pack("{s:i, s:o, s:b, s:b, s:b, s:I}", "exit_code", code, "signal",
-                  sig ? json_integer(sig) : json_null(), "stdout_truncated", op->out[0].truncated,
-                  "stderr_truncated", op->out[1].truncated, "timed_out", op->timed_out,
-                  "duration_ms", (json_int_t)(now_ms_monotonic() - op->start_ms));
-    return o;
+    /* Killed by a signal while the host's OOM killer was at work in this sandbox: out of
+     * memory is the likely cause, and the one a user needs to hear. */
+    int oom = sig && oom_kills(op->sb) > op->oom_kills_before;
+    return json_pack("{s:i, s:o, s:b, s:b, s:b, s:b, s:I}", "exit_code", code, "signal",
+                     sig ? json_integer(sig) : json_null(), "stdout_truncated",
+                     op->out[0].truncated, "stderr_truncated", op->out[1].truncated, "timed_out",
+                     op->timed_out, "oom_killed", oom, "duration_ms",
+                     (json_int_t)(now_ms_monotonic() - op->start_ms));
 }
 
 static void finish_exit(struct exec_op *op, int code, int sig)
@@ -398,6 +410,7 @@ void api_exec(struct daemon *d, struct http_req *req, struct route_match *m)
     op->stream = stream;
     op->cap = (size_t)cap;
     op->start_ms = now_ms_monotonic();
+    op->oom_kills_before = oom_kills(sb);
     op->id = agentconn_request(sb->conn, PROTO_EXEC, b.data, b.len, on_frame, op);
     proto_buf_free(&b);
     if (!op->id) {

@@ -283,6 +283,16 @@ static void start_fail(struct job *j, const char *why)
     work_submit(sb->d->wq, job_run, start_cleanup_done, j);
 }
 
+/* A failed sandbox's runsc state, mounts and cgroups are gone; it stays failed. */
+static void failed_cleanup_done(void *p)
+{
+    struct job *j = p;
+    j->sb->busy = 0;
+    if (j->rc < 0)
+        log_error(j->sb->id, "sandbox.cleanup_failed", "error=\"%s\"", j->err.msg);
+    job_free(j);
+}
+
 /* The agent said HELLO, or the channel died. */
 static void on_agent_state(void *arg, int ok, const char *reason)
 {
@@ -304,12 +314,23 @@ static void on_agent_state(void *arg, int ok, const char *reason)
         return;
     }
     if (!ok && sb->state == SB_RUNNING) {
-        /* The agent went away under a running sandbox: it is no longer usable. */
+        /* The agent went away under a running sandbox: it is no longer usable. If the host's
+         * OOM killer was at work in its cgroup, that is why (under gVisor a host memory kill
+         * takes the whole sandbox down). Its leftovers are cleaned up; its files stay. */
         struct agentconn *c = sb->conn;
         sb->conn = NULL;
-        sandbox_set_state(sb, SB_FAILED, "agent_died");
-        log_error(sb->id, "sandbox.agent_died", "reason=\"%s\"", reason);
+        struct driver_spec spec;
+        struct driver_stats st;
+        sandbox_spec(sb, &spec);
+        int oom = sb->d->driver->stats(&spec, &st, NULL) >= 0 && st.oom_kills > 0;
+        sandbox_set_state(sb, SB_FAILED, oom ? "oom" : "agent_died");
+        log_error(sb->id, "sandbox.agent_died", "oom=%d reason=\"%s\"", oom, reason);
         agentconn_close(c, reason);
+        if (!sb->busy && !sb->d->shutting_down) {
+            struct job *cleanup = job_new(sb, JOB_STOP, NULL, NULL);
+            sb->busy = 1;
+            work_submit(sb->d->wq, job_run, failed_cleanup_done, cleanup);
+        }
     }
 }
 

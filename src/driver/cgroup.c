@@ -156,6 +156,22 @@ int cgroup_create(const char *id, const struct cgroup_limits *lim, struct wr_err
     return 0;
 }
 
+/* The oom_kill count from memory.oom_control (0 if unreadable: older kernels lack it). */
+static uint64_t read_oom_kills(const char *dir)
+{
+    char p[320], buf[512];
+    snprintf(p, sizeof(p), "%s/memory.oom_control", dir);
+    cleanup_close int fd = open(p, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read_full(fd, buf, sizeof(buf) - 1);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    const char *k = strstr(buf, "oom_kill ");
+    return k ? strtoull(k + 9, NULL, 10) : 0;
+}
+
 int cgroup_usage(const char *id, struct cgroup_usage *usage, struct wr_err *err)
 {
     memset(usage, 0, sizeof(*usage));
@@ -171,6 +187,7 @@ int cgroup_usage(const char *id, struct cgroup_usage *usage, struct wr_err *err)
     cg_dir("memory", id, dir, sizeof(dir));
     if ((r = read_u64(dir, "memory.usage_in_bytes", &usage->memory_bytes)) < 0 && r != -ENOENT)
         return wr_err_sys(err, -r, "reading %s/memory.usage_in_bytes", dir);
+    usage->oom_kills = read_oom_kills(dir);
     cg_dir("pids", id, dir, sizeof(dir));
     if ((r = read_u64(dir, "pids.current", &usage->pids)) < 0 && r != -ENOENT)
         return wr_err_sys(err, -r, "reading %s/pids.current", dir);

@@ -30,6 +30,7 @@ struct cgroup_usage {
     uint64_t cpu_usec;
     uint64_t memory_bytes;
     uint64_t pids;
+    uint64_t oom_kills; /* processes the host's OOM killer killed in this cgroup */
 };
 
 /**

@@ -35,6 +35,7 @@ struct driver_stats {
     uint64_t cpu_usec;     /* CPU time used since the sandbox started */
     uint64_t memory_bytes; /* current memory use */
     uint64_t pids;         /* current number of host tasks */
+    uint64_t oom_kills;    /* processes the host OOM killer killed in it since it started */
 };
 
 struct driver_ops {

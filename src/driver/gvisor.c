@@ -602,10 +602,15 @@ static json_t *build_spec(const struct driver_spec *spec, const struct sb_paths 
     json_t *caps =
         json_pack("{s:o, s:o, s:o}", "bounding", str_array(sandbox_caps, ncaps), "effective",
                   str_array(sandbox_caps, ncaps), "permitted", str_array(sandbox_caps, ncaps));
+    /* RLIMIT_AS = the sandbox's memory: one process that allocates past it gets ENOMEM inside
+     * instead of pushing the host cgroup over its limit, which would kill the whole sandbox.
+     * (Many processes together can still do that; the daemon then reports reason "oom".) */
+    json_int_t as = (json_int_t)spec->memory_mib << 20;
     json_t *rlimits =
-        json_pack("[{s:s, s:I, s:I}, {s:s, s:I, s:I}]", "type", "RLIMIT_NOFILE", "hard",
-                  (json_int_t)65536, "soft", (json_int_t)65536, "type", "RLIMIT_NPROC", "hard",
-                  (json_int_t)spec->pids_max, "soft", (json_int_t)spec->pids_max);
+        json_pack("[{s:s, s:I, s:I}, {s:s, s:I, s:I}, {s:s, s:I, s:I}]", "type", "RLIMIT_NOFILE",
+                  "hard", (json_int_t)65536, "soft", (json_int_t)65536, "type", "RLIMIT_NPROC",
+                  "hard", (json_int_t)spec->pids_max, "soft", (json_int_t)spec->pids_max, "type",
+                  "RLIMIT_AS", "hard", as, "soft", as);
     json_t *process =
         json_pack("{s:b, s:{s:i, s:i}, s:[s], s:o, s:s, s:o, s:o}", "terminal", 0, "user", "uid", 0,
                   "gid", 0, "args", "/.withruntime/agent", "env", str_array(env, WR_ARRAY_LEN(env)),
@@ -936,6 +941,7 @@ static int gv_stats(const struct driver_spec *spec, struct driver_stats *out, st
     out->cpu_usec = u.cpu_usec;
     out->memory_bytes = u.memory_bytes;
     out->pids = u.pids;
+    out->oom_kills = u.oom_kills;
     return 0;
 }
 
