@@ -30,7 +30,7 @@ import subprocess
 import threading
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Generator, List, Mapping, Optional, Tuple, Union
 
 from .errors import ConfigurationError, DaemonUnavailable, ServerError, error_from_response
 
@@ -367,7 +367,7 @@ class Client:
         *,
         json_body: Any = None,
         timeout: Optional[float] = None,
-    ) -> Iterator[Dict[str, Any]]:
+    ) -> Generator[Dict[str, Any], None, None]:
         """Makes one call whose answer is newline-delimited JSON, and yields each object as
         its line arrives. Closing the generator closes the connection."""
         body = json.dumps(json_body).encode("utf-8") if json_body is not None else None
@@ -402,11 +402,11 @@ class Client:
 
     def health(self) -> Dict[str, Any]:
         """``GET /v1/health``: ``{"status": "ok", "version": ..., "driver": ..., "sandboxes": N}``."""
-        return self.request_json("GET", "/v1/health")
+        return dict(self.request_json("GET", "/v1/health"))
 
-    def images(self) -> list:
+    def images(self) -> List[Dict[str, Any]]:
         """``GET /v1/images``: the built images, each ``{"name", "size_bytes", "created_at"}``."""
-        return self.request_json("GET", "/v1/images").get("images", [])
+        return list(self.request_json("GET", "/v1/images").get("images", []))
 
 
 def _query_value(v: Union[str, int, float, bool]) -> str:

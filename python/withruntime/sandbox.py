@@ -603,18 +603,22 @@ class Sandbox:
     def _stream(self, body: Dict[str, Any], timeout: float) -> Iterator[ExecEvent]:
         out = bytearray()
         err = bytearray()
-        for ev in self._client.stream_ndjson("POST", self._path + "/exec", json_body=body,
-                                             timeout=timeout):
-            kind = ev.get("type")
-            if kind in ("stdout", "stderr"):
-                data = _decode(ev.get("data"), ev.get("encoding"))
-                (out if kind == "stdout" else err).extend(data)
-                yield ExecEvent(type=kind, data=data, text=_text(data), raw=ev)
-            elif kind == "exit":
-                result = ExecResult._build(ev, bytes(out), bytes(err))
-                yield ExecEvent(type="exit", result=result, raw=ev)
-                return
-            elif kind == "error":
-                raise error_from_response(None, ev)
-            else:
-                yield ExecEvent(type=str(kind), raw=ev)
+        lines = self._client.stream_ndjson("POST", self._path + "/exec", json_body=body,
+                                           timeout=timeout)
+        try:
+            for ev in lines:
+                kind = ev.get("type")
+                if kind in ("stdout", "stderr"):
+                    data = _decode(ev.get("data"), ev.get("encoding"))
+                    (out if kind == "stdout" else err).extend(data)
+                    yield ExecEvent(type=kind, data=data, text=_text(data), raw=ev)
+                elif kind == "exit":
+                    result = ExecResult._build(ev, bytes(out), bytes(err))
+                    yield ExecEvent(type="exit", result=result, raw=ev)
+                    return
+                elif kind == "error":
+                    raise error_from_response(None, ev)
+                else:
+                    yield ExecEvent(type=str(kind), raw=ev)
+        finally:
+            lines.close()  # closes the connection when the caller stops early

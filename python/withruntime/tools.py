@@ -59,7 +59,7 @@ def _error_text(e: WithruntimeError, what: str) -> str:
     """What a model is told when the sandbox (not the command) failed."""
     if isinstance(e, DaemonUnavailable):
         return (f"error: {what} failed: the sandbox service could not be reached ({e.message}). "
-                f"Try again later; nothing in the sandbox changed because of this message.")
+                f"Try again in a moment.")
     if isinstance(e, Conflict):
         return (f"error: {what} failed: the sandbox is not running ({e.message}). "
                 f"It cannot run commands or touch files until it is started again.")
@@ -192,17 +192,19 @@ def sandbox_tools(
             st = sbx.files.stat(full)
             if st.type == "directory":
                 return f"error: {st.path} is a directory; use runtime_list_files to see what is in it"
-            data = sbx.files.read(full, offset=start or None, length=want)
+            # One byte more than shown tells whether more follows (a symlink's stat has no size).
+            data = sbx.files.read(full, offset=start or None, length=want + 1)
         except NotFound:
             return f"error: {full} does not exist"
         except WithruntimeError as e:
             return _error_text(e, f"reading {full}")
-        size = max(st.size, start + len(data))
-        end = start + len(data)
-        more = end < size
+        more = len(data) > want
+        data = data[:want]
+        size = f" of {st.size}" if st.type == "file" else ""
         decoded = _as_text(data, start > 0, more)
         if decoded is None:
-            return (f"{st.path} is a binary file ({st.size} bytes); not shown. Inspect it with "
+            sized = f" ({st.size} bytes)" if st.type == "file" else ""
+            return (f"{st.path} is a binary file{sized}; not shown. Inspect it with "
                     f"runtime_exec, e.g. `file {st.path}` or `xxd {st.path} | head`.")
         if not data:
             if start:
@@ -212,8 +214,8 @@ def sandbox_tools(
         if more or start:
             start += skipped
             end = start + len(text.encode("utf-8"))
-            note = f"[{st.path}: bytes {start}-{end} of {size}"
-            note += f"; read on with offset={end}]" if end < size else "; the end of the file]"
+            note = f"[{st.path}: bytes {start}-{end}{size}"
+            note += f"; read on with offset={end}]" if more else "; the end of the file]"
             return f"{text}\n{note}"
         return text
 

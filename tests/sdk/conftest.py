@@ -13,7 +13,6 @@ test finds the daemon through RUNTIME_URL, as a user's program would.
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, HERE)
+
+from stubhttp import free_port  # noqa: E402
 
 DEV_BIN = "/tmp/wrd"
 
@@ -48,14 +49,10 @@ WR_AGENT = os.path.abspath(
 STATE_DIR = os.path.abspath(os.environ.get("WR_TEST_STATE_DIR", "/var/lib/withruntime-test"))
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Daemon:
     def __init__(self):
+        self.bin = WR_BIN
+        self.bin_is_dev = WR_BIN_IS_DEV
         self.state_dir = STATE_DIR
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"

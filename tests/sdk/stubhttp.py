@@ -4,9 +4,17 @@ proxy's HTML page) and for checking the headers the SDK sends."""
 
 import json
 import os
+import socket
 import socketserver
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that nothing listens on (as of now)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class Stub:

@@ -3,11 +3,13 @@ socket; the key goes in the Authorization header and nowhere else."""
 
 import json
 import os
+import signal
+import time
 
 import pytest
 
 import withruntime
-from stubhttp import Stub
+from stubhttp import Stub, free_port
 from withruntime import Client, ConfigurationError, DaemonUnavailable, Sandbox
 from withruntime.tools import sandbox_tools
 
@@ -109,8 +111,6 @@ def test_default_socket_path(clean_env):
 
 
 def test_no_daemon_at_url(clean_env, monkeypatch):
-    from conftest import free_port
-
     url = f"http://127.0.0.1:{free_port()}"
     monkeypatch.setenv("RUNTIME_URL", url)
     with pytest.raises(DaemonUnavailable) as ei:
@@ -162,8 +162,6 @@ def test_key_never_reaches_the_model(clean_env, monkeypatch):
         assert out.startswith("error:")
         assert "the API key is not valid" in out
         assert SECRET not in out
-    from conftest import free_port
-
     monkeypatch.setenv("RUNTIME_URL", f"http://127.0.0.1:{free_port()}")
     sbx = Sandbox({"id": "sb-" + "c" * 21}, Client())
     out = sandbox_tools(sbx)[0]("ls")
@@ -172,3 +170,46 @@ def test_key_never_reaches_the_model(clean_env, monkeypatch):
     with pytest.raises(withruntime.WithruntimeError) as ei:
         sbx.exec("ls")
     assert SECRET not in str(ei.value) and SECRET not in repr(ei.value)
+
+
+def _pids_serving(state_dir):
+    """PIDs of processes whose command line is a daemon serving state_dir."""
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"serve" in argv and state_dir.encode() in argv:
+            found.append(int(d))
+    return found
+
+
+def test_starts_the_local_daemon_when_none_runs(daemon, clean_env, monkeypatch):
+    if daemon.bin_is_dev:
+        pytest.skip("the dev daemon binary has no command line to start a daemon with")
+    if os.geteuid() != 0:
+        pytest.skip("only root's programs start the local daemon")
+    bindir = clean_env / "bin"
+    bindir.mkdir()
+    (bindir / "withruntime").symlink_to(daemon.bin)
+    state = str(clean_env / "state")
+    monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
+    monkeypatch.setenv("WITHRUNTIME_STATE_DIR", state)
+    try:
+        client = Client()
+        assert client.url == f"unix:{state}/withruntime.sock"
+        assert client.health()["status"] == "ok"
+        assert len(_pids_serving(state)) == 1
+    finally:
+        # the daemon was started detached (not our child): stop it by its pid
+        pids = _pids_serving(state)
+        for pid in pids:
+            os.kill(pid, signal.SIGTERM)
+        for _ in range(150):
+            if not any(os.path.exists(f"/proc/{pid}") for pid in pids):
+                break
+            time.sleep(0.1)

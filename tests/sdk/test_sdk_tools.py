@@ -112,6 +112,8 @@ def test_exec_cwd_and_timeout(sandbox):
     out = run("echo partial; sleep 30", timeout_seconds=1)
     assert "exit code: -1" in out and "timed out after 1 seconds" in out
     assert "partial" in out
+    assert run("kill -9 $$").splitlines()[:2] == [
+        "exit code: -1", "note: the command was killed by SIGKILL (9)"]
 
 
 def test_exec_trims_long_output_head_and_tail(sandbox):
