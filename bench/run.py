@@ -159,6 +159,9 @@ class Daemon:
 
 def find_rootfs(state_dir):
     """The image's root filesystem inside a state directory (a Debian root with python3)."""
+    link = os.path.join(state_dir, "images", "default", "rootfs")
+    if os.path.isfile(os.path.join(link, "etc/debian_version")):
+        return os.path.realpath(link)
     best = None
     for root, dirs, _ in os.walk(state_dir):
         depth = root[len(state_dir):].count(os.sep)
@@ -167,7 +170,7 @@ def find_rootfs(state_dir):
             if "default" in root or best is None:
                 best = root
             dirs[:] = []
-        elif depth >= 4 or os.path.basename(root) in ("sandboxes", "runsc", "upper", "work"):
+        elif depth >= 6 or os.path.basename(root) in ("sandboxes", "runsc", "upper", "work"):
             dirs[:] = []
     return best
 
@@ -472,7 +475,8 @@ def chart(res, path):
             ax.text(x, v, f"{v:.0f}", ha="center", va="bottom", fontsize=7)
     ax.set_xticks([0.2, 1.2])
     ax.set_xticklabels(["write", "read"])
-    ax.set_ylabel("MiB/s")
+    ax.set_yscale("log")
+    ax.set_ylabel("MiB/s (log)")
     ax.set_title(f"{f['size_mib']} MiB through the files API vs dd")
     ax.legend(fontsize=8)
     m = res["machine"]

@@ -9,6 +9,7 @@ The image is built into the state directory before the daemon starts (`image bui
 """
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -170,7 +171,7 @@ _DAEMON = None
 
 
 @pytest.fixture(scope="session")
-def daemon():
+def daemon(request):
     global _DAEMON
     d = Daemon()
     _DAEMON = d
@@ -182,6 +183,9 @@ def daemon():
     assert not bad, f"sanitizer reports in the daemon log ({d.log_path}):\n{d.log_tail(200)}"
     assert status == 0, (f"daemon did not exit cleanly on SIGTERM: {status}\n"
                          f"{d.log_tail()}")
+    if request.session.testsfailed == 0:  # keep the log only when something failed
+        shutil.rmtree(d.logdir, ignore_errors=True)
+        _DAEMON = None
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

@@ -14,6 +14,7 @@ def test_exit_codes(client, sandbox):
     assert r["exit_code"] == 3
     assert r["signal"] is None
     assert r["timed_out"] is False
+    assert r["oom_killed"] is False
     assert client.exec(sandbox, "exit 255")["exit_code"] == 255
 
 
@@ -213,3 +214,15 @@ def test_stdin_sizes(client, sandbox, n):
     r = client.exec(sandbox, "cat", stdin_base64=base64.b64encode(data).decode(),
                     max_output_bytes=n)
     assert output(r) == data
+
+
+def test_memory_limit_is_per_process_enomem(client, make_sandbox):
+    # RLIMIT_AS = memory_mib: one greedy process gets MemoryError, the sandbox carries on
+    sid = make_sandbox(memory_mib=256)["id"]
+    r = client.exec(sid, "python3 -c 'x = bytearray(1024 * 1024 * 1024)'")
+    assert r["exit_code"] == 1, r
+    assert "MemoryError" in r["stderr"]
+    assert r["oom_killed"] is False
+    assert client.get(sid)["state"] == "running"
+    r = client.exec(sid, "python3 -c 'x = bytearray(64 * 1024 * 1024); print(len(x))'")
+    assert r["stdout"] == f"{64 * 1024 * 1024}\n", r
