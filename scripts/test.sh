@@ -38,6 +38,9 @@ if ! { python3 -m pip --version >/dev/null 2>&1 &&
 fi
 "$PY" -c 'import pytest, jsonschema, yaml, openapi_spec_validator'
 
+step "format (clang-format --dry-run)"
+make format-check
+
 step "make"
 make -j"$JOBS"
 
@@ -81,6 +84,17 @@ rc=$?
 set -e
 if [ "$rc" -ne 0 ]; then
     echo "test.sh: end-to-end tests against the sanitizer build failed (pytest exit $rc)"
+    failed=1
+fi
+
+step "Python SDK and Agno tests (tests/sdk, build/)"
+set +e
+WR_BIN=$ROOT/build/withruntime WR_AGENT=$ROOT/build/withruntime-agent \
+    timeout -k 30 900 bash tests/sdk/run.sh -ra -p no:cacheprovider
+rc=$?
+set -e
+if [ "$rc" -ne 0 ]; then
+    echo "test.sh: SDK tests failed (pytest exit $rc)"
     failed=1
 fi
 

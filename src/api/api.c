@@ -65,28 +65,28 @@ static const handler_fn handlers[] = {
 };
 
 static const struct route routes[] = {
-    {"GET", "/v1/health", H_HEALTH},
-    {"GET", "/v1/images", H_IMAGES},
-    {"POST", "/v1/sandboxes", H_SB_CREATE},
-    {"GET", "/v1/sandboxes", H_SB_LIST},
-    {"GET", "/v1/sandboxes/{id}", H_SB_GET},
-    {"DELETE", "/v1/sandboxes/{id}", H_SB_DELETE},
-    {"GET", "/v1/sandboxes/{id}/events", H_SB_EVENTS},
-    {"POST", "/v1/sandboxes/{id}/stop", H_SB_STOP},
-    {"POST", "/v1/sandboxes/{id}/start", H_SB_START},
-    {"POST", "/v1/sandboxes/{id}/timeout", H_SB_TIMEOUT},
-    {"POST", "/v1/sandboxes/{id}/exec", H_EXEC},
-    {"GET", "/v1/sandboxes/{id}/commands", H_CMD_LIST},
-    {"GET", "/v1/sandboxes/{id}/commands/{cid}", H_CMD_GET},
-    {"GET", "/v1/sandboxes/{id}/commands/{cid}/output", H_CMD_OUT},
-    {"POST", "/v1/sandboxes/{id}/commands/{cid}/wait", H_CMD_WAIT},
-    {"POST", "/v1/sandboxes/{id}/commands/{cid}/signal", H_CMD_SIGNAL},
-    {"GET", "/v1/sandboxes/{id}/files/content", H_F_READ},
-    {"PUT", "/v1/sandboxes/{id}/files/content", H_F_WRITE},
-    {"GET", "/v1/sandboxes/{id}/files/list", H_F_LIST},
-    {"GET", "/v1/sandboxes/{id}/files/stat", H_F_STAT},
-    {"POST", "/v1/sandboxes/{id}/files/mkdir", H_F_MKDIR},
-    {"DELETE", "/v1/sandboxes/{id}/files", H_F_REMOVE},
+    {"GET", "/v1/health", H_HEALTH, NULL},
+    {"GET", "/v1/images", H_IMAGES, NULL},
+    {"POST", "/v1/sandboxes", H_SB_CREATE, NULL},
+    {"GET", "/v1/sandboxes", H_SB_LIST, NULL},
+    {"GET", "/v1/sandboxes/{id}", H_SB_GET, NULL},
+    {"DELETE", "/v1/sandboxes/{id}", H_SB_DELETE, NULL},
+    {"GET", "/v1/sandboxes/{id}/events", H_SB_EVENTS, NULL},
+    {"POST", "/v1/sandboxes/{id}/stop", H_SB_STOP, NULL},
+    {"POST", "/v1/sandboxes/{id}/start", H_SB_START, NULL},
+    {"POST", "/v1/sandboxes/{id}/timeout", H_SB_TIMEOUT, NULL},
+    {"POST", "/v1/sandboxes/{id}/exec", H_EXEC, NULL},
+    {"GET", "/v1/sandboxes/{id}/commands", H_CMD_LIST, NULL},
+    {"GET", "/v1/sandboxes/{id}/commands/{cid}", H_CMD_GET, NULL},
+    {"GET", "/v1/sandboxes/{id}/commands/{cid}/output", H_CMD_OUT, "stdout_offset,stderr_offset"},
+    {"POST", "/v1/sandboxes/{id}/commands/{cid}/wait", H_CMD_WAIT, NULL},
+    {"POST", "/v1/sandboxes/{id}/commands/{cid}/signal", H_CMD_SIGNAL, NULL},
+    {"GET", "/v1/sandboxes/{id}/files/content", H_F_READ, "path,offset,length"},
+    {"PUT", "/v1/sandboxes/{id}/files/content", H_F_WRITE, "path,mode,parents"},
+    {"GET", "/v1/sandboxes/{id}/files/list", H_F_LIST, "path"},
+    {"GET", "/v1/sandboxes/{id}/files/stat", H_F_STAT, "path"},
+    {"POST", "/v1/sandboxes/{id}/files/mkdir", H_F_MKDIR, NULL},
+    {"DELETE", "/v1/sandboxes/{id}/files", H_F_REMOVE, "path,recursive"},
 };
 
 void api_handle(struct http_req *req, void *ctx)
@@ -104,7 +104,17 @@ void api_handle(struct http_req *req, void *ctx)
     }
     struct route_match m;
     switch (route_find(routes, WR_ARRAY_LEN(routes), method, path, &m)) {
-    case ROUTE_OK: handlers[m.handler](d, req, &m); return;
+    case ROUTE_OK: {
+        const char *unknown = http_req_query_unknown(req, m.query);
+        if (unknown) {
+            http_reply_error(req, 400, "invalid_request",
+                             "%.64s: unknown query parameter (this route takes: %s)", unknown,
+                             m.query ? m.query : "none");
+            return;
+        }
+        handlers[m.handler](d, req, &m);
+        return;
+    }
     case ROUTE_BAD_METHOD:
         http_reply_header(req, "Allow", m.allow);
         http_reply_error(req, 405, "method_not_allowed",

@@ -145,6 +145,29 @@ static void reply_agent_error(struct file_op *op, const uint8_t *payload, size_t
 
 static void send_stat_request(struct file_op *op);
 
+static int cmp_entry(const void *a, const void *b)
+{
+    const char *na = json_string_value(json_object_get(*(json_t *const *)a, "name"));
+    const char *nb = json_string_value(json_object_get(*(json_t *const *)b, "name"));
+    return strcmp(na ? na : "", nb ? nb : "");
+}
+
+/* Directory order is the filesystem's whim; answers are sorted by name (bytewise). */
+static void sort_entries(json_t *arr)
+{
+    size_t n = json_array_size(arr);
+    if (n < 2)
+        return;
+    json_t **v = xcalloc(n, sizeof(*v));
+    for (size_t i = 0; i < n; i++)
+        v[i] = json_incref(json_array_get(arr, i));
+    qsort(v, n, sizeof(*v), cmp_entry);
+    json_array_clear(arr);
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(arr, v[i]);
+    free(v);
+}
+
 static void on_frame(void *arg, const struct proto_header *h, const uint8_t *payload)
 {
     struct file_op *op = arg;
@@ -219,6 +242,7 @@ static void on_frame(void *arg, const struct proto_header *h, const uint8_t *pay
         }
         break;
     case FOP_LIST:
+        sort_entries(op->result);
         http_reply_json(op->req, 200,
                         json_pack("{s:s, s:O}", "path", op->path, "entries", op->result));
         break;

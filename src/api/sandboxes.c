@@ -57,6 +57,13 @@ void api_sandboxes_create(struct daemon *d, struct http_req *req, struct route_m
         snprintf(msg, sizeof(msg), "on_lease_end: must be \"stop\" or \"delete\"");
         goto bad;
     }
+    static const char *const network_fields[] = {"internet", "allow", NULL};
+    if (net && json_is_object(net) && jv_only(net, network_fields, msg) < 0) {
+        char inner[JV_MSG];
+        snprintf(inner, sizeof(inner), "network.%s", msg);
+        snprintf(msg, sizeof(msg), "%s", inner);
+        goto bad;
+    }
     if (net && !json_is_null(net)) {
         json_t *internet = json_object_get(net, "internet");
         json_t *allow = json_object_get(net, "allow");

@@ -226,6 +226,28 @@ const char *http_req_query(struct http_req *r, const char *name)
     return r->query_ok ? evhttp_find_header(&r->query, name) : NULL;
 }
 
+const char *http_req_query_unknown(struct http_req *r, const char *allowed)
+{
+    if (!r->query_ok)
+        return NULL;
+    struct evkeyval *kv;
+    TAILQ_FOREACH(kv, &r->query, next)
+    {
+        size_t n = strlen(kv->key);
+        const char *p = allowed;
+        int found = 0;
+        while (p && *p && !found) {
+            const char *comma = strchr(p, ',');
+            size_t len = comma ? (size_t)(comma - p) : strlen(p);
+            found = len == n && memcmp(p, kv->key, n) == 0;
+            p = comma ? comma + 1 : NULL;
+        }
+        if (!found)
+            return kv->key;
+    }
+    return NULL;
+}
+
 int http_req_query_bad(struct http_req *r)
 {
     return r->query_bad;

@@ -43,6 +43,12 @@ const char *http_req_path(struct http_req *r);
 /** A query parameter's decoded value, or NULL if absent. */
 const char *http_req_query(struct http_req *r, const char *name);
 
+/**
+ * Returns the name of the first query parameter not in allowed (comma-separated; NULL allows
+ * none), or NULL if every parameter is allowed. The name is valid while r is.
+ */
+const char *http_req_query_unknown(struct http_req *r, const char *allowed);
+
 /** Returns 1 if the query string was malformed (the parameters are then empty). */
 int http_req_query_bad(struct http_req *r);
 

@@ -44,6 +44,7 @@ enum route_result route_find(const struct route *routes, size_t n, const char *m
             continue;
         if (strcmp(routes[i].method, method) == 0) {
             tmp.handler = routes[i].handler;
+            tmp.query = routes[i].query;
             memcpy(tmp.allow, m->allow, sizeof(tmp.allow));
             *m = tmp;
             return ROUTE_OK;

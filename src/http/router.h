@@ -15,10 +15,12 @@ struct route {
     const char *method;  /* "GET", ... */
     const char *pattern; /* "/v1/sandboxes/{id}/exec" */
     int handler;         /* the caller's handler number */
+    const char *query;   /* the query parameters it takes, comma-separated; NULL = none */
 };
 
 struct route_match {
     int handler;
+    const char *query; /* the matched route's query parameters */
     int nparams;
     char params[ROUTE_MAX_PARAMS][ROUTE_MAX_PARAM_LEN];
     char allow[128]; /* on ROUTE_BAD_METHOD: the methods that would match, "GET, DELETE" */

@@ -11,14 +11,14 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static const struct route routes[] = {
-    {"GET", "/v1/health", 0},
-    {"POST", "/v1/sandboxes", 1},
-    {"GET", "/v1/sandboxes/{id}", 2},
-    {"DELETE", "/v1/sandboxes/{id}", 3},
-    {"POST", "/v1/sandboxes/{id}/exec", 4},
-    {"GET", "/v1/sandboxes/{id}/files/content", 5},
-    {"PUT", "/v1/sandboxes/{id}/files/content", 6},
-    {"DELETE", "/v1/sandboxes/{id}/files", 7},
+    {"GET", "/v1/health", 0, NULL},
+    {"POST", "/v1/sandboxes", 1, NULL},
+    {"GET", "/v1/sandboxes/{id}", 2, NULL},
+    {"DELETE", "/v1/sandboxes/{id}", 3, NULL},
+    {"POST", "/v1/sandboxes/{id}/exec", 4, NULL},
+    {"GET", "/v1/sandboxes/{id}/files/content", 5, NULL},
+    {"PUT", "/v1/sandboxes/{id}/files/content", 6, NULL},
+    {"DELETE", "/v1/sandboxes/{id}/files", 7, NULL},
 };
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -10,14 +10,14 @@
 #include "tap.h"
 
 static const struct route routes[] = {
-    {"GET", "/v1/health", 0},
-    {"POST", "/v1/sandboxes", 1},
-    {"GET", "/v1/sandboxes", 2},
-    {"GET", "/v1/sandboxes/{id}", 3},
-    {"DELETE", "/v1/sandboxes/{id}", 4},
-    {"POST", "/v1/sandboxes/{id}/exec", 5},
-    {"GET", "/v1/sandboxes/{id}/files/content", 6},
-    {"PUT", "/v1/sandboxes/{id}/files/content", 7},
+    {"GET", "/v1/health", 0, NULL},
+    {"POST", "/v1/sandboxes", 1, NULL},
+    {"GET", "/v1/sandboxes", 2, NULL},
+    {"GET", "/v1/sandboxes/{id}", 3, NULL},
+    {"DELETE", "/v1/sandboxes/{id}", 4, NULL},
+    {"POST", "/v1/sandboxes/{id}/exec", 5, NULL},
+    {"GET", "/v1/sandboxes/{id}/files/content", 6, NULL},
+    {"PUT", "/v1/sandboxes/{id}/files/content", 7, NULL},
 };
 #define NR (sizeof(routes) / sizeof(routes[0]))
 
