@@ -47,6 +47,7 @@ void api_commands_get(struct daemon *d, struct http_req *req, struct route_match
 void api_commands_output(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_commands_wait(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_commands_signal(struct daemon *d, struct http_req *req, struct route_match *m);
+void api_sandboxes_stats(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_health(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_images_list(struct daemon *d, struct http_req *req, struct route_match *m);
 

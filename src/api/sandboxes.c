@@ -17,9 +17,9 @@
 #define WR_VERSION "0.1.0"
 #endif
 
-static const char *const create_fields[] = {"image",        "cpus",     "memory_mib",
-                                            "env",          "metadata", "timeout_seconds",
-                                            "on_lease_end", "network",  NULL};
+static const char *const create_fields[] = {
+    "image",           "cpus",         "memory_mib", "disk_mib", "env", "metadata",
+    "timeout_seconds", "on_lease_end", "network",    NULL};
 
 struct create_req {
     struct http_req *req;
@@ -41,12 +41,13 @@ void api_sandboxes_create(struct daemon *d, struct http_req *req, struct route_m
         return;
     char msg[JV_MSG];
     const char *image = "default", *ole = "stop";
-    long long cpus, mem, timeout;
+    long long cpus, mem, disk, timeout;
     json_t *env = NULL, *md = NULL, *net = json_object_get(o, "network");
     if (jv_only(o, create_fields, msg) < 0 || jv_string(o, "image", 64, &image, msg) < 0 ||
         jv_int(o, "cpus", 1, d->cfg.max_cpus, 2 > d->cfg.max_cpus ? d->cfg.max_cpus : 2, &cpus,
                msg) < 0 ||
         jv_int(o, "memory_mib", 128, 65536, 4096, &mem, msg) < 0 ||
+        jv_int(o, "disk_mib", 64, 1048576, d->cfg.default_disk_mib, &disk, msg) < 0 ||
         jv_int(o, "timeout_seconds", 1, d->cfg.max_timeout, d->cfg.default_timeout, &timeout, msg) <
             0 ||
         jv_string(o, "on_lease_end", 16, &ole, msg) < 0 ||
@@ -99,6 +100,7 @@ void api_sandboxes_create(struct daemon *d, struct http_req *req, struct route_m
     snprintf(sb->rootfs, sizeof(sb->rootfs), "%s", rootfs);
     sb->cpus = (int)cpus;
     sb->memory_mib = (int)mem;
+    sb->disk_mib = (int)disk;
     sb->timeout_seconds = (int)timeout;
     snprintf(sb->on_lease_end, sizeof(sb->on_lease_end), "%s", ole);
     if (env)
@@ -260,6 +262,26 @@ void api_sandboxes_events(struct daemon *d, struct http_req *req, struct route_m
         return;
     }
     http_reply_json(req, 200, json_pack("{s:s, s:o}", "id", sb->id, "events", c.arr));
+}
+
+void api_sandboxes_stats(struct daemon *d, struct http_req *req, struct route_match *m)
+{
+    struct sandbox *sb = api_sandbox(d, req, m->params[0]);
+    if (!sb)
+        return;
+    struct driver_spec spec;
+    struct driver_stats st;
+    struct wr_err err = {0};
+    sandbox_spec(sb, &spec);
+    if (d->driver->stats(&spec, &st, &err) < 0) {
+        http_reply_error(req, 500, "internal", "%s", err.msg);
+        return;
+    }
+    http_reply_json(req, 200,
+                    json_pack("{s:s, s:s, s:I, s:I, s:I, s:I}", "id", sb->id, "state",
+                              sandbox_state_name(sb->state), "cpu_usec", (json_int_t)st.cpu_usec,
+                              "memory_bytes", (json_int_t)st.memory_bytes, "pids",
+                              (json_int_t)st.pids, "oom_kills", (json_int_t)st.oom_kills));
 }
 
 void api_health(struct daemon *d, struct http_req *req, struct route_match *m)

@@ -46,6 +46,7 @@ void daemon_config_defaults(struct daemon_config *cfg)
     cfg->default_exec_timeout = 300;
     cfg->hello_timeout_ms = 30000;
     cfg->pids_max = 1024;
+    cfg->default_disk_mib = 10240;
 }
 
 /* The agent binary: --agent, else beside this binary, else in ../lib/withruntime/. */

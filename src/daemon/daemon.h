@@ -29,6 +29,7 @@ struct daemon_config {
     int default_exec_timeout; /* seconds */
     int hello_timeout_ms;     /* how long a new sandbox's agent has to say HELLO */
     int pids_max;             /* processes per sandbox */
+    int default_disk_mib;     /* writable-layer quota when create does not say */
 };
 
 struct sandbox;

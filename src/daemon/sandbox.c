@@ -69,6 +69,7 @@ struct sandbox *sandbox_new(struct daemon *d)
     snprintf(sb->image, sizeof(sb->image), "default");
     sb->cpus = 2;
     sb->memory_mib = 4096;
+    sb->disk_mib = d->cfg.default_disk_mib;
     sb->timeout_seconds = d->cfg.default_timeout;
     snprintf(sb->on_lease_end, sizeof(sb->on_lease_end), "stop");
     sb->env = json_object();
@@ -134,12 +135,12 @@ json_t *sandbox_to_json(const struct sandbox *sb)
     char created[32], lease[32];
     format_rfc3339(sb->created_at, created, sizeof(created));
     format_rfc3339((sb->lease_ends_ms + 999) / 1000, lease, sizeof(lease));
-    json_t *o =
-        json_pack("{s:s, s:s, s:s, s:i, s:i, s:O, s:O, s:i, s:s, s:O, s:s, s:s}", "id", sb->id,
-                  "state", sandbox_state_name(sb->state), "image", sb->image, "cpus", sb->cpus,
-                  "memory_mib", sb->memory_mib, "env", sb->env, "metadata", sb->metadata,
-                  "timeout_seconds", sb->timeout_seconds, "on_lease_end", sb->on_lease_end,
-                  "network", sb->network, "created_at", created, "lease_ends_at", lease);
+    json_t *o = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:O, s:O, s:i, s:s, s:O, s:s, s:s}", "id",
+                          sb->id, "state", sandbox_state_name(sb->state), "image", sb->image,
+                          "cpus", sb->cpus, "memory_mib", sb->memory_mib, "disk_mib", sb->disk_mib,
+                          "env", sb->env, "metadata", sb->metadata, "timeout_seconds",
+                          sb->timeout_seconds, "on_lease_end", sb->on_lease_end, "network",
+                          sb->network, "created_at", created, "lease_ends_at", lease);
     if (sb->reason[0] && (sb->state == SB_FAILED || sb->state == SB_STOPPED))
         json_object_set_new(o, "state_reason", json_string(sb->reason));
     return o;
@@ -190,6 +191,7 @@ void sandbox_spec(const struct sandbox *sb, struct driver_spec *spec)
     spec->cpus = sb->cpus;
     spec->memory_mib = sb->memory_mib;
     spec->pids_max = sb->d->cfg.pids_max;
+    spec->disk_mib = sb->disk_mib;
 }
 
 /* ---- driver jobs ---- */
@@ -469,11 +471,11 @@ static int load_one(void *arg, const char *id, const char *state, const char *do
     const char *image = NULL, *ole = NULL, *reason = NULL, *rootfs = NULL;
     json_t *env = NULL, *md = NULL, *net = NULL;
     json_int_t created = 0, lease = 0;
-    json_unpack(o, "{s?s, s?i, s?i, s?i, s?s, s?o, s?o, s?o, s?I, s?I, s?s, s?s}", "image", &image,
-                "cpus", &sb->cpus, "memory_mib", &sb->memory_mib, "timeout_seconds",
-                &sb->timeout_seconds, "on_lease_end", &ole, "env", &env, "metadata", &md, "network",
-                &net, "created_unix", &created, "lease_ends_ms", &lease, "reason", &reason,
-                "rootfs", &rootfs);
+    json_unpack(o, "{s?s, s?i, s?i, s?i, s?i, s?s, s?o, s?o, s?o, s?I, s?I, s?s, s?s}", "image",
+                &image, "cpus", &sb->cpus, "memory_mib", &sb->memory_mib, "disk_mib", &sb->disk_mib,
+                "timeout_seconds", &sb->timeout_seconds, "on_lease_end", &ole, "env", &env,
+                "metadata", &md, "network", &net, "created_unix", &created, "lease_ends_ms", &lease,
+                "reason", &reason, "rootfs", &rootfs);
     if (image)
         snprintf(sb->image, sizeof(sb->image), "%s", image);
     if (ole)

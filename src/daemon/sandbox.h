@@ -32,6 +32,7 @@ struct sandbox {
     char image[72];
     int cpus;
     int memory_mib;
+    int disk_mib;
     int timeout_seconds;
     char on_lease_end[8];
     json_t *env;      /* object of strings */

@@ -28,6 +28,7 @@ struct driver_spec {
     int cpus;                 /* CPU limit, whole vCPUs (>= 1) */
     int memory_mib;           /* memory for the sandbox's processes */
     int pids_max;             /* process-count cap inside the sandbox */
+    int disk_mib;             /* quota on the writable layer */
 };
 
 /** Resource use as measured on the host. */
