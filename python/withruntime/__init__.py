@@ -28,7 +28,7 @@ from .errors import (
     ServerError,
     WithruntimeError,
 )
-from .sandbox import ExecEvent, ExecResult, FileInfo, Files, Sandbox
+from .sandbox import Command, CommandOutput, ExecEvent, ExecResult, FileInfo, Files, Sandbox
 
 __version__ = "0.1.0"
 
@@ -38,6 +38,8 @@ __all__ = [
     "ExecEvent",
     "FileInfo",
     "Files",
+    "Command",
+    "CommandOutput",
     "Client",
     "Connection",
     "resolve_connection",

@@ -32,7 +32,7 @@ from urllib.parse import quote
 from .client import Client
 from .errors import NotFound, WithruntimeError, error_from_response
 
-__all__ = ["Sandbox", "ExecResult", "ExecEvent", "FileInfo", "Files"]
+__all__ = ["Sandbox", "ExecResult", "ExecEvent", "FileInfo", "Files", "Command", "CommandOutput"]
 
 # Seconds added to a command's own timeout before the SDK gives up waiting for the daemon.
 _EXEC_MARGIN = 60.0
@@ -302,6 +302,7 @@ class Sandbox:
         image: Optional[str] = None,
         cpus: Optional[int] = None,
         memory_mib: Optional[int] = None,
+        disk_mib: Optional[int] = None,
         env: Optional[Mapping[str, str]] = None,
         metadata: Optional[Mapping[str, str]] = None,
         timeout_seconds: Optional[int] = None,
@@ -318,6 +319,7 @@ class Sandbox:
             image: The image to start from (default ``"default"``).
             cpus: vCPUs (default 2).
             memory_mib: Memory limit in MiB (default 4096).
+            disk_mib: Quota on the sandbox's writable layer in MiB (default 10240).
             env: Environment of every command run in it.
             metadata: Your own string labels, stored and returned.
             timeout_seconds: The lease: seconds until ``on_lease_end`` happens (default 3600).
@@ -339,6 +341,7 @@ class Sandbox:
             "image": image,
             "cpus": cpus,
             "memory_mib": memory_mib,
+            "disk_mib": disk_mib,
             "env": dict(env) if env is not None else None,
             "metadata": dict(metadata) if metadata is not None else None,
             "timeout_seconds": timeout_seconds,
@@ -507,7 +510,49 @@ class Sandbox:
             if hasattr(exc, "add_note"):
                 exc.add_note(f"withruntime: also, ending the lease of {self.id} failed: {e}")
 
+    def stats(self) -> Dict[str, Any]:
+        """Resource use measured on the host since the sandbox last started: ``cpu_usec``,
+        ``memory_bytes``, ``pids``, ``oom_kills``."""
+        d: Dict[str, Any] = self._client.request_json("GET", self._path + "/stats")
+        return d
+
     # ---- commands ----
+
+    def exec_background(
+        self,
+        command: Union[str, Sequence[str]],
+        cwd: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+        stdin: Union[str, bytes, None] = None,
+        timeout_seconds: Optional[float] = None,
+        max_output_bytes: Optional[int] = None,
+    ) -> "Command":
+        """Starts a command and returns at once with a handle to it. It runs until it exits,
+        is killed, or the sandbox stops (no timeout unless ``timeout_seconds`` is given); its
+        output is kept up to ``max_output_bytes`` per stream (default 1 MiB). Arguments as for
+        :meth:`exec`.
+
+        Raises:
+            Conflict: The sandbox is not running, or has too many commands running.
+        """
+        body = self._exec_body(command, cwd, env, stdin, timeout_seconds, max_output_bytes)
+        body["background"] = True
+        return Command(self, self._client.request_json("POST", self._path + "/exec",
+                                                       json_body=body))
+
+    def commands(self) -> List["Command"]:
+        """The sandbox's background commands, oldest first."""
+        d = self._client.request_json("GET", self._path + "/commands")
+        return [Command(self, c) for c in d.get("commands", [])]
+
+    def command(self, command_id: str) -> "Command":
+        """The background command ``command_id``.
+
+        Raises:
+            NotFound: There is no such command.
+        """
+        return Command(self, self._client.request_json(
+            "GET", f"{self._path}/commands/{quote(command_id, safe='')}"))
 
     @staticmethod
     def _exec_body(
@@ -622,3 +667,107 @@ class Sandbox:
                     yield ExecEvent(type=str(kind), raw=ev)
         finally:
             lines.close()  # closes the connection when the caller stops early
+
+
+@dataclass
+class CommandOutput:
+    """Output of a background command from given offsets; pass ``stdout_next_offset`` and
+    ``stderr_next_offset`` to :meth:`Command.output` next time to get only what is new."""
+
+    stdout_bytes: bytes
+    stderr_bytes: bytes
+    stdout_next_offset: int
+    stderr_next_offset: int
+
+    @property
+    def stdout(self) -> str:
+        return _text(self.stdout_bytes)
+
+    @property
+    def stderr(self) -> str:
+        return _text(self.stderr_bytes)
+
+
+class Command:
+    """A background command started with :meth:`Sandbox.exec_background`."""
+
+    def __init__(self, sandbox: Sandbox, info: Mapping[str, Any]) -> None:
+        self._sandbox = sandbox
+        self._info: Dict[str, Any] = dict(info)
+        self.id: str = str(info["id"])
+
+    @property
+    def _path(self) -> str:
+        return f"{self._sandbox._path}/commands/{quote(self.id, safe='')}"
+
+    @property
+    def info(self) -> Dict[str, Any]:
+        """The daemon's last answer about this command."""
+        return dict(self._info)
+
+    @property
+    def state(self) -> str:
+        """``running``, ``exited`` or ``failed`` (as of the last call)."""
+        return str(self._info.get("state"))
+
+    @property
+    def exit_code(self) -> Optional[int]:
+        """The exit status once exited (-1 if a signal ended it), else None."""
+        v = self._info.get("exit_code")
+        return int(v) if v is not None else None
+
+    @property
+    def signal(self) -> Optional[int]:
+        v = self._info.get("signal")
+        return int(v) if v is not None else None
+
+    @property
+    def error(self) -> Optional[str]:
+        """Why it failed (it could not start, or the sandbox stopped under it)."""
+        v = self._info.get("error")
+        return str(v) if v is not None else None
+
+    def __repr__(self) -> str:
+        return f"Command(id={self.id!r}, state={self.state!r}, exit_code={self.exit_code!r})"
+
+    def refresh(self) -> "Command":
+        """Asks the daemon for the command's current state."""
+        self._info = self._sandbox._client.request_json("GET", self._path)
+        return self
+
+    def output(self, stdout_offset: int = 0, stderr_offset: int = 0) -> CommandOutput:
+        """Its output so far, from the given offsets (bytes)."""
+        d = self._sandbox._client.request_json(
+            "GET", self._path + "/output",
+            query={"stdout_offset": int(stdout_offset), "stderr_offset": int(stderr_offset)})
+        self._info = {k: v for k, v in d.items()
+                      if not k.startswith(("stdout", "stderr")) or k.endswith(("_bytes",
+                                                                                 "_truncated"))}
+        return CommandOutput(
+            stdout_bytes=_decode(d.get("stdout"), d.get("stdout_encoding")),
+            stderr_bytes=_decode(d.get("stderr"), d.get("stderr_encoding")),
+            stdout_next_offset=int(d.get("stdout_next_offset", 0)),
+            stderr_next_offset=int(d.get("stderr_next_offset", 0)))
+
+    def wait(self, timeout_seconds: float = 30) -> "Command":
+        """Waits until the command ends, or ``timeout_seconds`` pass (then it is still
+        ``running``: check :attr:`state`)."""
+        self._info = self._sandbox._client.request_json(
+            "POST", self._path + "/wait", json_body={"timeout_seconds": timeout_seconds},
+            timeout=float(timeout_seconds) + _EXEC_MARGIN)
+        return self
+
+    def send_signal(self, sig: Union[int, str] = "TERM") -> "Command":
+        """Sends a signal (a number, or a name like ``"TERM"`` or ``"KILL"``) to the command's
+        whole process tree.
+
+        Raises:
+            Conflict: It is not running.
+        """
+        self._info = self._sandbox._client.request_json(
+            "POST", self._path + "/signal", json_body={"signal": sig})
+        return self
+
+    def kill(self) -> "Command":
+        """Sends SIGKILL to the command's whole process tree."""
+        return self.send_signal("KILL")
