@@ -210,16 +210,10 @@ static void on_frame(void *arg, const struct proto_header *h, const uint8_t *pay
     case PROTO_STDOUT:
     case PROTO_STDERR: on_output(op, h->type == PROTO_STDERR, payload, h->len); return;
     case PROTO_EXIT: {
-        uint32_t code = 0, sig = 0;
-        struct proto_field f;
-        if (proto_find(payload, h->len, PT_EXIT_CODE, &f) == 1)
-            proto_field_u32(&f, &code);
-        if (proto_find(payload, h->len, PT_TERM_SIGNAL, &f) == 1)
-            proto_field_u32(&f, &sig);
-        if (sig > 64)
-            sig = 0;
+        int code, sig;
+        agentconn_exit_status(payload, h->len, &code, &sig);
         op->id = 0;
-        finish_exit(op, sig ? -1 : (int)(int32_t)code, (int)sig);
+        finish_exit(op, code, sig);
         return;
     }
     case PROTO_ERROR: {

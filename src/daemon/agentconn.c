@@ -281,6 +281,18 @@ void agentconn_cancel(struct agentconn *c, uint32_t id)
     free(take(c, id));
 }
 
+void agentconn_exit_status(const uint8_t *payload, size_t len, int *code, int *sig)
+{
+    uint32_t c = 0, s = 0;
+    struct proto_field f;
+    if (proto_find(payload, len, PT_EXIT_CODE, &f) == 1)
+        proto_field_u32(&f, &c);
+    if (proto_find(payload, len, PT_TERM_SIGNAL, &f) == 1)
+        proto_field_u32(&f, &s);
+    *sig = s > 64 ? 0 : (int)s;
+    *code = *sig ? -1 : (int)(int32_t)c;
+}
+
 size_t agentconn_pending_out(struct agentconn *c)
 {
     return c->bev ? evbuffer_get_length(bufferevent_get_output(c->bev)) : 0;

@@ -47,6 +47,12 @@ int agentconn_send(struct agentconn *c, uint32_t id, uint16_t type, uint16_t fla
 /** Forgets a request: its callback is not called again; late frames for it are dropped. */
 void agentconn_cancel(struct agentconn *c, uint32_t id);
 
+/**
+ * Reads an EXIT frame's payload: *code is the exit status, or -1 with *sig set when a signal
+ * ended the process (a signal number the agent made up, over 64, counts as none).
+ */
+void agentconn_exit_status(const uint8_t *payload, size_t len, int *code, int *sig);
+
 /** Bytes queued towards the agent and not yet written. */
 size_t agentconn_pending_out(struct agentconn *c);
 

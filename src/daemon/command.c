@@ -74,19 +74,11 @@ static void on_frame(void *arg, const struct proto_header *h, const uint8_t *pay
         }
         return;
     }
-    case PROTO_EXIT: {
-        uint32_t code = 0, sig = 0;
-        struct proto_field f;
-        if (proto_find(payload, h->len, PT_EXIT_CODE, &f) == 1)
-            proto_field_u32(&f, &code);
-        if (proto_find(payload, h->len, PT_TERM_SIGNAL, &f) == 1)
-            proto_field_u32(&f, &sig);
+    case PROTO_EXIT:
         c->state = CMD_EXITED;
-        c->signal = sig > 64 ? 0 : (int)sig;
-        c->exit_code = c->signal ? -1 : (int)(int32_t)code;
+        agentconn_exit_status(payload, h->len, &c->exit_code, &c->signal);
         finish(c);
         return;
-    }
     case PROTO_ERROR: {
         struct proto_field f;
         c->state = CMD_FAILED;
@@ -109,6 +101,17 @@ static void on_timeout(evutil_socket_t fd, short what, void *arg)
     }
 }
 
+/* Frees one command (no waiters left, no agent request open). */
+static void command_free(struct command *c)
+{
+    json_decref(c->argv);
+    free(c->out[0].data);
+    free(c->out[1].data);
+    if (c->timer)
+        event_free(c->timer);
+    free(c);
+}
+
 /* Forgets the oldest finished commands beyond the cap. */
 static void prune(struct sandbox *sb)
 {
@@ -124,12 +127,7 @@ static void prune(struct sandbox *sb)
             return;
         struct command *c = *victim;
         *victim = c->next;
-        json_decref(c->argv);
-        free(c->out[0].data);
-        free(c->out[1].data);
-        if (c->timer)
-            event_free(c->timer);
-        free(c);
+        command_free(c);
         n--;
     }
 }
@@ -250,12 +248,7 @@ void command_free_all(struct sandbox *sb)
         struct command *next = c->next;
         while (c->waiters)
             waiter_answer(c->waiters);
-        json_decref(c->argv);
-        free(c->out[0].data);
-        free(c->out[1].data);
-        if (c->timer)
-            event_free(c->timer);
-        free(c);
+        command_free(c);
         c = next;
     }
     *head(sb) = NULL;
