@@ -140,10 +140,9 @@ static __attribute__((noreturn)) void child_run(const struct spawn *s)
 {
     /* Undo what the agent set up for itself: blocked and ignored signals and a raised fd limit
      * are inherited across exec and would surprise the command. */
-    static const int sigs[] = {SIGPIPE, SIGTERM, SIGINT,  SIGHUP,  SIGQUIT, SIGCHLD,
-                               SIGTSTP, SIGTTIN, SIGTTOU, SIGUSR1, SIGUSR2};
-    for (size_t i = 0; i < WR_ARRAY_LEN(sigs); i++)
-        signal(sigs[i], SIG_DFL);
+    for (int sig = 1; sig < NSIG; sig++)
+        if (sig != SIGKILL && sig != SIGSTOP)
+            signal(sig, SIG_DFL);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);

@@ -247,10 +247,13 @@ static void setup(void)
 
     signal(SIGPIPE, SIG_IGN);
     if (ag.is_init) {
-        /* The sandbox's own processes must not be able to stop the agent. */
-        signal(SIGTERM, SIG_IGN);
-        signal(SIGINT, SIG_IGN);
-        signal(SIGHUP, SIG_IGN);
+        /* The sandbox's own processes must not be able to stop the agent, and gVisor does
+         * not shield init from signals the way Linux does: ignore every signal that can be
+         * ignored (SIGCHLD is taken through the signalfd below). SIGKILL and SIGSTOP cannot
+         * be; see docs/protocol.md. A real fault still kills us: the kernel forces it. */
+        for (int sig = 1; sig < NSIG; sig++)
+            if (sig != SIGKILL && sig != SIGSTOP && sig != SIGCHLD)
+                signal(sig, SIG_IGN);
         if (mkdir(AGENT_WORKSPACE, 0755) < 0 && errno != EEXIST)
             log_warn(NULL, "agent.workspace", "error=\"%s\"", strerror(errno));
         if (chdir(AGENT_WORKSPACE) < 0)
