@@ -145,9 +145,10 @@ static uint64_t oom_kills(struct sandbox *sb)
 
 static json_t *result_json(struct exec_op *op, int code, int sig)
 {
-    /* Killed by a signal while the host's OOM killer was at work in this sandbox: out of
-     * memory is the likely cause, and the one a user needs to hear. */
-    int oom = sig && oom_kills(op->sb) > op->oom_kills_before;
+    /* Failed while the host's OOM killer was at work in this sandbox: out of memory is the
+     * likely cause, and the one a user needs to hear. (Under gVisor a process whose host-side
+     * task the OOM killer hit may end with a plain exit status, not a signal.) */
+    int oom = (sig || code != 0) && oom_kills(op->sb) > op->oom_kills_before;
     return json_pack("{s:i, s:o, s:b, s:b, s:b, s:b, s:I}", "exit_code", code, "signal",
                      sig ? json_integer(sig) : json_null(), "stdout_truncated",
                      op->out[0].truncated, "stderr_truncated", op->out[1].truncated, "timed_out",
@@ -401,7 +402,6 @@ void api_exec(struct daemon *d, struct http_req *req, struct route_match *m)
     sandbox_ref(sb);
     op->conn = sb->conn;
     op->req = req;
-    op->stream = stream;
     op->cap = (size_t)cap;
     op->start_ms = now_ms_monotonic();
     op->oom_kills_before = oom_kills(sb);
@@ -424,8 +424,11 @@ void api_exec(struct daemon *d, struct http_req *req, struct route_match *m)
     struct timeval tv = {(time_t)timeout, (suseconds_t)((timeout - (double)(time_t)timeout) * 1e6)};
     evtimer_add(op->timer, &tv);
     http_req_on_close(req, on_client_gone, op);
-    if (stream)
+    if (stream) {
+        /* From here on every answer, errors included, is a line of the stream. */
+        op->stream = 1;
         http_stream_start(req, 200, "application/x-ndjson");
+    }
     log_info(sb->id, "exec.start", "stream=%d timeout=%g", stream, timeout);
     return;
 bad:

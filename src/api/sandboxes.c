@@ -170,7 +170,8 @@ void api_sandboxes_delete(struct daemon *d, struct http_req *req, struct route_m
     struct sandbox *sb = api_sandbox(d, req, m->params[0]);
     if (!sb)
         return;
-    if (busy(req, sb))
+    /* A sandbox that just failed is being cleaned up: delete it right after. */
+    if (sandbox_defer(sb, SB_DEFER_DELETE, delete_done, req) == 0 || busy(req, sb))
         return;
     sandbox_delete(sb, delete_done, req);
 }
@@ -190,7 +191,7 @@ void api_sandboxes_stop(struct daemon *d, struct http_req *req, struct route_mat
 void api_sandboxes_start(struct daemon *d, struct http_req *req, struct route_match *m)
 {
     struct sandbox *sb = api_sandbox(d, req, m->params[0]);
-    if (!sb || busy(req, sb))
+    if (!sb || sandbox_defer(sb, SB_DEFER_START, state_done, req) == 0 || busy(req, sb))
         return;
     if (sb->state == SB_RUNNING) {
         http_reply_json(req, 200, sandbox_to_json(sb));

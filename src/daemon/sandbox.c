@@ -19,6 +19,9 @@
 #include "daemon/work.h"
 #include "store/store.h"
 
+#define PING_EVERY_MS 5000
+#define WATCHDOG_MS 20000
+
 static const char *state_names[] = {"creating", "running",  "stopped", "failed",
                                     "deleting", "stopping", "starting"};
 
@@ -285,14 +288,57 @@ static void start_fail(struct job *j, const char *why)
     work_submit(sb->d->wq, job_run, start_cleanup_done, j);
 }
 
-/* A failed sandbox's runsc state, mounts and cgroups are gone; it stays failed. */
+/* A failed sandbox's runsc state, mounts and cgroups are gone; it stays failed. A delete or
+ * start asked for meanwhile runs now. */
 static void failed_cleanup_done(void *p)
 {
     struct job *j = p;
-    j->sb->busy = 0;
+    struct sandbox *sb = j->sb;
+    sb->busy = 0;
     if (j->rc < 0)
-        log_error(j->sb->id, "sandbox.cleanup_failed", "error=\"%s\"", j->err.msg);
+        log_error(sb->id, "sandbox.cleanup_failed", "error=\"%s\"", j->err.msg);
+    enum sb_deferred what = sb->deferred;
+    sb->deferred = SB_DEFER_NONE;
+    if (what == SB_DEFER_DELETE)
+        sandbox_delete(sb, sb->deferred_done, sb->deferred_arg);
+    else if (what == SB_DEFER_START)
+        sandbox_start(sb, sb->deferred_done, sb->deferred_arg);
     job_free(j);
+}
+
+int sandbox_defer(struct sandbox *sb, enum sb_deferred what, sandbox_done_cb done, void *arg)
+{
+    if (sb->state != SB_FAILED || !sb->busy || sb->deferred != SB_DEFER_NONE)
+        return -1;
+    sb->deferred = what;
+    sb->deferred_done = done;
+    sb->deferred_arg = arg;
+    return 0;
+}
+
+void sandbox_lost(struct sandbox *sb, const char *reason, const char *detail)
+{
+    /* The agent went away (or stopped answering) under a running sandbox: it is no longer
+     * usable. If the host's OOM killer was at work in its cgroup, that is why (under gVisor a
+     * host memory kill takes the whole sandbox down). Its leftovers are cleaned up; its files
+     * stay, and start brings it back. */
+    struct agentconn *c = sb->conn;
+    sb->conn = NULL;
+    if (!reason) {
+        struct driver_spec spec;
+        struct driver_stats st;
+        sandbox_spec(sb, &spec);
+        int oom = sb->d->driver->stats(&spec, &st, NULL) >= 0 && st.oom_kills > 0;
+        reason = oom ? "oom" : "agent_died";
+    }
+    sandbox_set_state(sb, SB_FAILED, reason);
+    log_error(sb->id, "sandbox.lost", "reason=%s detail=\"%s\"", reason, detail);
+    agentconn_close(c, detail);
+    if (!sb->busy && !sb->d->shutting_down) {
+        struct job *cleanup = job_new(sb, JOB_STOP, NULL, NULL);
+        sb->busy = 1;
+        work_submit(sb->d->wq, job_run, failed_cleanup_done, cleanup);
+    }
 }
 
 /* The agent said HELLO, or the channel died. */
@@ -315,25 +361,8 @@ static void on_agent_state(void *arg, int ok, const char *reason)
         job_free(j);
         return;
     }
-    if (!ok && sb->state == SB_RUNNING) {
-        /* The agent went away under a running sandbox: it is no longer usable. If the host's
-         * OOM killer was at work in its cgroup, that is why (under gVisor a host memory kill
-         * takes the whole sandbox down). Its leftovers are cleaned up; its files stay. */
-        struct agentconn *c = sb->conn;
-        sb->conn = NULL;
-        struct driver_spec spec;
-        struct driver_stats st;
-        sandbox_spec(sb, &spec);
-        int oom = sb->d->driver->stats(&spec, &st, NULL) >= 0 && st.oom_kills > 0;
-        sandbox_set_state(sb, SB_FAILED, oom ? "oom" : "agent_died");
-        log_error(sb->id, "sandbox.agent_died", "oom=%d reason=\"%s\"", oom, reason);
-        agentconn_close(c, reason);
-        if (!sb->busy && !sb->d->shutting_down) {
-            struct job *cleanup = job_new(sb, JOB_STOP, NULL, NULL);
-            sb->busy = 1;
-            work_submit(sb->d->wq, job_run, failed_cleanup_done, cleanup);
-        }
-    }
+    if (!ok && sb->state == SB_RUNNING)
+        sandbox_lost(sb, NULL, reason);
 }
 
 static void create_start_done(void *p)
@@ -539,6 +568,35 @@ int sandbox_load_all(struct daemon *d, struct wr_err *err)
     return store_sandbox_foreach(d->store, load_one, d, err);
 }
 
+static void on_pong(void *arg, const struct proto_header *h, const uint8_t *payload)
+{
+    struct sandbox *sb = arg;
+    sb->ping_id = 0;
+    if (h)
+        sb->last_pong_ms = now_ms_monotonic();
+}
+
+/*
+ * Pings each running sandbox's agent every few seconds. An agent that has not answered for
+ * WATCHDOG_MS (frozen, or stuck) makes its sandbox failed with reason agent_unresponsive, so
+ * calls stop hanging on it and start can bring it back.
+ */
+static void watchdog(struct sandbox *sb)
+{
+    uint64_t now = now_ms_monotonic();
+    if (!agentconn_alive(sb->conn))
+        return;
+    if (sb->ping_id) {
+        if (now - sb->ping_sent_ms > WATCHDOG_MS)
+            sandbox_lost(sb, "agent_unresponsive", "the agent stopped answering pings");
+        return;
+    }
+    if (now - sb->last_pong_ms < PING_EVERY_MS && now - sb->ping_sent_ms < PING_EVERY_MS)
+        return;
+    sb->ping_sent_ms = now;
+    sb->ping_id = agentconn_request(sb->conn, PROTO_PING, NULL, 0, on_pong, sb);
+}
+
 /* Leases: a sandbox whose lease has ended is stopped or deleted, as on_lease_end says. */
 static void lease_done(struct sandbox *sb, int ok, const char *message, void *arg)
 {
@@ -552,6 +610,8 @@ void sandbox_check_leases(struct daemon *d)
     struct sandbox *next;
     for (struct sandbox *sb = d->sandboxes; sb; sb = next) {
         next = sb->next;
+        if (sb->state == SB_RUNNING && !sb->busy)
+            watchdog(sb);
         if (sb->state != SB_RUNNING || sb->busy || sb->lease_ends_ms > now)
             continue;
         log_info(sb->id, "lease.ended", "on_lease_end=%s", sb->on_lease_end);

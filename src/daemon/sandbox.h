@@ -25,6 +25,9 @@ enum sb_state {
 
 struct agentconn;
 
+/* An operation asked for while a failed sandbox is still being cleaned up. */
+enum sb_deferred { SB_DEFER_NONE, SB_DEFER_DELETE, SB_DEFER_START };
+
 struct sandbox {
     struct daemon *d;
     char id[DRIVER_ID_LEN + 1];
@@ -50,6 +53,12 @@ struct sandbox {
     void *create_job; /* while CREATING and waiting for HELLO */
     void *commands;   /* struct command list (daemon/command.h), newest first */
     unsigned command_seq;
+    uint32_t ping_id;      /* the watchdog's outstanding PING, 0 if none */
+    uint64_t ping_sent_ms; /* monotonic */
+    uint64_t last_pong_ms;
+    enum sb_deferred deferred;
+    void (*deferred_done)(struct sandbox *sb, int ok, const char *message, void *arg);
+    void *deferred_arg;
     struct sandbox *next;
 };
 
@@ -115,6 +124,19 @@ void sandbox_delete(struct sandbox *sb, sandbox_done_cb done, void *arg);
 
 /** Like sandbox_delete, recording reason (e.g. "lease_ended") in the history. */
 void sandbox_delete_reason(struct sandbox *sb, const char *reason, sandbox_done_cb done, void *arg);
+
+/**
+ * The sandbox's agent is gone or not answering: closes the channel (answering what was in
+ * flight), marks it FAILED with reason (NULL = "oom" if the host OOM killer was at work in it,
+ * else "agent_died"), and cleans up its runsc state, mounts and cgroups, files kept.
+ */
+void sandbox_lost(struct sandbox *sb, const char *reason, const char *detail);
+
+/**
+ * While a failed sandbox is being cleaned up, queues a delete or start to run when that is
+ * done. Returns 0, or -1 if nothing is being cleaned up or something is already queued.
+ */
+int sandbox_defer(struct sandbox *sb, enum sb_deferred what, sandbox_done_cb done, void *arg);
 
 /** Ends the leases that have run out (called every few hundred ms by the daemon). */
 void sandbox_check_leases(struct daemon *d);
