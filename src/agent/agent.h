@@ -8,6 +8,8 @@
 #ifndef WR_AGENT_AGENT_H
 #define WR_AGENT_AGENT_H
 
+#include <limits.h>
+#include <linux/capability.h>
 #include <poll.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -31,6 +33,19 @@
 #define AGENT_LIST_MAX 100000
 /* Deepest directory tree FILE_REMOVE with PROTO_W_RECURSIVE descends into. */
 #define AGENT_REMOVE_DEPTH 256
+/* argv[0] (and name) of the commands' pid namespace init, this binary run again. */
+#define AGENT_HOLDER_NAME "wr-ns-init"
+/* How long a fork refused with ENOMEM waits for a dying holder to be reaped. */
+#define AGENT_HOLDER_DEATH_MS 100
+/* The capabilities a command may keep: Docker's default set. Anything else the agent holds
+ * (CAP_SYS_ADMIN, for the namespaces) is the agent's alone. What the driver did not grant
+ * (it drops NET_RAW) stays absent. */
+#define AGENT_COMMAND_CAPS                                                                         \
+    ((1ULL << CAP_CHOWN) | (1ULL << CAP_DAC_OVERRIDE) | (1ULL << CAP_FSETID) |                     \
+     (1ULL << CAP_FOWNER) | (1ULL << CAP_MKNOD) | (1ULL << CAP_NET_RAW) | (1ULL << CAP_SETGID) |   \
+     (1ULL << CAP_SETUID) | (1ULL << CAP_SETFCAP) | (1ULL << CAP_SETPCAP) |                        \
+     (1ULL << CAP_NET_BIND_SERVICE) | (1ULL << CAP_SYS_CHROOT) | (1ULL << CAP_KILL) |              \
+     (1ULL << CAP_AUDIT_WRITE))
 /* PATH searched when the command's environment has none. */
 #define AGENT_DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -74,6 +89,14 @@ struct agent {
     struct req *hash[AGENT_HASH_SIZE];
     unsigned nreqs;
     struct rlimit nofile; /* as inherited; restored in commands */
+    /* Commands run in a child pid namespace (pidns.c); 0 when not PID 1 or when the sandbox
+     * does not allow it (no CAP_SYS_ADMIN): then they run beside the agent, as before. */
+    int pidns;
+    pid_t holder;       /* the namespace's init, in our pid view; 0: none (yet, or it died) */
+    int holder_mnt;     /* its mount namespace (with the namespace's own /proc), or -1 */
+    int self_pidns;     /* our own pid namespace, or -1 */
+    char exe[PATH_MAX]; /* this binary, run again as the holder */
+    uint64_t bounding;  /* our capability bounding set (as PID 1), which caps_limit trims */
 };
 
 /** The agent's single state: there is one channel and one loop per process. */
@@ -175,6 +198,40 @@ void file_remove(uint32_t id, const uint8_t *payload, size_t len);
 int file_job_step(struct req *r);
 /** Frees a READ, WRITE or LIST request. */
 void file_free(struct req *r);
+
+/* ---- the commands' pid namespace (pidns.c) ---- */
+
+/**
+ * As PID 1: puts the commands in a child pid namespace with its holder, or logs why not and
+ * leaves ag.pidns 0. Called once, at the end of set-up.
+ */
+void pidns_init(void);
+/**
+ * Makes sure a live holder exists when commands run in a namespace, starting a fresh namespace
+ * if the last one died. Returns 0, or -1 with err set.
+ */
+int pidns_ready(struct wr_err *err);
+/**
+ * Handles a waitpid result if pid is the holder (a stopped holder is continued; a dead one is
+ * forgotten). Returns 1 if it was, else 0.
+ */
+int pidns_reaped(pid_t pid, int status);
+/**
+ * After a fork failed with ENOMEM: returns 1 if the cause is that the holder died (a namespace
+ * without its init refuses new processes), its death now handled; waits for that at most
+ * AGENT_HOLDER_DEATH_MS. Else 0.
+ */
+int pidns_lost(void);
+/** The holder's life after exec: ignores every signal it can and reaps orphans forever. */
+__attribute__((noreturn)) void holder_main(void);
+/** Returns this process's capability bounding set. */
+uint64_t caps_bounding(void);
+/**
+ * Limits this process's capabilities (bounding, ambient, inheritable, permitted, effective) to
+ * the bits in keep, so that what it execs as root has exactly those. Expects ag.bounding set. Only
+ * makes syscalls: safe in a vfork child. Returns 0, or -1 with errno set.
+ */
+int caps_limit(uint64_t keep);
 
 /* ---- process trees (tree.c) ---- */
 

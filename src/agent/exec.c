@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <sched.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -35,7 +36,7 @@ struct exec_req {
 };
 
 /* Which step failed in the child, sent up the error pipe. */
-enum child_stage { STAGE_SETUP = 1, STAGE_CWD, STAGE_EXEC };
+enum child_stage { STAGE_SETUP = 1, STAGE_CWD, STAGE_EXEC, STAGE_NS, STAGE_CAPS };
 
 struct child_report {
     int32_t stage;
@@ -138,6 +139,14 @@ static __attribute__((noreturn)) void child_exec(const struct spawn *s)
 
 static __attribute__((noreturn)) void child_run(const struct spawn *s)
 {
+    /* The commands' /proc lives in the holder's mount namespace (pidns.c). First: setns needs
+     * CAP_SYS_ADMIN, dropped next, and resets the working directory, set further down. */
+    if (ag.holder_mnt >= 0 && setns(ag.holder_mnt, CLONE_NEWNS) < 0)
+        child_fail(s->report_w, STAGE_NS, errno);
+    /* Whatever the agent holds beyond Docker's default set is for the agent alone; with
+     * CAP_SYS_ADMIN a command could leave the namespace that keeps it away from the agent. */
+    if (ag.is_init && caps_limit(AGENT_COMMAND_CAPS) < 0)
+        child_fail(s->report_w, STAGE_CAPS, errno);
     /* Undo what the agent set up for itself: blocked and ignored signals and a raised fd limit
      * are inherited across exec and would surprise the command. */
     for (int sig = 1; sig < NSIG; sig++)
@@ -235,6 +244,8 @@ static void report_message(const struct spawn *s, const struct child_report *rep
     const char *name = s->argv_all[1];
     switch (rep->stage) {
     case STAGE_CWD: wr_err_sys(err, rep->err, "cwd %s", s->cwd); break;
+    case STAGE_NS: wr_err_sys(err, rep->err, "joining the commands' mount namespace"); break;
+    case STAGE_CAPS: wr_err_sys(err, rep->err, "dropping capabilities"); break;
     case STAGE_EXEC:
         if (rep->err == ENOENT)
             wr_err_set(err, ENOENT, "command not found: %s", name);
@@ -286,6 +297,12 @@ static int spawn_child(struct spawn *s, int want_stdin, struct exec_req *e, stru
     s->report_w = rep[1];
 
     pid_t pid = start_child(s);
+    if (pid < 0 && errno == ENOMEM && pidns_lost()) {
+        /* The holder was just killed and took its namespace with it: a fresh one, once. */
+        if (pidns_ready(err) < 0)
+            goto out;
+        pid = start_child(s);
+    }
     if (pid < 0) {
         wr_err_sys(err, errno, "vfork");
         goto out;
@@ -337,7 +354,7 @@ void exec_start(uint32_t id, const uint8_t *payload, size_t len)
         return;
     struct exec_req *e = xcalloc(1, sizeof(*e));
     e->out_fd = e->err_fd = e->in_fd = -1;
-    if (parse_exec(payload, len, &s, &want_stdin, &err) < 0 ||
+    if (parse_exec(payload, len, &s, &want_stdin, &err) < 0 || pidns_ready(&err) < 0 ||
         spawn_child(&s, want_stdin, e, &err) < 0) {
         chan_error(id, err.code, "%s", err.msg);
         free(e);

@@ -5,6 +5,7 @@
  * ends up its child. One thread, one poll() loop: nothing here may block on
  * the daemon or on a command, because the same loop has to deliver SIGKILL.
  * Run on the host (tests), it is a child subreaper so it still reaps orphans.
+ * As PID 1 its commands run in a child pid namespace, out of their reach (pidns.c).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -215,10 +216,12 @@ static void reap(void)
         ;
     for (;;) {
         int status;
-        pid_t pid = waitpid(-1, &status, WNOHANG);
+        /* WUNTRACED: a stopped holder must be continued. A stopped command is left alone. */
+        pid_t pid = waitpid(-1, &status, WNOHANG | WUNTRACED);
         if (pid <= 0)
             return; /* 0: children left but none exited; -1: ECHILD */
-        exec_reaped(pid, status);
+        if (!pidns_reaped(pid, status) && !WIFSTOPPED(status))
+            exec_reaped(pid, status);
     }
 }
 
@@ -230,6 +233,8 @@ static void setup(void)
     ag.is_init = ag.pid == 1;
     ag.in_fd = 0;
     ag.out_fd = 1;
+    ag.holder_mnt = -1;
+    ag.self_pidns = -1;
 
     if (fcntl(0, F_GETFD) < 0 || fcntl(1, F_GETFD) < 0) {
         log_error(NULL, "agent.no_channel", "error=\"fd 0 and 1 must be the channel\"");
@@ -280,6 +285,12 @@ static void setup(void)
 
     fcntl(ag.in_fd, F_SETFL, fcntl(ag.in_fd, F_GETFL) | O_NONBLOCK);
     fcntl(ag.out_fd, F_SETFL, fcntl(ag.out_fd, F_GETFL) | O_NONBLOCK);
+
+    /* Last: the holder inherits the signal set-up above, and its death must reach sigfd. */
+    if (ag.is_init) {
+        ag.bounding = caps_bounding();
+        pidns_init();
+    }
 }
 
 static void send_hello(void)
@@ -293,7 +304,7 @@ static void send_hello(void)
 
 /* ---- the loop ---- */
 
-int main(void)
+int main(int argc, char **argv)
 {
     struct proto_reader rd;
     struct pollfd *fds = NULL;
@@ -301,6 +312,10 @@ int main(void)
     size_t cap = 0;
     int timeout = -1;
 
+    /* The same binary is the commands' namespace init (pidns.c), which only the agent starts:
+     * PID 1 of a namespace that a command, lacking CAP_SYS_ADMIN, cannot create. */
+    if (argc > 0 && !strcmp(argv[0], AGENT_HOLDER_NAME) && getpid() == 1)
+        holder_main();
     setup();
     proto_reader_init(&rd);
     send_hello();

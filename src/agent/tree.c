@@ -130,10 +130,12 @@ static void mark_tree(struct ptable *t, pid_t root, pid_t group)
     free(stack);
 }
 
-/* A target is a live member of the tree other than ourselves. */
+/* A target is a live member of the tree other than ourselves and the commands' namespace init
+ * (killing that would kill every command). */
 static int is_target(const struct pinfo *p)
 {
-    return p->mark == 1 && p->pid != ag.pid && p->pid != 1 && p->state != 'Z' && p->state != 'X';
+    return p->mark == 1 && p->pid != ag.pid && p->pid != 1 && p->pid != ag.holder &&
+           p->state != 'Z' && p->state != 'X';
 }
 
 static int pid_in(const pid_t *set, size_t n, pid_t pid)
