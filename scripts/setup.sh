@@ -1,6 +1,7 @@
 #!/bin/sh
 # Installs what withruntime needs from Debian packages: the build toolchain and
-# libraries, runsc from bookworm-backports, and mmdebstrap for images.
+# libraries, runsc from bookworm-backports, mmdebstrap for images, and
+# e2fsprogs (mke2fs) for each sandbox's disk image.
 # Idempotent: packages already present are left alone. Needs root.
 set -eu
 
@@ -40,7 +41,7 @@ SRC
 
 PKGS="build-essential pkg-config libevent-dev libjansson-dev libsqlite3-dev \
 libssl-dev libcmocka-dev mmdebstrap iproute2 procps ca-certificates \
-python3 python3-venv clang-format"
+python3 python3-venv clang-format e2fsprogs"
 
 need=""
 for p in $PKGS; do

@@ -3,12 +3,17 @@
  * withruntime agent, talking to the daemon over its stdio.
  *
  * Per sandbox, under spec->dir:
- *   upper/, work/   the sandbox's writable layer (kept across stop/start)
+ *   layer.img       the sandbox's writable layer (kept across stop/start): an
+ *                   ext4 image of disk_mib MiB, its disk quota (disk.c)
+ *   layer/          where the image is mounted while the sandbox runs; holds
+ *                   upper/ and work/ for the overlay
  *   rootfs/         host overlayfs (lower = shared image, upper/work above),
  *                   given to runsc as the OCI root with --overlay2=none so
  *                   writes land in upper/ on the host
  *   config.json     the OCI bundle spec, rewritten on every start
  *   agent.log       the agent's stderr (and runsc's own start-up errors)
+ * Sandboxes made before the quota have upper/ and work/ directly in spec->dir
+ * and no layer.img; they keep that layout, without a quota.
  * Host cgroups are made by cgroup.c; runsc state lives in <state_dir>/runsc.
  *
  * Every function blocks; different sandboxes may be handled concurrently.
@@ -37,6 +42,7 @@
 #include "common/proc.h"
 #include "common/util.h"
 #include "driver/cgroup.h"
+#include "driver/disk.h"
 
 /*
  * Memory: the host cgroup holds the sentry (Go heap, page tables, metadata), the gofer and
@@ -65,10 +71,13 @@
 #define CGROUP_KILL_TIMEOUT_MS 5000
 #define RUNSC_MIN_DATE 20240101 /* Debian 12's own 0.0~20221219 breaks ls/stat inside */
 
+/* CAP_SYS_ADMIN is the agent's alone: it puts commands in a child pid namespace, out of reach
+ * of kill -9 1, and drops it from every command (src/agent/pidns.c). */
 static const char *const sandbox_caps[] = {
-    "CAP_CHOWN",      "CAP_DAC_OVERRIDE", "CAP_FSETID",      "CAP_FOWNER",  "CAP_MKNOD",
-    "CAP_SETGID",     "CAP_SETUID",       "CAP_SETFCAP",     "CAP_SETPCAP", "CAP_NET_BIND_SERVICE",
-    "CAP_SYS_CHROOT", "CAP_KILL",         "CAP_AUDIT_WRITE",
+    "CAP_CHOWN",       "CAP_DAC_OVERRIDE",     "CAP_FSETID",     "CAP_FOWNER",
+    "CAP_MKNOD",       "CAP_SETGID",           "CAP_SETUID",     "CAP_SETFCAP",
+    "CAP_SETPCAP",     "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL",
+    "CAP_AUDIT_WRITE", "CAP_SYS_ADMIN",
 };
 
 static struct {
@@ -220,6 +229,8 @@ static int platform_get(char *out, size_t outlen, struct wr_err *err)
 
 struct sb_paths {
     char dir[PATH_MAX];
+    char image[PATH_MAX];
+    char layer[PATH_MAX];
     char upper[PATH_MAX];
     char work[PATH_MAX];
     char rootfs[PATH_MAX];
@@ -256,8 +267,10 @@ static void fill_paths(struct sb_paths *sp, const char *dir)
     size_t n = strlen(sp->dir);
     while (n > 1 && sp->dir[n - 1] == '/')
         sp->dir[--n] = '\0';
-    snprintf(sp->upper, sizeof(sp->upper), "%s/upper", sp->dir);
-    snprintf(sp->work, sizeof(sp->work), "%s/work", sp->dir);
+    snprintf(sp->image, sizeof(sp->image), "%s/layer.img", sp->dir);
+    snprintf(sp->layer, sizeof(sp->layer), "%s/layer", sp->dir);
+    snprintf(sp->upper, sizeof(sp->upper), "%s/upper", sp->layer);
+    snprintf(sp->work, sizeof(sp->work), "%s/work", sp->layer);
     snprintf(sp->rootfs, sizeof(sp->rootfs), "%s/rootfs", sp->dir);
     snprintf(sp->config, sizeof(sp->config), "%s/config.json", sp->dir);
     snprintf(sp->log, sizeof(sp->log), "%s/agent.log", sp->dir);
@@ -289,80 +302,37 @@ static int resolve_dir(const struct driver_spec *spec, struct sb_paths *sp, stru
     return 1;
 }
 
-/* ---- mounts ---- */
-
-/* Undoes mountinfo's octal escapes (\040 etc.) in place. */
-static void unescape_mountinfo(char *s)
+/*
+ * A sandbox made before disk quotas has upper/ and work/ directly in its directory and no
+ * image. It keeps that layout, without a quota, rather than lose its files. Returns 1 for
+ * that layout (and points sp's upper and work there), 0 for the image, -1 on error.
+ */
+static int layout_is_legacy(struct sb_paths *sp, struct wr_err *err)
 {
-    char *w = s;
-    for (char *r = s; *r; r++) {
-        if (r[0] == '\\' && r[1] >= '0' && r[1] <= '3' && r[2] >= '0' && r[2] <= '7' &&
-            r[3] >= '0' && r[3] <= '7') {
-            *w++ = (char)(((r[1] - '0') << 6) | ((r[2] - '0') << 3) | (r[3] - '0'));
-            r += 3;
-        } else {
-            *w++ = *r;
-        }
-    }
-    *w = '\0';
-}
-
-/* Counts mounts at or below path in /proc/self/mountinfo; copies the first into first. */
-static int mounts_under(const char *path, char *first, size_t firstlen)
-{
-    FILE *f = fopen("/proc/self/mountinfo", "re");
-    if (!f)
-        return -1;
-    size_t plen = strlen(path);
-    int count = 0;
-    char *line = NULL;
-    size_t cap = 0;
-    while (getline(&line, &cap, f) > 0) {
-        char *save = NULL, *mp = NULL;
-        char *tok = strtok_r(line, " ", &save);
-        for (int i = 0; tok && i < 4; i++)
-            tok = strtok_r(NULL, " ", &save);
-        mp = tok;
-        if (!mp)
-            continue;
-        unescape_mountinfo(mp);
-        if (!strncmp(mp, path, plen) && (mp[plen] == '\0' || mp[plen] == '/')) {
-            if (count == 0 && first)
-                snprintf(first, firstlen, "%s", mp);
-            count++;
-        }
-    }
-    free(line);
-    fclose(f);
-    return count;
-}
-
-/* Unmounts everything mounted at path (lazily if busy). Returns 0 or -1. */
-static int unmount_all(const char *id, const char *path, struct wr_err *err)
-{
-    for (int i = 0; i < 16; i++) {
-        char first[PATH_MAX];
-        int n = mounts_under(path, first, sizeof(first));
-        if (n < 0)
-            return wr_err_sys(err, errno, "reading /proc/self/mountinfo");
-        if (n == 0)
+    struct stat st;
+    if (lstat(sp->image, &st) == 0)
+        return 0;
+    if (errno != ENOENT)
+        return wr_err_sys(err, errno, "stat %s", sp->image);
+    char upper[PATH_MAX + 8];
+    snprintf(upper, sizeof(upper), "%s/upper", sp->dir);
+    if (lstat(upper, &st) < 0) {
+        if (errno == ENOENT)
             return 0;
-        if (umount2(first, UMOUNT_NOFOLLOW) == 0)
-            continue;
-        if (errno == EBUSY) {
-            log_warn(id, "gvisor.umount_lazy", "path=\"%s\"", first);
-            if (umount2(first, UMOUNT_NOFOLLOW | MNT_DETACH) == 0)
-                continue;
-        }
-        if (errno != EINVAL && errno != ENOENT)
-            return wr_err_sys(err, errno, "unmounting %s", first);
+        return wr_err_sys(err, errno, "stat %s", upper);
     }
-    return wr_err_set(err, EBUSY, "%s is still mounted after unmounting it", path);
+    if (!S_ISDIR(st.st_mode))
+        return 0;
+    snprintf(sp->upper, sizeof(sp->upper), "%s/upper", sp->dir);
+    snprintf(sp->work, sizeof(sp->work), "%s/work", sp->dir);
+    return 1;
 }
+
+/* ---- mounts ---- */
 
 static int mount_overlay(const struct sb_paths *sp, const char *lower, struct wr_err *err)
 {
-    int n = mounts_under(sp->rootfs, NULL, 0);
+    int n = disk_mount_count(sp->rootfs, NULL, 0);
     if (n < 0)
         return wr_err_sys(err, errno, "reading /proc/self/mountinfo");
     if (n > 0)
@@ -705,9 +675,12 @@ static void log_tail_line(const char *path, off_t from, char *out, size_t outlen
 
 /* ---- the operations ---- */
 
-/* Stops what runs and undoes mounts and cgroups; keeps spec->dir's contents. */
+/*
+ * Stops what runs and undoes mounts, loop devices and cgroups; keeps the writable layer.
+ * discard: the layer is about to be deleted, its unwritten data may be dropped.
+ */
 static int teardown(const struct driver_spec *spec, const struct sb_paths *sp, bool dir_exists,
-                    struct wr_err *err)
+                    bool discard, struct wr_err *err)
 {
     int ret = 0;
     /* Killing the sandbox's processes ourselves first (the reaper collects them) makes
@@ -737,7 +710,16 @@ static int teardown(const struct driver_spec *spec, const struct sb_paths *sp, b
         *err = e;
         ret = -1;
     }
-    if (unmount_all(spec->id, sp->rootfs, &e) < 0 && ret == 0) {
+    if (disk_unmount_all(spec->id, sp->rootfs, &e) < 0 && ret == 0) {
+        *err = e;
+        ret = -1;
+    }
+    /* Removing the mount point also detaches copies of the overlay in other mount
+     * namespaces, which would keep the layer's filesystem (and loop device) in use. */
+    if (rmdir(sp->rootfs) < 0 && errno != ENOENT && errno != EBUSY)
+        log_warn(spec->id, "gvisor.rmdir_failed", "path=\"%s\" error=\"%s\"", sp->rootfs,
+                 strerror(errno));
+    if (disk_image_release(spec->id, sp->image, sp->layer, discard, &e) < 0 && ret == 0) {
         *err = e;
         ret = -1;
     }
@@ -751,7 +733,7 @@ static int gv_stop(const struct driver_spec *spec, struct wr_err *err)
     if (exists < 0)
         return -1;
     uint64_t t0 = now_ms_monotonic();
-    if (teardown(spec, &sp, exists, err) < 0)
+    if (teardown(spec, &sp, exists, false, err) < 0)
         return wr_err_prefix(err, "stopping %s", spec->id);
     log_debug(spec->id, "gvisor.stopped", "ms=%llu", (unsigned long long)(now_ms_monotonic() - t0));
     return 0;
@@ -786,19 +768,30 @@ static int gv_start(const struct driver_spec *spec, int *chan_fd, struct wr_err 
 
     /* Leftovers of an earlier run that was not stopped (e.g. the daemon died). */
     if (runsc_has_state(spec->id) || cgroup_exists(spec->id) ||
-        mounts_under(sp.rootfs, NULL, 0) > 0) {
+        disk_mount_count(sp.rootfs, NULL, 0) > 0 || disk_mount_count(sp.layer, NULL, 0) > 0) {
         log_info(spec->id, "gvisor.cleanup_leftovers", NULL);
-        if (teardown(spec, &sp, true, err) < 0)
+        if (teardown(spec, &sp, true, false, err) < 0)
             return wr_err_prefix(err, "cleaning up an earlier run");
     }
 
-    if (mkdir_p1(conf.runsc_root, 0700, err) < 0 || mkdir_p1(sp.upper, 0755, err) < 0 ||
-        mkdir_p1(sp.work, 0700, err) < 0 || mkdir_p1(sp.rootfs, 0755, err) < 0)
+    int legacy = layout_is_legacy(&sp, err);
+    if (legacy < 0)
         return -1;
+    if (legacy)
+        log_info(spec->id, "gvisor.no_disk_quota", "reason=\"made before disk quotas\"");
+    else if (disk_image_create(sp.image, spec->disk_mib, err) < 0)
+        return wr_err_prefix(err, "starting %s", spec->id);
+    uint64_t t_image = now_ms_monotonic();
 
     int sv[2] = {-1, -1};
     cleanup_close int logfd = -1;
     int ret = -1;
+    if (!legacy && disk_image_mount(spec->id, sp.image, sp.layer, err) < 0)
+        goto fail;
+    uint64_t t_mount = now_ms_monotonic();
+    if (mkdir_p1(conf.runsc_root, 0700, err) < 0 || mkdir_p1(sp.upper, 0755, err) < 0 ||
+        mkdir_p1(sp.work, 0700, err) < 0 || mkdir_p1(sp.rootfs, 0755, err) < 0)
+        goto fail;
     if (mount_overlay(&sp, spec->image_rootfs, err) < 0)
         goto fail;
     if (prepare_root(&sp, err) < 0 || write_spec(spec, &sp, err) < 0)
@@ -850,7 +843,9 @@ static int gv_start(const struct driver_spec *spec, int *chan_fd, struct wr_err 
     *chan_fd = steal_fd(&sv[0]);
     ret = 0;
     uint64_t t2 = now_ms_monotonic();
-    log_debug(spec->id, "gvisor.started", "platform=%s prepare_ms=%llu runsc_ms=%llu", platform,
+    log_debug(spec->id, "gvisor.started",
+              "platform=%s image_ms=%llu mount_ms=%llu prepare_ms=%llu runsc_ms=%llu", platform,
+              (unsigned long long)(t_image - t0), (unsigned long long)(t_mount - t_image),
               (unsigned long long)(t1 - t0), (unsigned long long)(t2 - t1));
     return 0;
 
@@ -861,7 +856,7 @@ fail:
         close(sv[1]);
     {
         struct wr_err e;
-        if (teardown(spec, &sp, true, &e) < 0)
+        if (teardown(spec, &sp, true, false, &e) < 0)
             log_warn(spec->id, "gvisor.cleanup_failed", "error=\"%s\"", e.msg);
     }
     wr_err_prefix(err, "starting %s", spec->id);
@@ -874,12 +869,12 @@ static int gv_destroy(const struct driver_spec *spec, struct wr_err *err)
     int exists = resolve_dir(spec, &sp, err);
     if (exists < 0)
         return -1;
-    if (teardown(spec, &sp, exists, err) < 0)
+    if (teardown(spec, &sp, exists, true, err) < 0)
         return wr_err_prefix(err, "destroying %s", spec->id);
     if (!exists)
         return 0;
     char first[PATH_MAX];
-    int n = mounts_under(sp.dir, first, sizeof(first));
+    int n = disk_mount_count(sp.dir, first, sizeof(first));
     if (n < 0)
         return wr_err_sys(err, errno, "reading /proc/self/mountinfo");
     if (n > 0)
@@ -981,6 +976,8 @@ static int gv_probe(char *detail, size_t detail_len, struct wr_err *err)
                           ver);
     char cg[128];
     if (cgroup_check(cg, sizeof(cg), err) < 0)
+        return -1;
+    if (disk_check(err) < 0)
         return -1;
     if (!conf.configured)
         return wr_err_set(err, EINVAL, "driver_init was not called");

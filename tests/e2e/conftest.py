@@ -44,11 +44,12 @@ def free_port():
 
 
 class Daemon:
-    def __init__(self):
-        self.state_dir = STATE_DIR
+    def __init__(self, state_dir=None):
+        """state_dir: the session's (WR_TEST_STATE_DIR) unless a test runs a daemon of its own."""
+        self.state_dir = state_dir or STATE_DIR
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.socket_path = os.path.join(STATE_DIR, "withruntime.sock")
+        self.socket_path = os.path.join(self.state_dir, "withruntime.sock")
         self.bin = WR_BIN
         self.agent = WR_AGENT
         self.logdir = tempfile.mkdtemp(prefix="wr-e2e-")
@@ -71,13 +72,16 @@ class Daemon:
                                f"{r.stdout.decode(errors='replace')[-3000:]}\n"
                                f"{r.stderr.decode(errors='replace')[-3000:]}")
 
-    def start(self):
+    def start(self, clean=True):
+        """Starts the daemon and waits for /v1/health. clean: delete the sandboxes an earlier run
+        left (a test that restarts a daemon on purpose passes False). The log is appended to, so
+        a restart keeps the earlier run's lines."""
         for p in (self.bin, self.agent):
             if not os.access(p, os.X_OK):
                 raise RuntimeError(f"{p} is not built (run make)")
         os.makedirs(self.state_dir, exist_ok=True)
         self.build_image()
-        log = open(self.log_path, "wb")
+        log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [self.bin, "serve", "--state-dir", self.state_dir,
              "--listen", f"127.0.0.1:{self.port}", "--socket", self.socket_path,
@@ -99,6 +103,8 @@ class Daemon:
                 raise RuntimeError(f"daemon did not answer /v1/health in 60 s:\n"
                                    f"{self.log_tail()}")
             time.sleep(0.1)
+        if not clean:
+            return
         # sandboxes an earlier, interrupted session left in this state directory
         stale = self.delete_all()
         if stale:

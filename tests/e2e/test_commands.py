@@ -80,7 +80,7 @@ def test_background_signal(client, sandbox):
     deadline = time.monotonic() + 10
     while True:
         r = client.exec(sandbox, "cat /proc/[0-9]*/comm")
-        assert "agent" in r["stdout"].split(), r
+        assert "wr-ns-init" in r["stdout"].split(), r
         if "sleep" not in r["stdout"].split() or time.monotonic() > deadline:
             break
         time.sleep(0.2)
