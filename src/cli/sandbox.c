@@ -58,6 +58,7 @@ static const char usage_run[] =
     "                   lease ends a minute later\n"
     "  --cpus N         vCPUs (default 2)\n"
     "  --memory MIB     memory in MiB (default 4096)\n"
+    "  --disk MIB       disk quota of its writable layer in MiB (default 10240)\n"
     "  --env K=V        environment variable (repeatable)\n"
     "  --cwd DIR        working directory (default /workspace)\n"
     "  --stdin          send our stdin (read to the end first, up to 512 KiB) to CMD\n"
@@ -75,6 +76,7 @@ static const char usage_create[] =
     "  --timeout SECS            lease length, 1..86400 (default 3600)\n"
     "  --cpus N                  vCPUs (default 2)\n"
     "  --memory MIB              memory in MiB (default 4096)\n"
+    "  --disk MIB                disk quota of its writable layer in MiB (default 10240)\n"
     "  --env K=V                 environment variable for every exec (repeatable)\n"
     "  --metadata K=V            stored and returned, never interpreted (repeatable)\n"
     "  --on-lease-end stop|delete  what happens when the lease ends (default stop)\n"
@@ -135,6 +137,7 @@ enum {
     OPT_TIMEOUT,
     OPT_CPUS,
     OPT_MEMORY,
+    OPT_DISK,
     OPT_ENV,
     OPT_CWD,
     OPT_KEEP,
@@ -265,6 +268,11 @@ static int create_opt(const char *cmd, struct create_opts *co, int opt, const ch
             return cli_usage_error(cmd, "--memory wants MiB as a whole number, got '%s'", arg);
         json_object_set_new(co->body, "memory_mib", json_integer(v));
         return 1;
+    case OPT_DISK:
+        if (cli_parse_long(arg, 1, 1L << 30, &v) < 0)
+            return cli_usage_error(cmd, "--disk wants MiB as a whole number, got '%s'", arg);
+        json_object_set_new(co->body, "disk_mib", json_integer(v));
+        return 1;
     case OPT_ENV:
         if (cli_parse_kv(arg, co->env) < 0)
             return cli_usage_error(cmd, "--env wants K=V, got '%s'", arg);
@@ -320,6 +328,7 @@ static int cmd_run(struct cli_ctx *c, int argc, char **argv)
         {"timeout", required_argument, 0, OPT_TIMEOUT},
         {"cpus", required_argument, 0, OPT_CPUS},
         {"memory", required_argument, 0, OPT_MEMORY},
+        {"disk", required_argument, 0, OPT_DISK},
         {"env", required_argument, 0, OPT_ENV},
         {"cwd", required_argument, 0, OPT_CWD},
         {"stdin", no_argument, 0, OPT_STDIN},
@@ -461,6 +470,7 @@ static int cmd_create(struct cli_ctx *c, int argc, char **argv)
         {"timeout", required_argument, 0, OPT_TIMEOUT},
         {"cpus", required_argument, 0, OPT_CPUS},
         {"memory", required_argument, 0, OPT_MEMORY},
+        {"disk", required_argument, 0, OPT_DISK},
         {"env", required_argument, 0, OPT_ENV},
         {"metadata", required_argument, 0, OPT_METADATA},
         {"on-lease-end", required_argument, 0, OPT_LEASE_END},

@@ -67,7 +67,7 @@ def test_run_not_found_is_127(daemon, client):
 
 
 def test_sandbox_round_trip(daemon, client):
-    r = wr(daemon, "sandbox", "create", "--memory", "512", "--env", "WHO=cli",
+    r = wr(daemon, "sandbox", "create", "--memory", "512", "--disk", "300", "--env", "WHO=cli",
            "--metadata", "from=test")
     assert r.returncode == 0, r
     sid = r.stdout.decode().strip()
@@ -90,7 +90,7 @@ def test_sandbox_round_trip(daemon, client):
         sb = json.loads(r.stdout)
         assert sb == client.get(sid)
         assert sb["env"] == {"WHO": "cli"} and sb["metadata"] == {"from": "test"}
-        assert sb["memory_mib"] == 512
+        assert sb["memory_mib"] == 512 and sb["disk_mib"] == 300
 
         # exec
         r = wr(daemon, "sandbox", "exec", sid, "--", "sh", "-c",
