@@ -12,6 +12,7 @@ test finds the daemon through RUNTIME_URL, as a user's program would.
 """
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -136,7 +137,7 @@ class Daemon:
 
 
 @pytest.fixture(scope="session")
-def daemon():
+def daemon(request):
     d = Daemon()
     saved = {k: os.environ.get(k) for k in ("RUNTIME_URL", "RUNTIME_API_KEY")}
     try:
@@ -151,6 +152,8 @@ def daemon():
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        if request.session.testsfailed == 0:  # keep the daemon's log only when something failed
+            shutil.rmtree(d.logdir, ignore_errors=True)
 
 
 @pytest.fixture
