@@ -4,6 +4,8 @@
  */
 #include "api/api.h"
 
+#include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "api/jsonv.h"
@@ -151,6 +153,24 @@ json_t *api_json_body(struct daemon *d, struct http_req *req, int empty_ok)
     if (!o)
         http_reply_error(req, 400, "invalid_request", "%s", msg);
     return o;
+}
+
+int api_query_u64(struct http_req *req, const char *name, uint64_t def, uint64_t *out)
+{
+    const char *s = http_req_query(req, name);
+    *out = def;
+    if (!s)
+        return 0;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    /* strtoull would take leading blanks and signs; a parameter is digits only */
+    if (!*s || strlen(s) > 19 || errno || *end || s[0] < '0' || s[0] > '9') {
+        http_reply_error(req, 400, "invalid_request", "%s: must be a non-negative integer", name);
+        return -1;
+    }
+    *out = v;
+    return 0;
 }
 
 struct sandbox *api_sandbox(struct daemon *d, struct http_req *req, const char *id)

@@ -20,6 +20,12 @@ void api_handle(struct http_req *req, void *ctx);
  */
 json_t *api_json_body(struct daemon *d, struct http_req *req, int empty_ok);
 
+/**
+ * Reads query parameter name as a non-negative decimal integer into *out (def when absent).
+ * On a malformed value answers 400 naming the parameter and returns -1.
+ */
+int api_query_u64(struct http_req *req, const char *name, uint64_t def, uint64_t *out);
+
 /** Finds the sandbox named in the path, or answers 404 and returns NULL. */
 struct sandbox *api_sandbox(struct daemon *d, struct http_req *req, const char *id);
 

@@ -49,28 +49,11 @@ void api_commands_get(struct daemon *d, struct http_req *req, struct route_match
         http_reply_json(req, 200, command_to_json(c));
 }
 
-static int query_offset(struct http_req *req, const char *name, size_t *out)
-{
-    const char *s = http_req_query(req, name);
-    *out = 0;
-    if (!s)
-        return 0;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (!*s || *end || errno || s[0] == '-') {
-        http_reply_error(req, 400, "invalid_request", "%s: must be a non-negative integer", name);
-        return -1;
-    }
-    *out = (size_t)v;
-    return 0;
-}
-
 void api_commands_output(struct daemon *d, struct http_req *req, struct route_match *m)
 {
-    size_t off[2];
-    if (query_offset(req, "stdout_offset", &off[0]) < 0 ||
-        query_offset(req, "stderr_offset", &off[1]) < 0)
+    uint64_t off[2];
+    if (api_query_u64(req, "stdout_offset", 0, &off[0]) < 0 ||
+        api_query_u64(req, "stderr_offset", 0, &off[1]) < 0)
         return;
     struct command *c = find(d, req, m, NULL);
     if (!c)

@@ -413,11 +413,7 @@ void api_exec(struct daemon *d, struct http_req *req, struct route_match *m)
         return;
     }
     if (stdin_data) {
-        for (size_t off = 0; off < stdin_len; off += PROTO_CHUNK) {
-            size_t n = stdin_len - off < PROTO_CHUNK ? stdin_len - off : PROTO_CHUNK;
-            agentconn_send(sb->conn, op->id, PROTO_STDIN, 0, stdin_data + off, n);
-        }
-        agentconn_send(sb->conn, op->id, PROTO_STDIN, PROTO_F_FIN, NULL, 0);
+        agentconn_send_stdin(sb->conn, op->id, stdin_data, stdin_len);
         free(stdin_data);
     }
     op->timer = evtimer_new(d->base, on_timer, op);

@@ -320,19 +320,6 @@ static void send_stat_request(struct file_op *op)
     fop_send(op, PROTO_FILE_STAT, &b);
 }
 
-static int parse_u64(const char *s, uint64_t *out)
-{
-    if (!s || !*s || strlen(s) > 19)
-        return -1;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || *end || s[0] == '-' || s[0] == '+' || s[0] == ' ')
-        return -1;
-    *out = v;
-    return 0;
-}
-
 static int parse_flag(const char *s, int def, int *out)
 {
     if (!s) {
@@ -350,13 +337,10 @@ static int parse_flag(const char *s, int def, int *out)
 
 void api_files_read(struct daemon *d, struct http_req *req, struct route_match *m)
 {
-    uint64_t offset = 0, length = UINT64_MAX;
-    const char *so = http_req_query(req, "offset"), *sl = http_req_query(req, "length");
-    if ((so && parse_u64(so, &offset) < 0) || (sl && parse_u64(sl, &length) < 0)) {
-        http_reply_error(req, 400, "invalid_request", "%s: must be a non-negative integer",
-                         so && parse_u64(so, &offset) < 0 ? "offset" : "length");
+    uint64_t offset, length;
+    if (api_query_u64(req, "offset", 0, &offset) < 0 ||
+        api_query_u64(req, "length", UINT64_MAX, &length) < 0)
         return;
-    }
     struct file_op *op = fop_new(d, req, m, FOP_READ, http_req_query(req, "path"));
     if (!op)
         return;

@@ -276,6 +276,16 @@ int agentconn_send(struct agentconn *c, uint32_t id, uint16_t type, uint16_t fla
     return send_frame(c, id, type, flags, payload, len);
 }
 
+void agentconn_send_stdin(struct agentconn *c, uint32_t id, const void *data, size_t len)
+{
+    const uint8_t *p = data;
+    for (size_t off = 0; off < len; off += PROTO_CHUNK) {
+        size_t n = len - off < PROTO_CHUNK ? len - off : PROTO_CHUNK;
+        agentconn_send(c, id, PROTO_STDIN, 0, p + off, n);
+    }
+    agentconn_send(c, id, PROTO_STDIN, PROTO_F_FIN, NULL, 0);
+}
+
 void agentconn_cancel(struct agentconn *c, uint32_t id)
 {
     free(take(c, id));

@@ -44,6 +44,9 @@ uint32_t agentconn_request(struct agentconn *c, uint16_t type, const void *paylo
 int agentconn_send(struct agentconn *c, uint32_t id, uint16_t type, uint16_t flags,
                    const void *payload, size_t len);
 
+/** Sends len bytes as a request's whole stdin: STDIN frames of PROTO_CHUNK, then FIN. */
+void agentconn_send_stdin(struct agentconn *c, uint32_t id, const void *data, size_t len);
+
 /** Forgets a request: its callback is not called again; late frames for it are dropped. */
 void agentconn_cancel(struct agentconn *c, uint32_t id);
 

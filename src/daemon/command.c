@@ -157,13 +157,8 @@ struct command *command_start(struct sandbox *sb, const struct proto_buf *exec, 
         snprintf(msg, msglen, "the sandbox's agent is not reachable");
         return NULL;
     }
-    if (stdin_data) {
-        for (size_t off = 0; off < stdin_len; off += PROTO_CHUNK) {
-            size_t n = stdin_len - off < PROTO_CHUNK ? stdin_len - off : PROTO_CHUNK;
-            agentconn_send(sb->conn, c->req_id, PROTO_STDIN, 0, stdin_data + off, n);
-        }
-        agentconn_send(sb->conn, c->req_id, PROTO_STDIN, PROTO_F_FIN, NULL, 0);
-    }
+    if (stdin_data)
+        agentconn_send_stdin(sb->conn, c->req_id, stdin_data, stdin_len);
     if (timeout_s > 0) {
         c->timer = evtimer_new(sb->d->base, on_timeout, c);
         struct timeval tv = {(time_t)timeout_s,

@@ -110,6 +110,18 @@ static void link_sandbox(struct daemon *d, struct sandbox *sb)
     d->nsandboxes++;
 }
 
+static void unlink_sandbox(struct sandbox *sb);
+
+/* A sandbox the driver has destroyed: out of the store (its events stay), out of the list. */
+static void sandbox_forget(struct sandbox *sb, const char *reason)
+{
+    struct wr_err err = {0};
+    if (store_sandbox_delete(sb->d->store, sb->id, &err) < 0)
+        log_error(sb->id, "store.failed", "error=\"%s\"", err.msg);
+    store_event_add(sb->d->store, sb->id, "deleted", "deleted", reason, NULL);
+    unlink_sandbox(sb);
+}
+
 /* Removes sb from the daemon's list and drops the list's reference. */
 static void unlink_sandbox(struct sandbox *sb)
 {
@@ -261,9 +273,7 @@ static void start_cleanup_done(void *p)
     if (j->rc < 0)
         log_error(sb->id, "sandbox.cleanup_failed", "error=\"%s\"", j->err.msg);
     if (j->is_create && j->rc == 0) {
-        store_sandbox_delete(sb->d->store, sb->id, NULL);
-        store_event_add(sb->d->store, sb->id, "deleted", "deleted", "create_failed", NULL);
-        unlink_sandbox(sb);
+        sandbox_forget(sb, "create_failed");
     } else {
         sandbox_set_state(sb, SB_FAILED, j->failure);
     }
@@ -452,13 +462,9 @@ static void delete_done(void *p)
         sandbox_set_state(sb, SB_FAILED, why);
         j->done(sb, 0, why, j->arg);
     } else {
-        struct wr_err err = {0};
-        if (store_sandbox_delete(sb->d->store, sb->id, &err) < 0)
-            log_error(sb->id, "store.failed", "error=\"%s\"", err.msg);
-        store_event_add(sb->d->store, sb->id, "deleted", "deleted", j->failure, NULL);
         log_info(sb->id, "sandbox.deleted", "ms=%llu",
                  (unsigned long long)(now_ms_monotonic() - j->started_ms));
-        unlink_sandbox(sb);
+        sandbox_forget(sb, j->failure);
         j->done(sb, 1, NULL, j->arg);
     }
     job_free(j);
@@ -537,9 +543,7 @@ static int load_one(void *arg, const char *id, const char *state, const char *do
         if (d->driver->destroy(&spec, &err) < 0) {
             sandbox_set_state(sb, SB_FAILED, err.msg);
         } else {
-            store_sandbox_delete(d->store, sb->id, NULL);
-            store_event_add(d->store, sb->id, "deleted", "deleted", "daemon_restart", NULL);
-            unlink_sandbox(sb);
+            sandbox_forget(sb, "daemon_restart");
         }
     } else if (sb->state == SB_RUNNING || sb->state == SB_STOPPING || sb->state == SB_STARTING) {
         /* Its channel died with the previous daemon: stop it cleanly, files kept. */
@@ -549,9 +553,7 @@ static int load_one(void *arg, const char *id, const char *state, const char *do
             if (d->driver->destroy(&spec, &err) < 0) {
                 sandbox_set_state(sb, SB_FAILED, err.msg);
             } else {
-                store_sandbox_delete(d->store, sb->id, NULL);
-                store_event_add(d->store, sb->id, "deleted", "deleted", "lease_ended", NULL);
-                unlink_sandbox(sb);
+                sandbox_forget(sb, "lease_ended");
             }
         } else if (d->driver->stop(&spec, &err) < 0) {
             sandbox_set_state(sb, SB_FAILED, err.msg);
