@@ -140,7 +140,7 @@ static uint64_t oom_kills(struct sandbox *sb)
     struct driver_spec spec;
     struct driver_stats st;
     sandbox_spec(sb, &spec);
-    return sb->d->driver->stats(&spec, &st, NULL) < 0 ? 0 : st.oom_kills;
+    return driver_stats(sb->d->driver, &spec, &st, NULL) < 0 ? 0 : st.oom_kills;
 }
 
 static json_t *result_json(struct exec_op *op, int code, int sig)

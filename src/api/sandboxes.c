@@ -274,7 +274,7 @@ void api_sandboxes_stats(struct daemon *d, struct http_req *req, struct route_ma
     struct driver_stats st;
     struct wr_err err = {0};
     sandbox_spec(sb, &spec);
-    if (d->driver->stats(&spec, &st, &err) < 0) {
+    if (driver_stats(d->driver, &spec, &st, &err) < 0) {
         http_reply_error(req, 500, "internal", "%s", err.msg);
         return;
     }

@@ -10,6 +10,7 @@
 #include <event2/thread.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <jansson.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -79,11 +80,30 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "usage: withruntime serve [--state-dir DIR] [--listen HOST:PORT|none] [--socket PATH]\n"
-            "                         [--agent PATH] [--platform systrap|ptrace|kvm] [--debug]\n"
+            "                         [--agent PATH] [--driver gvisor|fake]\n"
+            "                         [--platform systrap|ptrace|kvm] [--debug] [--print-enums]\n"
             "\n"
             "Runs the daemon: the HTTP API on HOST:PORT (default 127.0.0.1:7070) and on the Unix\n"
             "socket (default STATE_DIR/withruntime.sock). State lives in STATE_DIR (default\n"
-            "$WITHRUNTIME_STATE_DIR or /var/lib/withruntime). SIGTERM stops it cleanly.\n");
+            "$WITHRUNTIME_STATE_DIR or /var/lib/withruntime). SIGTERM stops it cleanly.\n"
+            "--driver picks the isolation driver (default: the first this host can run, as\n"
+            "`withruntime doctor` says; `fake` runs agents as plain host processes, for tests).\n"
+            "--print-enums prints the sandbox states and state reasons as JSON and exits.\n");
+}
+
+/* The states and reasons the API can report, for the tests that check the spec against them. */
+static void print_enums(void)
+{
+    json_t *states = json_array(), *reasons = json_array();
+    for (const char *const *p = sandbox_state_names; *p; p++)
+        json_array_append_new(states, json_string(*p));
+    for (const char *const *p = sandbox_reason_names; *p; p++)
+        json_array_append_new(reasons, json_string(*p));
+    json_t *o = json_pack("{s:o, s:o}", "states", states, "reasons", reasons);
+    char *s = json_dumps(o, JSON_COMPACT);
+    printf("%s\n", s);
+    free(s);
+    json_decref(o);
 }
 
 static int parse_args(int argc, char **argv, struct daemon_config *cfg)
@@ -93,7 +113,9 @@ static int parse_args(int argc, char **argv, struct daemon_config *cfg)
                                          {"socket", required_argument, NULL, 'u'},
                                          {"agent", required_argument, NULL, 'a'},
                                          {"platform", required_argument, NULL, 'p'},
+                                         {"driver", required_argument, NULL, 'D'},
                                          {"debug", no_argument, NULL, 'd'},
+                                         {"print-enums", no_argument, NULL, 'E'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     optind = 1;
@@ -122,7 +144,9 @@ static int parse_args(int argc, char **argv, struct daemon_config *cfg)
         case 'u': snprintf(cfg->socket_path, sizeof(cfg->socket_path), "%s", optarg); break;
         case 'a': snprintf(cfg->agent_path, sizeof(cfg->agent_path), "%s", optarg); break;
         case 'p': snprintf(cfg->platform, sizeof(cfg->platform), "%s", optarg); break;
+        case 'D': snprintf(cfg->driver, sizeof(cfg->driver), "%s", optarg); break;
         case 'd': cfg->debug = 1; break;
+        case 'E': print_enums(); exit(0);
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
         }
@@ -217,19 +241,12 @@ int daemon_main(int argc, char **argv)
     struct driver_config dc = {.state_dir = d.cfg.state_dir,
                                .platform = d.cfg.platform[0] ? d.cfg.platform : NULL,
                                .debug = d.cfg.debug};
-    d.driver = &driver_gvisor;
-    if (driver_init(&dc, &err) < 0) {
-        fprintf(stderr, "withruntime serve: %s\n", err.msg);
-        return 1;
-    }
     /* Probe now (runsc there, which platform works) so the first create does not pay for it
      * and a host that cannot run sandboxes says so at once. */
     char detail[256] = "";
-    if (d.driver->probe(detail, sizeof(detail), &err) < 0) {
-        fprintf(stderr,
-                "withruntime serve: the %s driver cannot run here: %s (see `withruntime "
-                "doctor`)\n",
-                d.driver->name, err.msg);
+    d.driver = driver_select(d.cfg.driver, &dc, detail, sizeof(detail), &err);
+    if (!d.driver) {
+        fprintf(stderr, "withruntime serve: %s (see `withruntime doctor`)\n", err.msg);
         return 1;
     }
     log_info(NULL, "driver.ready", "driver=%s detail=\"%s\"", d.driver->name, detail);

@@ -18,6 +18,7 @@ struct daemon_config {
     char socket_path[PATH_MAX];
     char agent_path[PATH_MAX];
     char platform[32]; /* "" = auto */
+    char driver[16];   /* "" = the first this host can run */
     int debug;
     size_t max_json_body;      /* bytes of a JSON request body */
     size_t max_upload;         /* bytes of a file upload */

@@ -22,18 +22,32 @@
 #define PING_EVERY_MS 5000
 #define WATCHDOG_MS 20000
 
-static const char *state_names[] = {"creating", "running",  "stopped", "failed",
-                                    "deleting", "stopping", "starting"};
+const char *const sandbox_state_names[] = {"creating", "running",  "stopped",  "failed",
+                                           "deleting", "stopping", "starting", NULL};
+
+const char *const sandbox_reason_names[] = {"user",
+                                            "created",
+                                            "lease_ended",
+                                            "agent_died",
+                                            "agent_unresponsive",
+                                            "oom",
+                                            "daemon_shutdown",
+                                            "daemon_restart",
+                                            "create_failed",
+                                            "start_failed",
+                                            "stop_failed",
+                                            "delete_failed",
+                                            NULL};
 
 const char *sandbox_state_name(enum sb_state s)
 {
-    return (unsigned)s < WR_ARRAY_LEN(state_names) ? state_names[s] : "unknown";
+    return (unsigned)s < WR_ARRAY_LEN(sandbox_state_names) - 1 ? sandbox_state_names[s] : "unknown";
 }
 
 int sandbox_state_parse(const char *name)
 {
-    for (size_t i = 0; i < WR_ARRAY_LEN(state_names); i++)
-        if (strcmp(name, state_names[i]) == 0)
+    for (size_t i = 0; sandbox_state_names[i]; i++)
+        if (strcmp(name, sandbox_state_names[i]) == 0)
             return (int)i;
     return -1;
 }
@@ -233,9 +247,9 @@ static void job_run(void *p)
     const struct driver_ops *drv = j->sb->d->driver;
     j->fd = -1;
     switch (j->kind) {
-    case JOB_START: j->rc = drv->start(&j->spec, &j->fd, &j->err); break;
-    case JOB_STOP: j->rc = drv->stop(&j->spec, &j->err); break;
-    case JOB_DESTROY: j->rc = drv->destroy(&j->spec, &j->err); break;
+    case JOB_START: j->rc = driver_start(drv, &j->spec, &j->fd, &j->err); break;
+    case JOB_STOP: j->rc = driver_stop(drv, &j->spec, &j->err); break;
+    case JOB_DESTROY: j->rc = driver_destroy(drv, &j->spec, &j->err); break;
     }
 }
 
@@ -338,7 +352,7 @@ void sandbox_lost(struct sandbox *sb, const char *reason, const char *detail)
         struct driver_spec spec;
         struct driver_stats st;
         sandbox_spec(sb, &spec);
-        int oom = sb->d->driver->stats(&spec, &st, NULL) >= 0 && st.oom_kills > 0;
+        int oom = driver_stats(sb->d->driver, &spec, &st, NULL) >= 0 && st.oom_kills > 0;
         reason = oom ? "oom" : "agent_died";
     }
     sandbox_set_state(sb, SB_FAILED, reason);
@@ -540,7 +554,7 @@ static int load_one(void *arg, const char *id, const char *state, const char *do
     struct wr_err err = {0};
     if (sb->state == SB_CREATING || sb->state == SB_DELETING) {
         /* It never finished being created, or was being deleted: finish the delete. */
-        if (d->driver->destroy(&spec, &err) < 0) {
+        if (driver_destroy(d->driver, &spec, &err) < 0) {
             sandbox_set_state(sb, SB_FAILED, err.msg);
         } else {
             sandbox_forget(sb, "daemon_restart");
@@ -550,12 +564,12 @@ static int load_one(void *arg, const char *id, const char *state, const char *do
         int lease_over = sb->lease_ends_ms <= now_ms_wall();
         if (lease_over && strcmp(sb->on_lease_end, "delete") == 0) {
             /* Its lease ended while the daemon was down: it is deleted now. */
-            if (d->driver->destroy(&spec, &err) < 0) {
+            if (driver_destroy(d->driver, &spec, &err) < 0) {
                 sandbox_set_state(sb, SB_FAILED, err.msg);
             } else {
                 sandbox_forget(sb, "lease_ended");
             }
-        } else if (d->driver->stop(&spec, &err) < 0) {
+        } else if (driver_stop(d->driver, &spec, &err) < 0) {
             sandbox_set_state(sb, SB_FAILED, err.msg);
         } else {
             sandbox_set_state(sb, SB_STOPPED, lease_over ? "lease_ended" : "daemon_restart");
@@ -636,7 +650,7 @@ void sandbox_stop_all(struct daemon *d)
         struct driver_spec spec;
         sandbox_spec(sb, &spec);
         struct wr_err err = {0};
-        if (d->driver->stop(&spec, &err) < 0)
+        if (driver_stop(d->driver, &spec, &err) < 0)
             sandbox_set_state(sb, SB_FAILED, err.msg);
         else
             sandbox_set_state(sb, SB_STOPPED, "daemon_shutdown");

@@ -64,6 +64,12 @@ struct sandbox {
 
 typedef void (*sandbox_done_cb)(struct sandbox *sb, int ok, const char *message, void *arg);
 
+/** Every state's name, indexed by enum sb_state, NULL-terminated. */
+extern const char *const sandbox_state_names[];
+
+/** Every reason a state change can carry (state_reason), NULL-terminated. */
+extern const char *const sandbox_reason_names[];
+
 /** Returns the state's name ("running"). */
 const char *sandbox_state_name(enum sb_state s);
 

@@ -31,7 +31,7 @@
 #include "common/proc.h"
 #include "common/util.h"
 #include "driver/cgroup.h"
-#include "driver/driver.h"
+#include "driver/gvisor.h"
 #include "image/image.h"
 
 #define KVM_TIMEOUT_MS 2000
@@ -499,7 +499,7 @@ int doctor_run(FILE *out, const char *state_dir)
     struct driver_config cfg = {.state_dir = state_dir, .platform = NULL, .debug = 0};
     struct wr_err err = {0};
     bool gvisor = false;
-    if (driver_init(&cfg, &err) < 0)
+    if (driver_gvisor.configure(&cfg, &err) < 0)
         fprintf(out, "gvisor driver\n  [FAIL] %s\n  => gvisor: NOT usable here\n\n", err.msg);
     else
         gvisor = check_gvisor(out, state_dir);

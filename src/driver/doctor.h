@@ -10,7 +10,7 @@
 
 /**
  * Runs every check and prints a report for a person to `out`. Takes a few seconds at most
- * (the KVM guest test is cut off after 2 s). Calls driver_init itself with state_dir.
+ * (the KVM guest test is cut off after 2 s). Configures the gvisor driver itself with state_dir.
  * Returns 0 if at least the gvisor driver works here, 1 if no driver does.
  */
 int doctor_run(FILE *out, const char *state_dir);

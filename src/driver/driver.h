@@ -11,6 +11,7 @@
 #ifndef WR_DRIVER_H
 #define WR_DRIVER_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -39,8 +40,13 @@ struct driver_stats {
     uint64_t oom_kills;    /* processes the host OOM killer killed in it since it started */
 };
 
+struct driver_config;
+
 struct driver_ops {
-    const char *name; /* "gvisor" */
+    const char *name; /* "gvisor", "fake" */
+
+    /** Stores the global configuration. Called once, before any other operation. */
+    int (*configure)(const struct driver_config *cfg, struct wr_err *err);
 
     /**
      * Checks whether this host can run the driver. Returns 0 if it can, -1 with the reason in
@@ -52,7 +58,8 @@ struct driver_ops {
     /**
      * Prepares the sandbox's writable layer in spec->dir (first start only; idempotent) and
      * starts it: on success the agent is running as PID 1 and *chan_fd (O_CLOEXEC,
-     * caller owns it) is the daemon's end of the byte stream to it.
+     * caller owns it) is the daemon's end of the byte stream to it. On failure everything the
+     * start did is undone (the writable layer stays).
      */
     int (*start)(const struct driver_spec *spec, int *chan_fd, struct wr_err *err);
 
@@ -83,46 +90,33 @@ struct driver_config {
     int debug;             /* keep runsc debug logs in the sandbox dir */
 };
 
-/** The gVisor driver. */
-extern const struct driver_ops driver_gvisor;
-
-/** Configures all drivers. Call once at start-up. Returns 0 or -1. */
-int driver_init(const struct driver_config *cfg, struct wr_err *err);
-
-/** Looks up a driver by name; NULL if unknown. */
+/** Looks up a driver by name ("gvisor", "fake"); NULL if unknown. */
 const struct driver_ops *driver_find(const char *name);
 
+/**
+ * Chooses, configures and probes the driver the daemon will use: the one named (NULL or ""
+ * = the first production driver whose probe passes, as `doctor` would say). Fills detail
+ * with the probe's findings. Returns the driver, or NULL with err saying why.
+ */
+const struct driver_ops *driver_select(const char *name, const struct driver_config *cfg,
+                                       char *detail, size_t detail_len, struct wr_err *err);
+
+/**
+ * Marks the calling thread as one that must never call a driver (the daemon's event loop).
+ * Later driver_* calls from it abort in builds without NDEBUG.
+ */
+void driver_forbid_this_thread(void);
+
 /*
- * gVisor driver helpers (driver_init calls gvisor_configure; the others say what limits a
- * sandbox really gets on the host, for docs and accounting).
+ * The daemon calls drivers only through these, which check the thread (see above) and
+ * dispatch to drv's operation of the same name.
  */
-
-/** Stores the gVisor driver's configuration. Returns 0, or -1 with err set. */
-int gvisor_configure(const struct driver_config *cfg, struct wr_err *err);
-
-/**
- * The host memory cgroup limit for a sandbox of memory_mib: memory_mib plus a margin for
- * gVisor's own sentry and gofer (64 MiB + memory_mib/16). Exceeding it kills the whole
- * sandbox; the guest sees this total as its MemTotal.
- */
-uint64_t gvisor_memory_limit_bytes(int memory_mib);
-
-/** The host pids.max backstop for a sandbox whose guest process cap is pids_max. */
-int gvisor_pids_limit(int pids_max);
-
-/** Reads the installed runsc's version (e.g. "0.0~20240729.0") into out. Returns 0 or -1. */
-int gvisor_runsc_version(char *out, size_t outlen, struct wr_err *err);
-
-/**
- * Returns 1 if a runsc of this version is too old to use (Debian 12's own 0.0~20221219
- * rejects statx with AT_NO_AUTOMOUNT, so ls and stat fail inside), else 0.
- */
-int gvisor_runsc_too_old(const char *version);
-
-/**
- * Starts and stops a throwaway sandbox (`runsc do true`) on the given platform. Needs
- * driver_init. Returns 0 if it worked, -1 with the reason in err.
- */
-int gvisor_platform_check(const char *platform, struct wr_err *err);
+int driver_start(const struct driver_ops *drv, const struct driver_spec *spec, int *chan_fd,
+                 struct wr_err *err);
+int driver_stop(const struct driver_ops *drv, const struct driver_spec *spec, struct wr_err *err);
+int driver_destroy(const struct driver_ops *drv, const struct driver_spec *spec,
+                   struct wr_err *err);
+int driver_stats(const struct driver_ops *drv, const struct driver_spec *spec,
+                 struct driver_stats *out, struct wr_err *err);
 
 #endif

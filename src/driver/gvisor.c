@@ -17,10 +17,10 @@
  * Host cgroups are made by cgroup.c; runsc state lives in <state_dir>/runsc.
  *
  * Every function blocks; different sandboxes may be handled concurrently.
- * Global state: the configuration (written once by driver_init) and the
+ * Global state: the configuration (written once by configure) and the
  * platform chosen by the first start (under platform_lock).
  */
-#include "driver/driver.h"
+#include "driver/gvisor.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -96,7 +96,7 @@ static bool platform_valid(const char *p)
     return !strcmp(p, "systrap") || !strcmp(p, "ptrace") || !strcmp(p, "kvm");
 }
 
-int gvisor_configure(const struct driver_config *cfg, struct wr_err *err)
+static int gv_configure(const struct driver_config *cfg, struct wr_err *err)
 {
     if (!cfg || !cfg->state_dir || cfg->state_dir[0] != '/')
         return wr_err_set(err, EINVAL, "driver: state_dir must be an absolute path");
@@ -192,7 +192,7 @@ static int platform_try(const char *p, struct wr_err *err)
 int gvisor_platform_check(const char *platform, struct wr_err *err)
 {
     if (!conf.configured)
-        return wr_err_set(err, EINVAL, "driver_init was not called");
+        return wr_err_set(err, EINVAL, "the gvisor driver was not configured");
     if (!platform || !platform_valid(platform))
         return wr_err_set(err, EINVAL, "unknown gVisor platform \"%s\"", platform ? platform : "");
     return platform_try(platform, err);
@@ -281,7 +281,7 @@ static void fill_paths(struct sb_paths *sp, const char *dir)
 static int resolve_dir(const struct driver_spec *spec, struct sb_paths *sp, struct wr_err *err)
 {
     if (!conf.configured)
-        return wr_err_set(err, EINVAL, "driver_init was not called");
+        return wr_err_set(err, EINVAL, "the gvisor driver was not configured");
     if (check_id(spec->id, err) < 0)
         return -1;
     if (check_overlay_path("sandbox directory", spec->dir, err) < 0)
@@ -897,7 +897,7 @@ static int gv_destroy(const struct driver_spec *spec, struct wr_err *err)
 static int gv_is_running(const struct driver_spec *spec, struct wr_err *err)
 {
     if (!conf.configured)
-        return wr_err_set(err, EINVAL, "driver_init was not called");
+        return wr_err_set(err, EINVAL, "the gvisor driver was not configured");
     if (check_id(spec->id, err) < 0)
         return -1;
     if (!runsc_has_state(spec->id))
@@ -980,7 +980,7 @@ static int gv_probe(char *detail, size_t detail_len, struct wr_err *err)
     if (disk_check(err) < 0)
         return -1;
     if (!conf.configured)
-        return wr_err_set(err, EINVAL, "driver_init was not called");
+        return wr_err_set(err, EINVAL, "the gvisor driver was not configured");
     char platform[16];
     if (platform_get(platform, sizeof(platform), err) < 0)
         return -1;
@@ -993,6 +993,7 @@ static int gv_probe(char *detail, size_t detail_len, struct wr_err *err)
 
 const struct driver_ops driver_gvisor = {
     .name = "gvisor",
+    .configure = gv_configure,
     .probe = gv_probe,
     .start = gv_start,
     .stop = gv_stop,
