@@ -1,6 +1,6 @@
 /*
  * Routing for /v1 and the helpers every handler shares (body parsing with
- * limits, sandbox lookup with the right 404/409 answers).
+ * limits, query integers).
  */
 #include "api/api.h"
 
@@ -9,10 +9,8 @@
 #include <string.h>
 
 #include "api/jsonv.h"
-#include "common/log.h"
 #include "common/util.h"
-#include "daemon/agentconn.h"
-#include "daemon/sandbox.h"
+#include "daemon/daemon.h"
 
 typedef void (*handler_fn)(struct daemon *, struct http_req *, struct route_match *);
 
@@ -173,34 +171,7 @@ int api_query_u64(struct http_req *req, const char *name, uint64_t def, uint64_t
     return 0;
 }
 
-struct sandbox *api_sandbox(struct daemon *d, struct http_req *req, const char *id)
+void api_reply_invalid(struct http_req *req, const char *msg)
 {
-    struct sandbox *sb = sandbox_id_valid(id) ? sandbox_find(d, id) : NULL;
-    if (!sb)
-        http_reply_error(req, 404, "not_found", "sandbox %.64s not found", id);
-    return sb;
-}
-
-struct sandbox *api_sandbox_running(struct daemon *d, struct http_req *req, const char *id)
-{
-    struct sandbox *sb = api_sandbox(d, req, id);
-    if (!sb)
-        return NULL;
-    if (sb->state != SB_RUNNING || !agentconn_alive(sb->conn)) {
-        const char *st = sandbox_state_name(sb->state);
-        if (sb->state == SB_STOPPED)
-            http_reply_error(
-                req, 409, "conflict",
-                "sandbox %s is stopped (%s); start it with POST /v1/sandboxes/%s/start", sb->id,
-                sb->reason[0] ? sb->reason : "stopped", sb->id);
-        else if (sb->state == SB_FAILED)
-            http_reply_error(req, 409, "conflict",
-                             "sandbox %s has failed (%s); start it again with POST "
-                             "/v1/sandboxes/%s/start, or delete it",
-                             sb->id, sb->reason, sb->id);
-        else
-            http_reply_error(req, 409, "conflict", "sandbox %s is %s, not running", sb->id, st);
-        return NULL;
-    }
-    return sb;
+    http_reply_error(req, 400, "invalid_request", "%s", msg);
 }

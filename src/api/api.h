@@ -1,18 +1,40 @@
 /*
- * The /v1 API: one handler per route, a file per resource. Handlers run on
- * the loop thread and answer each request exactly once.
+ * The /v1 API: one handler per route, a file per resource. A handler reads
+ * and checks its request, calls the service (daemon/service.h) with a sink
+ * that turns the service's answer into HTTP (api/sink.c), and returns. It
+ * knows nothing of sandboxes' insides, agent frames or drivers.
  */
 #ifndef WR_API_H
 #define WR_API_H
 
 #include <jansson.h>
+#include <stdint.h>
 
-#include "daemon/daemon.h"
+#include "common/err.h"
 #include "http/http.h"
 #include "http/router.h"
 
+struct daemon;
+struct sink;
+
 /** The HTTP server's request handler; ctx is the struct daemon. */
 void api_handle(struct http_req *req, void *ctx);
+
+/**
+ * `withruntime serve [flags]`: opens the daemon, serves the API on its listeners until
+ * SIGTERM/SIGINT, then shuts the daemon down. argv[0] is "serve". Returns the exit status.
+ */
+int api_serve_main(int argc, char **argv);
+
+/**
+ * A sink (daemon/sink.h) answering req: the service's replies become JSON bodies, its
+ * failures the error envelope with the status for their kind, its streams chunked bodies
+ * (record streams as NDJSON). The sink frees itself once the answer is finished.
+ */
+struct sink *api_sink_new(struct http_req *req);
+
+/** Answers req with the error envelope for err (status and code from its kind). Frees req. */
+void api_reply_err(struct http_req *req, const struct wr_err *err);
 
 /**
  * Reads the request body as a JSON object, enforcing the JSON size limit. On failure answers
@@ -26,11 +48,8 @@ json_t *api_json_body(struct daemon *d, struct http_req *req, int empty_ok);
  */
 int api_query_u64(struct http_req *req, const char *name, uint64_t def, uint64_t *out);
 
-/** Finds the sandbox named in the path, or answers 404 and returns NULL. */
-struct sandbox *api_sandbox(struct daemon *d, struct http_req *req, const char *id);
-
-/** Like api_sandbox, but also answers 409 unless the sandbox is running with a live agent. */
-struct sandbox *api_sandbox_running(struct daemon *d, struct http_req *req, const char *id);
+/** Answers 400 invalid_request with msg. Frees req. */
+void api_reply_invalid(struct http_req *req, const char *msg);
 
 /* Handlers, by resource. */
 void api_sandboxes_create(struct daemon *d, struct http_req *req, struct route_match *m);
@@ -41,6 +60,7 @@ void api_sandboxes_stop(struct daemon *d, struct http_req *req, struct route_mat
 void api_sandboxes_start(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_sandboxes_timeout(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_sandboxes_events(struct daemon *d, struct http_req *req, struct route_match *m);
+void api_sandboxes_stats(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_exec(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_files_read(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_files_write(struct daemon *d, struct http_req *req, struct route_match *m);
@@ -53,7 +73,6 @@ void api_commands_get(struct daemon *d, struct http_req *req, struct route_match
 void api_commands_output(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_commands_wait(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_commands_signal(struct daemon *d, struct http_req *req, struct route_match *m);
-void api_sandboxes_stats(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_health(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_images_list(struct daemon *d, struct http_req *req, struct route_match *m);
 

@@ -47,13 +47,4 @@ int jv_string_array(json_t *o, const char *name, size_t max_items, size_t max_le
 /** Parses an octal mode string ("0644", "755") into [0, 07777]. Returns 0 or -1. */
 int jv_parse_mode(const char *s, unsigned *out);
 
-/** Returns 1 if buf[len] is valid UTF-8 (no overlongs, no surrogates). */
-int jv_utf8_valid(const unsigned char *buf, size_t len);
-
-/**
- * Length of the longest prefix of buf[len] that ends on a whole UTF-8 character, so a stream
- * can hold back a character split across chunks (at most 3 bytes are held back).
- */
-size_t jv_utf8_complete_prefix(const unsigned char *buf, size_t len);
-
 #endif

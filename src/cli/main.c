@@ -8,13 +8,13 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "api/api.h"
 #include "cli/cli.h"
-#include "daemon/daemon.h"
 
 static int cmd_serve(struct cli_ctx *c, int argc, char **argv)
 {
     if (!c->state_dir_explicit)
-        return daemon_main(argc, argv);
+        return api_serve_main(argc, argv);
     /* `withruntime --state-dir D serve ...`: D goes first, so a --state-dir after serve wins. */
     char **av = calloc((size_t)argc + 3, sizeof(*av));
     if (!av) {
@@ -26,7 +26,7 @@ static int cmd_serve(struct cli_ctx *c, int argc, char **argv)
     av[2] = c->state_dir;
     for (int i = 1; i < argc; i++)
         av[i + 2] = argv[i];
-    int r = daemon_main(argc + 2, av);
+    int r = api_serve_main(argc + 2, av);
     free(av);
     return r;
 }

@@ -7,6 +7,7 @@
 static void vset(struct wr_err *err, int code, const char *fmt, va_list ap)
 {
     err->code = code;
+    err->kind = WR_E_INTERNAL;
     vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
 }
 
@@ -35,6 +36,18 @@ int wr_err_sys(struct wr_err *err, int code, const char *fmt, ...)
     return -1;
 }
 
+int wr_err_kind(struct wr_err *err, enum wr_kind kind, int code, const char *fmt, ...)
+{
+    if (!err)
+        return -1;
+    va_list ap;
+    va_start(ap, fmt);
+    vset(err, code, fmt, ap);
+    va_end(ap);
+    err->kind = kind;
+    return -1;
+}
+
 int wr_err_prefix(struct wr_err *err, const char *fmt, ...)
 {
     if (!err)
@@ -55,5 +68,6 @@ void wr_err_clear(struct wr_err *err)
     if (!err)
         return;
     err->code = 0;
+    err->kind = WR_E_INTERNAL;
     err->msg[0] = '\0';
 }

@@ -11,8 +11,25 @@
 
 #define WR_ERR_MSG_MAX 512
 
+/*
+ * What kind of failure it is, for whoever answers the caller: the API turns a kind into an
+ * HTTP status and error code, the CLI into an exit status. Most errors are internal.
+ */
+enum wr_kind {
+    WR_E_INTERNAL = 0,   /* something failed on the host */
+    WR_E_INVALID,        /* the request is malformed */
+    WR_E_NOT_FOUND,      /* no such sandbox, command, route, or file (code = ENOENT) */
+    WR_E_CONFLICT,       /* not now: the sandbox is in the wrong state, or busy */
+    WR_E_TOO_LARGE,      /* a body or value beyond its limit */
+    WR_E_UNAVAILABLE,    /* the daemon is shutting down */
+    WR_E_SANDBOX_FAILED, /* the sandbox's agent died or misbehaved under the request */
+    WR_E_EXEC_FAILED,    /* the command could not be started */
+    WR_E_FILE,           /* a file operation failed inside the sandbox (code = its errno) */
+};
+
 struct wr_err {
     int code;                 /* errno-style code, 0 when unset */
+    enum wr_kind kind;        /* WR_E_INTERNAL unless set by wr_err_kind */
     char msg[WR_ERR_MSG_MAX]; /* human-readable, NUL-terminated */
 };
 
@@ -23,6 +40,10 @@ int wr_err_set(struct wr_err *err, int code, const char *fmt, ...)
 /** Like wr_err_set, appending ": strerror(code)". Returns -1. */
 int wr_err_sys(struct wr_err *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/** Like wr_err_set, with the kind of failure. Returns -1. */
+int wr_err_kind(struct wr_err *err, enum wr_kind kind, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 /** Prefixes the existing message with formatted context ("ctx: old"). Returns -1. */
 int wr_err_prefix(struct wr_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

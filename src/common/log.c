@@ -45,13 +45,28 @@ void log_event(enum wr_log_level level, const char *sandbox, const char *event, 
         vsnprintf(extra, sizeof(extra), fmt, ap);
         va_end(ap);
     }
+    /* Values may hold what a sandbox sent (messages, paths): a control character is written
+     * as an escape, so one event is always one line. */
+    char safe[sizeof(extra) * 4];
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)extra; *p && o + 5 < sizeof(safe); p++) {
+        if (*p == '\n')
+            o += (size_t)snprintf(safe + o, sizeof(safe) - o, "\\n");
+        else if (*p == '\r')
+            o += (size_t)snprintf(safe + o, sizeof(safe) - o, "\\r");
+        else if (*p < 0x20 || *p == 0x7f)
+            o += (size_t)snprintf(safe + o, sizeof(safe) - o, "\\x%02x", *p);
+        else
+            safe[o++] = (char)*p;
+    }
+    safe[o] = '\0';
     pthread_mutex_lock(&log_lock);
     fprintf(stderr, "ts=%s.%03dZ level=%s event=%s", ts, (int)(tv.tv_usec / 1000),
             level_name(level), event);
     if (sandbox)
         fprintf(stderr, " sandbox=%s", sandbox);
-    if (extra[0])
-        fprintf(stderr, " %s", extra);
+    if (safe[0])
+        fprintf(stderr, " %s", safe);
     fputc('\n', stderr);
     fflush(stderr);
     pthread_mutex_unlock(&log_lock);

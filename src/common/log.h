@@ -1,6 +1,8 @@
 /*
- * Structured logging: one line per event, "ts=... level=... msg=... k=v ...",
- * to stderr. Keys with spaces or quotes in their values are quoted.
+ * Structured logging: one line per event, "ts=... level=... event=... k=v ...",
+ * to stderr. Callers quote values that may hold spaces (k="%s"); control
+ * characters in the pairs (a newline from a sandbox's message) are written as
+ * escapes (\n, \r, \xNN), so an event never splits into two lines.
  */
 #ifndef WR_COMMON_LOG_H
 #define WR_COMMON_LOG_H

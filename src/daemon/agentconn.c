@@ -276,14 +276,15 @@ int agentconn_send(struct agentconn *c, uint32_t id, uint16_t type, uint16_t fla
     return send_frame(c, id, type, flags, payload, len);
 }
 
-void agentconn_send_stdin(struct agentconn *c, uint32_t id, const void *data, size_t len)
+int agentconn_send_stdin(struct agentconn *c, uint32_t id, const void *data, size_t len)
 {
     const uint8_t *p = data;
     for (size_t off = 0; off < len; off += PROTO_CHUNK) {
         size_t n = len - off < PROTO_CHUNK ? len - off : PROTO_CHUNK;
-        agentconn_send(c, id, PROTO_STDIN, 0, p + off, n);
+        if (agentconn_send(c, id, PROTO_STDIN, 0, p + off, n) < 0)
+            return -1;
     }
-    agentconn_send(c, id, PROTO_STDIN, PROTO_F_FIN, NULL, 0);
+    return agentconn_send(c, id, PROTO_STDIN, PROTO_F_FIN, NULL, 0);
 }
 
 void agentconn_cancel(struct agentconn *c, uint32_t id)
@@ -301,11 +302,6 @@ void agentconn_exit_status(const uint8_t *payload, size_t len, int *code, int *s
         proto_field_u32(&f, &s);
     *sig = s > 64 ? 0 : (int)s;
     *code = *sig ? -1 : (int)(int32_t)c;
-}
-
-size_t agentconn_pending_out(struct agentconn *c)
-{
-    return c->bev ? evbuffer_get_length(bufferevent_get_output(c->bev)) : 0;
 }
 
 int agentconn_alive(struct agentconn *c)

@@ -44,8 +44,11 @@ uint32_t agentconn_request(struct agentconn *c, uint16_t type, const void *paylo
 int agentconn_send(struct agentconn *c, uint32_t id, uint16_t type, uint16_t flags,
                    const void *payload, size_t len);
 
-/** Sends len bytes as a request's whole stdin: STDIN frames of PROTO_CHUNK, then FIN. */
-void agentconn_send_stdin(struct agentconn *c, uint32_t id, const void *data, size_t len);
+/**
+ * Sends len bytes as a request's whole stdin: STDIN frames of PROTO_CHUNK, then FIN.
+ * Returns 0, or -1 if the connection is dead.
+ */
+int agentconn_send_stdin(struct agentconn *c, uint32_t id, const void *data, size_t len);
 
 /** Forgets a request: its callback is not called again; late frames for it are dropped. */
 void agentconn_cancel(struct agentconn *c, uint32_t id);
@@ -55,9 +58,6 @@ void agentconn_cancel(struct agentconn *c, uint32_t id);
  * ended the process (a signal number the agent made up, over 64, counts as none).
  */
 void agentconn_exit_status(const uint8_t *payload, size_t len, int *code, int *sig);
-
-/** Bytes queued towards the agent and not yet written. */
-size_t agentconn_pending_out(struct agentconn *c);
 
 /** Returns 1 while the connection is alive. */
 int agentconn_alive(struct agentconn *c);

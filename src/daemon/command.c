@@ -4,24 +4,25 @@
 #include <event2/event.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
 #include "common/util.h"
 #include "daemon/agentconn.h"
 #include "daemon/sandbox.h"
-#include "http/http.h"
+#include "daemon/service.h"
 
 struct command_waiter {
     struct command *c;
-    struct http_req *req;
+    struct sink *sink;
     struct event *timer;
     struct command_waiter *next;
 };
 
 static struct command **head(struct sandbox *sb)
 {
-    return (struct command **)&sb->commands;
+    return &sb->commands;
 }
 
 static void waiter_answer(struct command_waiter *w)
@@ -32,7 +33,7 @@ static void waiter_answer(struct command_waiter *w)
     if (*p)
         *p = w->next;
     event_free(w->timer);
-    http_reply_json(w->req, 200, command_to_json(w->c));
+    sink_reply(w->sink, SINK_OK, command_to_json(w->c));
     free(w);
 }
 
@@ -134,14 +135,14 @@ static void prune(struct sandbox *sb)
 
 struct command *command_start(struct sandbox *sb, const struct proto_buf *exec, json_t *argv,
                               const unsigned char *stdin_data, size_t stdin_len, double timeout_s,
-                              size_t cap, char *msg, size_t msglen)
+                              size_t cap, struct wr_err *err)
 {
     int running = 0;
     for (struct command *c = *head(sb); c; c = c->next)
         running += c->state == CMD_RUNNING;
     if (running >= COMMAND_MAX_PER_SANDBOX) {
-        snprintf(msg, msglen, "sandbox %s already has %d background commands running", sb->id,
-                 running);
+        wr_err_kind(err, WR_E_CONFLICT, 0, "sandbox %s already has %d background commands running",
+                    sb->id, running);
         return NULL;
     }
     struct command *c = xcalloc(1, sizeof(*c));
@@ -154,11 +155,11 @@ struct command *command_start(struct sandbox *sb, const struct proto_buf *exec, 
     if (!c->req_id) {
         json_decref(c->argv);
         free(c);
-        snprintf(msg, msglen, "the sandbox's agent is not reachable");
+        wr_err_kind(err, WR_E_CONFLICT, 0, "the sandbox's agent is not reachable");
         return NULL;
     }
-    if (stdin_data)
-        agentconn_send_stdin(sb->conn, c->req_id, stdin_data, stdin_len);
+    if (stdin_data && agentconn_send_stdin(sb->conn, c->req_id, stdin_data, stdin_len) < 0)
+        log_warn(sb->id, "command.stdin_unsent", "command=%s", c->id);
     if (timeout_s > 0) {
         c->timer = evtimer_new(sb->d->base, on_timeout, c);
         struct timeval tv = {(time_t)timeout_s,
@@ -219,15 +220,15 @@ static void on_wait_timeout(evutil_socket_t fd, short what, void *arg)
     waiter_answer(arg);
 }
 
-void command_wait(struct command *c, struct http_req *req, double timeout_s)
+void command_wait(struct command *c, struct sink *s, double timeout_s)
 {
     if (c->state != CMD_RUNNING) {
-        http_reply_json(req, 200, command_to_json(c));
+        sink_reply(s, SINK_OK, command_to_json(c));
         return;
     }
     struct command_waiter *w = xcalloc(1, sizeof(*w));
     w->c = c;
-    w->req = req;
+    w->sink = s;
     w->timer = evtimer_new(c->sb->d->base, on_wait_timeout, w);
     struct timeval tv = {(time_t)timeout_s,
                          (suseconds_t)((timeout_s - (double)(time_t)timeout_s) * 1e6)};
@@ -247,4 +248,85 @@ void command_free_all(struct sandbox *sb)
         c = next;
     }
     *head(sb) = NULL;
+}
+
+/* ---- the service's command operations ---- */
+
+/* Finds the command cid of sandbox id, or fails s and returns NULL. */
+static struct command *lookup(struct daemon *d, const char *id, const char *cid, struct sink *s)
+{
+    struct wr_err err = {0};
+    struct sandbox *sb = sandbox_lookup(d, id, &err);
+    struct command *c = sb ? command_find(sb, cid) : NULL;
+    if (sb && !c)
+        wr_err_kind(&err, WR_E_NOT_FOUND, 0, "command %.64s not found in sandbox %s", cid, sb->id);
+    if (!c)
+        sink_fail(s, &err);
+    return c;
+}
+
+void svc_command_list(struct daemon *d, const char *id, struct sink *s)
+{
+    struct wr_err err = {0};
+    struct sandbox *sb = sandbox_lookup(d, id, &err);
+    if (!sb) {
+        sink_fail(s, &err);
+        return;
+    }
+    json_t *arr = json_array();
+    for (struct command *c = *head(sb); c; c = c->next)
+        json_array_insert_new(arr, 0, command_to_json(c));
+    sink_reply(s, SINK_OK, json_pack("{s:o}", "commands", arr));
+}
+
+void svc_command_get(struct daemon *d, const char *id, const char *cid, struct sink *s)
+{
+    struct command *c = lookup(d, id, cid, s);
+    if (c)
+        sink_reply(s, SINK_OK, command_to_json(c));
+}
+
+void svc_command_output(struct daemon *d, const char *id, const char *cid, uint64_t stdout_offset,
+                        uint64_t stderr_offset, struct sink *s)
+{
+    struct command *c = lookup(d, id, cid, s);
+    if (!c)
+        return;
+    json_t *o = command_to_json(c);
+    static const char *const names[2] = {"stdout", "stderr"};
+    uint64_t off[2] = {stdout_offset, stderr_offset};
+    for (int i = 0; i < 2; i++) {
+        const struct command_out *out = &c->out[i];
+        size_t from = off[i] < out->len ? (size_t)off[i] : out->len;
+        const unsigned char *p = out->data ? out->data + from : (const unsigned char *)"";
+        const char *enc;
+        char key[32];
+        json_object_set_new(o, names[i], exec_encode_bytes(p, out->len - from, &enc));
+        snprintf(key, sizeof(key), "%s_encoding", names[i]);
+        json_object_set_new(o, key, json_string(enc));
+        snprintf(key, sizeof(key), "%s_next_offset", names[i]);
+        json_object_set_new(o, key, json_integer((json_int_t)out->len));
+    }
+    sink_reply(s, SINK_OK, o);
+}
+
+void svc_command_wait(struct daemon *d, const char *id, const char *cid, double timeout_seconds,
+                      struct sink *s)
+{
+    struct command *c = lookup(d, id, cid, s);
+    if (c)
+        command_wait(c, s, timeout_seconds);
+}
+
+void svc_command_signal(struct daemon *d, const char *id, const char *cid, int signum,
+                        struct sink *s)
+{
+    struct command *c = lookup(d, id, cid, s);
+    if (!c)
+        return;
+    if (command_signal(c, signum) < 0) {
+        sink_failf(s, WR_E_CONFLICT, 0, "command %s is not running", c->id);
+        return;
+    }
+    sink_reply(s, SINK_OK, command_to_json(c));
 }

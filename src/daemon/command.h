@@ -17,7 +17,8 @@
 #define COMMAND_ID_LEN 16
 
 struct sandbox;
-struct http_req;
+struct sink;
+struct wr_err;
 
 enum command_state { CMD_RUNNING, CMD_EXITED, CMD_FAILED };
 
@@ -51,11 +52,12 @@ struct command {
 
 /**
  * Starts a background command in sb from a built EXEC payload (and optional stdin, copied).
- * timeout_s <= 0 means none. Returns the command (owned by sb), or NULL with msg set.
+ * timeout_s <= 0 means none. Returns the command (owned by sb), or NULL with err set
+ * (WR_E_CONFLICT: too many running, or the agent is not reachable).
  */
 struct command *command_start(struct sandbox *sb, const struct proto_buf *exec, json_t *argv,
                               const unsigned char *stdin_data, size_t stdin_len, double timeout_s,
-                              size_t cap, char *msg, size_t msglen);
+                              size_t cap, struct wr_err *err);
 
 /** Finds a command of sb by id. */
 struct command *command_find(struct sandbox *sb, const char *id);
@@ -67,10 +69,16 @@ json_t *command_to_json(const struct command *c);
 int command_signal(struct command *c, int signum);
 
 /**
- * Answers req with the command's object once it has ended, or after timeout_s seconds (then
+ * Answers s with the command's object once it has ended, or after timeout_s seconds (then
  * it is still running), whichever is first.
  */
-void command_wait(struct command *c, struct http_req *req, double timeout_s);
+void command_wait(struct command *c, struct sink *s, double timeout_s);
+
+/**
+ * Command output as a JSON string: itself if it is UTF-8, else base64 (*enc says which:
+ * "utf-8" or "base64"). New reference.
+ */
+json_t *exec_encode_bytes(const unsigned char *b, size_t n, const char **enc);
 
 /** Frees every command of sb (the channel must already be closed). */
 void command_free_all(struct sandbox *sb);

@@ -1,16 +1,14 @@
 /*
- * `withruntime serve`: parses flags, opens the state directory and database,
- * recovers sandboxes left by a previous run, listens, and runs the loop until
- * SIGTERM or SIGINT. Shutdown stops accepting, answers what is in flight, and
- * stops (not deletes) running sandboxes so their files survive.
+ * The daemon's life: opening the state directory and database, choosing the
+ * driver, recovering sandboxes left by a previous run; and at the end
+ * stopping (not deleting) running sandboxes so their files survive. Who
+ * listens and runs the loop in between is the API's business (api/serve.c).
  */
 #include "daemon/daemon.h"
 
 #include <errno.h>
 #include <event2/thread.h>
 #include <fcntl.h>
-#include <getopt.h>
-#include <jansson.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -20,13 +18,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "api/api.h"
 #include "common/log.h"
 #include "common/proc.h"
 #include "common/util.h"
 #include "daemon/sandbox.h"
 #include "daemon/work.h"
-#include "http/http.h"
+#include "driver/driver.h"
 #include "store/store.h"
 
 void daemon_config_defaults(struct daemon_config *cfg)
@@ -76,90 +73,6 @@ static void find_agent(struct daemon_config *cfg)
     }
 }
 
-static void usage(FILE *out)
-{
-    fprintf(out,
-            "usage: withruntime serve [--state-dir DIR] [--listen HOST:PORT|none] [--socket PATH]\n"
-            "                         [--agent PATH] [--driver gvisor|fake]\n"
-            "                         [--platform systrap|ptrace|kvm] [--debug] [--print-enums]\n"
-            "\n"
-            "Runs the daemon: the HTTP API on HOST:PORT (default 127.0.0.1:7070) and on the Unix\n"
-            "socket (default STATE_DIR/withruntime.sock). State lives in STATE_DIR (default\n"
-            "$WITHRUNTIME_STATE_DIR or /var/lib/withruntime). SIGTERM stops it cleanly.\n"
-            "--driver picks the isolation driver (default: the first this host can run, as\n"
-            "`withruntime doctor` says; `fake` runs agents as plain host processes, for tests).\n"
-            "--print-enums prints the sandbox states and state reasons as JSON and exits.\n");
-}
-
-/* The states and reasons the API can report, for the tests that check the spec against them. */
-static void print_enums(void)
-{
-    json_t *states = json_array(), *reasons = json_array();
-    for (const char *const *p = sandbox_state_names; *p; p++)
-        json_array_append_new(states, json_string(*p));
-    for (const char *const *p = sandbox_reason_names; *p; p++)
-        json_array_append_new(reasons, json_string(*p));
-    json_t *o = json_pack("{s:o, s:o}", "states", states, "reasons", reasons);
-    char *s = json_dumps(o, JSON_COMPACT);
-    printf("%s\n", s);
-    free(s);
-    json_decref(o);
-}
-
-static int parse_args(int argc, char **argv, struct daemon_config *cfg)
-{
-    static const struct option opts[] = {{"state-dir", required_argument, NULL, 's'},
-                                         {"listen", required_argument, NULL, 'l'},
-                                         {"socket", required_argument, NULL, 'u'},
-                                         {"agent", required_argument, NULL, 'a'},
-                                         {"platform", required_argument, NULL, 'p'},
-                                         {"driver", required_argument, NULL, 'D'},
-                                         {"debug", no_argument, NULL, 'd'},
-                                         {"print-enums", no_argument, NULL, 'E'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
-    optind = 1;
-    int c;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (c) {
-        case 's': snprintf(cfg->state_dir, sizeof(cfg->state_dir), "%s", optarg); break;
-        case 'l': {
-            if (strcmp(optarg, "none") == 0) {
-                cfg->listen_port = 0;
-                break;
-            }
-            const char *colon = strrchr(optarg, ':');
-            char *end;
-            long port = colon ? strtol(colon + 1, &end, 10) : -1;
-            if (!colon || colon == optarg || *end || port <= 0 || port > 65535 ||
-                (size_t)(colon - optarg) >= sizeof(cfg->listen_host)) {
-                fprintf(stderr, "withruntime serve: --listen wants HOST:PORT, got %s\n", optarg);
-                return -1;
-            }
-            snprintf(cfg->listen_host, sizeof(cfg->listen_host), "%.*s", (int)(colon - optarg),
-                     optarg);
-            cfg->listen_port = (int)port;
-            break;
-        }
-        case 'u': snprintf(cfg->socket_path, sizeof(cfg->socket_path), "%s", optarg); break;
-        case 'a': snprintf(cfg->agent_path, sizeof(cfg->agent_path), "%s", optarg); break;
-        case 'p': snprintf(cfg->platform, sizeof(cfg->platform), "%s", optarg); break;
-        case 'D': snprintf(cfg->driver, sizeof(cfg->driver), "%s", optarg); break;
-        case 'd': cfg->debug = 1; break;
-        case 'E': print_enums(); exit(0);
-        case 'h': usage(stdout); exit(0);
-        default: usage(stderr); return -1;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "withruntime serve: unexpected argument %s\n", argv[optind]);
-        return -1;
-    }
-    if (!cfg->socket_path[0])
-        snprintf(cfg->socket_path, sizeof(cfg->socket_path), "%s/withruntime.sock", cfg->state_dir);
-    return 0;
-}
-
 static int mkdir_p(const char *path, mode_t mode)
 {
     char tmp[PATH_MAX];
@@ -177,135 +90,99 @@ static int mkdir_p(const char *path, mode_t mode)
     return 0;
 }
 
-static void on_lease_tick(evutil_socket_t fd, short what, void *arg)
+int daemon_open(struct daemon *d, struct wr_err *err)
 {
-    struct daemon *d = arg;
+    struct daemon_config *cfg = &d->cfg;
+    d->lock_fd = -1;
+    if (geteuid() != 0)
+        return wr_err_set(err, EPERM, "must run as root (it runs runsc and mounts)");
+    signal(SIGPIPE, SIG_IGN);
+    umask(022);
+    find_agent(cfg);
+    if (!cfg->agent_path[0] || access(cfg->agent_path, X_OK) != 0)
+        return wr_err_set(err, ENOENT, "cannot find withruntime-agent (give --agent PATH)");
+
+    char path[PATH_MAX];
+    snprintf(path, sizeof(path), "%s/sandboxes", cfg->state_dir);
+    if (mkdir_p(cfg->state_dir, 0755) < 0 || mkdir_p(path, 0700) < 0)
+        return wr_err_sys(err, errno, "cannot create %s", path);
+    /* One daemon per state directory. */
+    snprintf(path, sizeof(path), "%s/daemon.lock", cfg->state_dir);
+    d->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (d->lock_fd < 0 || flock(d->lock_fd, LOCK_EX | LOCK_NB) < 0)
+        return wr_err_set(err, EBUSY, "another daemon is using %s", cfg->state_dir);
+
+    if (proc_reaper_start(err) < 0)
+        return -1;
+    d->reaper_started = 1;
+    struct driver_config dc = {.state_dir = cfg->state_dir,
+                               .platform = cfg->platform[0] ? cfg->platform : NULL,
+                               .debug = cfg->debug};
+    /* Probe now (runsc there, which platform works) so the first create does not pay for it
+     * and a host that cannot run sandboxes says so at once. */
+    char detail[256] = "";
+    d->driver = driver_select(cfg->driver, &dc, detail, sizeof(detail), err);
+    if (!d->driver)
+        return wr_err_prefix(err, "see `withruntime doctor`");
+    log_info(NULL, "driver.ready", "driver=%s detail=\"%s\"", d->driver->name, detail);
+    snprintf(cfg->driver, sizeof(cfg->driver), "%s", d->driver->name);
+    snprintf(path, sizeof(path), "%s/withruntime.db", cfg->state_dir);
+    d->store = store_open(path, err);
+    if (!d->store)
+        return -1;
+
+    evthread_use_pthreads();
+    d->base = event_base_new();
+    d->wq = d->base ? work_queue_new(d->base, 8) : NULL;
+    d->wq_fast = d->base ? work_queue_new(d->base, 1) : NULL;
+    if (!d->base || !d->wq || !d->wq_fast)
+        return wr_err_set(err, ENOMEM, "cannot set up the event loop");
+    /* From here on this thread runs the loop, and never a driver operation. */
+    driver_forbid_this_thread();
+    if (sandbox_load_all(d, err) < 0)
+        return -1;
+    /* Sandboxes left by a previous run are settled (stopped or deleted) before anyone asks. */
+    while (work_pending(d->wq) > 0)
+        event_base_loop(d->base, EVLOOP_ONCE);
+    return 0;
+}
+
+void daemon_tick(struct daemon *d)
+{
     if (!d->shutting_down)
         sandbox_check_leases(d);
 }
 
-static void on_signal(evutil_socket_t sig, short what, void *arg)
+void daemon_shutdown(struct daemon *d)
 {
-    struct daemon *d = arg;
-    if (d->shutting_down)
-        return;
-    log_info(NULL, "daemon.stopping", "signal=%d", (int)sig);
     d->shutting_down = 1;
-    http_server_stop_accepting(d->http);
-    /* In-flight requests get their answers as the channels close in sandbox_stop_all; let the
-     * loop flush what it can, then leave. */
-    struct timeval tv = {0, 200000};
-    event_base_loopexit(d->base, &tv);
+    if (!d->base)
+        return;
+    /* Close channels (answering in-flight requests), flush, stop sandboxes. */
+    sandbox_stop_all(d);
+    event_base_loop(d->base, EVLOOP_NONBLOCK);
+    if (d->wq_fast)
+        work_queue_free(d->wq_fast);
+    if (d->wq)
+        work_queue_free(d->wq); /* waits for driver jobs in flight (the stops); their
+                                   completions run */
+    d->wq = d->wq_fast = NULL;
+    event_base_loop(d->base, EVLOOP_NONBLOCK);
 }
 
-int daemon_main(int argc, char **argv)
+void daemon_close(struct daemon *d)
 {
-    struct daemon d;
-    memset(&d, 0, sizeof(d));
-    daemon_config_defaults(&d.cfg);
-    if (parse_args(argc, argv, &d.cfg) < 0)
-        return 2;
-    if (getenv("WITHRUNTIME_DEBUG"))
-        log_set_level(WR_LOG_DEBUG);
-    if (geteuid() != 0) {
-        fprintf(stderr, "withruntime serve: must run as root (it runs runsc and mounts)\n");
-        return 1;
-    }
-    signal(SIGPIPE, SIG_IGN);
-    umask(022);
-    find_agent(&d.cfg);
-    if (!d.cfg.agent_path[0] || access(d.cfg.agent_path, X_OK) != 0) {
-        fprintf(stderr, "withruntime serve: cannot find withruntime-agent (give --agent PATH)\n");
-        return 1;
-    }
-
-    char path[PATH_MAX];
-    snprintf(path, sizeof(path), "%s/sandboxes", d.cfg.state_dir);
-    if (mkdir_p(d.cfg.state_dir, 0755) < 0 || mkdir_p(path, 0700) < 0) {
-        fprintf(stderr, "withruntime serve: cannot create %s: %s\n", path, strerror(errno));
-        return 1;
-    }
-    /* One daemon per state directory. */
-    snprintf(path, sizeof(path), "%s/daemon.lock", d.cfg.state_dir);
-    int lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (lock_fd < 0 || flock(lock_fd, LOCK_EX | LOCK_NB) < 0) {
-        fprintf(stderr, "withruntime serve: another daemon is using %s\n", d.cfg.state_dir);
-        return 1;
-    }
-
-    struct wr_err err = {0};
-    if (proc_reaper_start(&err) < 0) {
-        fprintf(stderr, "withruntime serve: %s\n", err.msg);
-        return 1;
-    }
-    struct driver_config dc = {.state_dir = d.cfg.state_dir,
-                               .platform = d.cfg.platform[0] ? d.cfg.platform : NULL,
-                               .debug = d.cfg.debug};
-    /* Probe now (runsc there, which platform works) so the first create does not pay for it
-     * and a host that cannot run sandboxes says so at once. */
-    char detail[256] = "";
-    d.driver = driver_select(d.cfg.driver, &dc, detail, sizeof(detail), &err);
-    if (!d.driver) {
-        fprintf(stderr, "withruntime serve: %s (see `withruntime doctor`)\n", err.msg);
-        return 1;
-    }
-    log_info(NULL, "driver.ready", "driver=%s detail=\"%s\"", d.driver->name, detail);
-    snprintf(path, sizeof(path), "%s/withruntime.db", d.cfg.state_dir);
-    d.store = store_open(path, &err);
-    if (!d.store) {
-        fprintf(stderr, "withruntime serve: %s\n", err.msg);
-        return 1;
-    }
-
-    evthread_use_pthreads();
-    d.base = event_base_new();
-    d.wq = work_queue_new(d.base, 8);
-    if (!d.base || !d.wq) {
-        fprintf(stderr, "withruntime serve: cannot set up the event loop\n");
-        return 1;
-    }
-    if (sandbox_load_all(&d, &err) < 0) {
-        fprintf(stderr, "withruntime serve: %s\n", err.msg);
-        return 1;
-    }
-    size_t max_body =
-        d.cfg.max_upload > d.cfg.max_json_body ? d.cfg.max_upload : d.cfg.max_json_body;
-    d.http = http_server_new(d.base, api_handle, &d, max_body, &err);
-    if (!d.http ||
-        (d.cfg.listen_port &&
-         http_server_listen_tcp(d.http, d.cfg.listen_host, d.cfg.listen_port, &err) < 0) ||
-        http_server_listen_unix(d.http, d.cfg.socket_path, &err) < 0) {
-        fprintf(stderr, "withruntime serve: %s\n", err.msg);
-        return 1;
-    }
-    d.sigterm = evsignal_new(d.base, SIGTERM, on_signal, &d);
-    d.sigint = evsignal_new(d.base, SIGINT, on_signal, &d);
-    event_add(d.sigterm, NULL);
-    event_add(d.sigint, NULL);
-    /* Leases end within a second of their time: look four times a second. */
-    struct event *lease_tick = event_new(d.base, -1, EV_PERSIST, on_lease_tick, &d);
-    struct timeval tick = {0, 250000};
-    event_add(lease_tick, &tick);
-    log_info(NULL, "daemon.started",
-             "state_dir=%s listen=%s:%d socket=%s agent=%s driver=%s sandboxes=%d", d.cfg.state_dir,
-             d.cfg.listen_port ? d.cfg.listen_host : "none", d.cfg.listen_port, d.cfg.socket_path,
-             d.cfg.agent_path, d.driver->name, d.nsandboxes);
-
-    event_base_dispatch(d.base);
-
-    /* Shutdown: close channels (answering in-flight requests), flush, stop sandboxes. */
-    d.shutting_down = 1;
-    sandbox_stop_all(&d);
-    event_base_loop(d.base, EVLOOP_NONBLOCK);
-    work_queue_free(d.wq); /* waits for driver jobs in flight; their completions run */
-    event_base_loop(d.base, EVLOOP_NONBLOCK);
-    http_server_free(d.http);
-    event_free(d.sigterm);
-    event_free(d.sigint);
-    event_free(lease_tick);
-    log_info(NULL, "daemon.stopped", NULL);
-    store_close(d.store);
-    proc_reaper_stop();
-    close(lock_fd);
-    return 0;
+    daemon_shutdown(d);
+    sandbox_free_all(d);
+    if (d->store)
+        store_close(d->store);
+    if (d->base)
+        event_base_free(d->base);
+    if (d->reaper_started)
+        proc_reaper_stop();
+    if (d->lock_fd >= 0)
+        close(d->lock_fd);
+    d->store = NULL;
+    d->base = NULL;
+    d->lock_fd = -1;
 }

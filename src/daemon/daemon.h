@@ -1,6 +1,6 @@
 /*
- * The daemon: configuration, the shared context every API handler gets, and
- * the entry point of `withruntime serve`.
+ * The daemon: configuration, the shared context of the service, and its
+ * opening and closing.
  */
 #ifndef WR_DAEMON_H
 #define WR_DAEMON_H
@@ -9,7 +9,7 @@
 #include <limits.h>
 #include <stddef.h>
 
-#include "driver/driver.h"
+#include "common/err.h"
 
 struct daemon_config {
     char state_dir[PATH_MAX];
@@ -33,26 +33,43 @@ struct daemon_config {
     int default_disk_mib;     /* writable-layer quota when create does not say */
 };
 
+struct driver_ops;
 struct sandbox;
-struct http_server;
 struct store;
 struct work_queue;
 
 struct daemon {
     struct daemon_config cfg;
     struct event_base *base;
-    struct http_server *http;
     struct store *store;
-    struct work_queue *wq;
+    struct work_queue *wq;      /* driver starts, stops, destroys */
+    struct work_queue *wq_fast; /* quick driver reads (stats), never behind a slow start */
     const struct driver_ops *driver;
     struct sandbox *sandboxes; /* every known sandbox, newest first */
     int nsandboxes;
     int shutting_down;
-    struct event *sigterm, *sigint;
+    int lock_fd;        /* flock on the state directory: one daemon per directory */
+    int reaper_started; /* proc_reaper_start succeeded */
 };
 
-/** `withruntime serve [flags]`: runs the daemon until SIGTERM/SIGINT. argv[0] is "serve". */
-int daemon_main(int argc, char **argv);
+/**
+ * Opens the daemon for cfg (already in d->cfg): state directory and its lock, the driver
+ * (chosen and probed), the store, the event loop and workers; then settles the sandboxes a
+ * previous run left. Returns 0, or -1 with err set (daemon_close still frees what was made).
+ */
+int daemon_open(struct daemon *d, struct wr_err *err);
+
+/** Periodic work (leases, the agents' watchdog): call a few times a second on the loop. */
+void daemon_tick(struct daemon *d);
+
+/**
+ * Shuts down: closes every channel (answering what is in flight), stops every running
+ * sandbox through the driver, files kept, and waits for the driver work to finish.
+ */
+void daemon_shutdown(struct daemon *d);
+
+/** daemon_shutdown if not done, then frees everything daemon_open made. */
+void daemon_close(struct daemon *d);
 
 /** Fills cfg with defaults (state dir from $WITHRUNTIME_STATE_DIR or /var/lib/withruntime). */
 void daemon_config_defaults(struct daemon_config *cfg);

@@ -172,6 +172,10 @@ json_t *sandbox_to_json(const struct sandbox *sb)
                           sb->network, "created_at", created, "lease_ends_at", lease);
     if (sb->reason[0] && (sb->state == SB_FAILED || sb->state == SB_STOPPED))
         json_object_set_new(o, "state_reason", json_string(sb->reason));
+    if (sb->detail[0] && sb->state == SB_FAILED) {
+        json_t *dt = json_string(sb->detail);
+        json_object_set_new(o, "state_detail", dt ? dt : json_string("(not valid UTF-8)"));
+    }
     return o;
 }
 
@@ -182,6 +186,7 @@ static char *sandbox_doc(const struct sandbox *sb)
     json_object_set_new(o, "created_unix", json_integer(sb->created_at));
     json_object_set_new(o, "lease_ends_ms", json_integer(sb->lease_ends_ms));
     json_object_set_new(o, "reason", json_string(sb->reason));
+    json_object_set_new(o, "detail", json_string(sb->detail));
     json_object_set_new(o, "rootfs", json_string(sb->rootfs));
     char *s = json_dumps(o, JSON_COMPACT);
     json_decref(o);
@@ -201,6 +206,7 @@ void sandbox_persist(struct sandbox *sb)
 void sandbox_set_state(struct sandbox *sb, enum sb_state st, const char *reason)
 {
     sb->state = st;
+    sb->detail[0] = '\0';
     snprintf(sb->reason, sizeof(sb->reason), "%s", reason ? reason : "");
     struct wr_err err = {0};
     if (store_event_add(sb->d->store, sb->id, "state", sandbox_state_name(st), sb->reason, &err) <
@@ -208,6 +214,56 @@ void sandbox_set_state(struct sandbox *sb, enum sb_state st, const char *reason)
         log_error(sb->id, "store.failed", "error=\"%s\"", err.msg);
     log_info(sb->id, "sandbox.state", "state=%s reason=\"%s\"", sandbox_state_name(st), sb->reason);
     sandbox_persist(sb);
+}
+
+void sandbox_set_failed(struct sandbox *sb, const char *reason, const char *detail)
+{
+    sandbox_set_state(sb, SB_FAILED, reason);
+    snprintf(sb->detail, sizeof(sb->detail), "%s", detail ? detail : "");
+    log_error(sb->id, "sandbox.failed", "reason=%s detail=\"%s\"", reason, sb->detail);
+    sandbox_persist(sb);
+}
+
+struct sandbox *sandbox_lookup(struct daemon *d, const char *id, struct wr_err *err)
+{
+    struct sandbox *sb = sandbox_id_valid(id) ? sandbox_find(d, id) : NULL;
+    if (!sb)
+        wr_err_kind(err, WR_E_NOT_FOUND, 0, "sandbox %.64s not found", id);
+    return sb;
+}
+
+int sandbox_check_running(const struct sandbox *sb, struct wr_err *err)
+{
+    if (sb->state == SB_RUNNING && agentconn_alive(sb->conn))
+        return 0;
+    if (sb->state == SB_STOPPED)
+        return wr_err_kind(err, WR_E_CONFLICT, 0,
+                           "sandbox %s is stopped (%s); start it with POST /v1/sandboxes/%s/start",
+                           sb->id, sb->reason[0] ? sb->reason : "stopped", sb->id);
+    if (sb->state == SB_FAILED)
+        return wr_err_kind(err, WR_E_CONFLICT, 0,
+                           "sandbox %s has failed (%s%s%s); start it again with POST "
+                           "/v1/sandboxes/%s/start, or delete it",
+                           sb->id, sb->reason, sb->detail[0] ? ": " : "", sb->detail, sb->id);
+    return wr_err_kind(err, WR_E_CONFLICT, 0, "sandbox %s is %s, not running", sb->id,
+                       sandbox_state_name(sb->state));
+}
+
+int sandbox_check_idle(const struct sandbox *sb, struct wr_err *err)
+{
+    if (!sb->busy && sb->state != SB_CREATING && sb->state != SB_DELETING &&
+        sb->state != SB_STOPPING && sb->state != SB_STARTING)
+        return 0;
+    return wr_err_kind(err, WR_E_CONFLICT, 0, "sandbox %s is %s; try again in a moment", sb->id,
+                       sandbox_state_name(sb->state));
+}
+
+void sandbox_set_lease(struct sandbox *sb, int timeout_seconds)
+{
+    sb->timeout_seconds = timeout_seconds;
+    sb->lease_ends_ms = now_ms_wall() + (int64_t)timeout_seconds * 1000;
+    sandbox_persist(sb);
+    log_info(sb->id, "lease.set", "timeout_seconds=%d", timeout_seconds);
 }
 
 void sandbox_spec(const struct sandbox *sb, struct driver_spec *spec)
@@ -225,9 +281,9 @@ void sandbox_spec(const struct sandbox *sb, struct driver_spec *spec)
 
 /* ---- driver jobs ---- */
 
-enum job_kind { JOB_START, JOB_STOP, JOB_DESTROY };
+enum job_kind { JOB_START, JOB_STOP, JOB_DESTROY, JOB_STATS };
 
-struct job {
+struct sandbox_job {
     struct sandbox *sb;
     enum job_kind kind;
     struct driver_spec spec;
@@ -237,25 +293,30 @@ struct job {
     uint64_t started_ms;
     sandbox_done_cb done;
     void *arg;
-    int is_create; /* a failed start removes everything (create) or keeps the files (start) */
+    int is_create;   /* a failed start removes everything (create) or keeps the files (start) */
+    char reason[32]; /* the reason the finished state will carry */
     char failure[WR_ERR_MSG_MAX]; /* for create: why it failed, kept across the cleanup */
+    struct driver_stats stats;    /* JOB_STATS */
+    sandbox_stats_cb stats_done;
 };
 
 static void job_run(void *p)
 {
-    struct job *j = p;
+    struct sandbox_job *j = p;
     const struct driver_ops *drv = j->sb->d->driver;
     j->fd = -1;
     switch (j->kind) {
     case JOB_START: j->rc = driver_start(drv, &j->spec, &j->fd, &j->err); break;
     case JOB_STOP: j->rc = driver_stop(drv, &j->spec, &j->err); break;
     case JOB_DESTROY: j->rc = driver_destroy(drv, &j->spec, &j->err); break;
+    case JOB_STATS: j->rc = driver_stats(drv, &j->spec, &j->stats, &j->err); break;
     }
 }
 
-static struct job *job_new(struct sandbox *sb, enum job_kind kind, sandbox_done_cb done, void *arg)
+static struct sandbox_job *job_new(struct sandbox *sb, enum job_kind kind, sandbox_done_cb done,
+                                   void *arg)
 {
-    struct job *j = xcalloc(1, sizeof(*j));
+    struct sandbox_job *j = xcalloc(1, sizeof(*j));
     j->sb = sb;
     sandbox_ref(sb);
     j->kind = kind;
@@ -267,12 +328,29 @@ static struct job *job_new(struct sandbox *sb, enum job_kind kind, sandbox_done_
     return j;
 }
 
-static void job_free(struct job *j)
+static void job_free(struct sandbox_job *j)
 {
     if (j->fd >= 0)
         close(j->fd);
     sandbox_unref(j->sb);
     free(j);
+}
+
+/* Stats jobs go to their own queue so a burst of slow starts never delays an exec. */
+static void stats_done(void *p)
+{
+    struct sandbox_job *j = p;
+    if (j->rc < 0)
+        memset(&j->stats, 0, sizeof(j->stats));
+    j->stats_done(j->sb, j->rc, &j->stats, j->arg);
+    job_free(j);
+}
+
+void sandbox_read_stats(struct sandbox *sb, sandbox_stats_cb cb, void *arg)
+{
+    struct sandbox_job *j = job_new(sb, JOB_STATS, NULL, arg);
+    j->stats_done = cb;
+    work_submit(sb->d->wq_fast, job_run, stats_done, j);
 }
 
 /*
@@ -281,21 +359,20 @@ static void job_free(struct job *j)
  */
 static void start_cleanup_done(void *p)
 {
-    struct job *j = p;
+    struct sandbox_job *j = p;
     struct sandbox *sb = j->sb;
     sb->busy = 0;
     if (j->rc < 0)
         log_error(sb->id, "sandbox.cleanup_failed", "error=\"%s\"", j->err.msg);
-    if (j->is_create && j->rc == 0) {
+    if (j->is_create && j->rc == 0)
         sandbox_forget(sb, "create_failed");
-    } else {
-        sandbox_set_state(sb, SB_FAILED, j->failure);
-    }
+    else
+        sandbox_set_failed(sb, j->is_create ? "create_failed" : "start_failed", j->failure);
     j->done(sb, 0, j->failure, j->arg);
     job_free(j);
 }
 
-static void start_fail(struct job *j, const char *why)
+static void start_fail(struct sandbox_job *j, const char *why)
 {
     struct sandbox *sb = j->sb;
     snprintf(j->failure, sizeof(j->failure), "%s", why);
@@ -316,7 +393,7 @@ static void start_fail(struct job *j, const char *why)
  * start asked for meanwhile runs now. */
 static void failed_cleanup_done(void *p)
 {
-    struct job *j = p;
+    struct sandbox_job *j = p;
     struct sandbox *sb = j->sb;
     sb->busy = 0;
     if (j->rc < 0)
@@ -340,6 +417,27 @@ int sandbox_defer(struct sandbox *sb, enum sb_deferred what, sandbox_done_cb don
     return 0;
 }
 
+/* The lost sandbox is failed for good: record why, then clean up its leftovers. */
+static void lost_settle(struct sandbox *sb, const char *reason, const char *detail)
+{
+    sandbox_set_failed(sb, reason, detail);
+    if (sb->busy || sb->d->shutting_down)
+        return;
+    struct sandbox_job *cleanup = job_new(sb, JOB_STOP, NULL, NULL);
+    sb->busy = 1;
+    work_submit(sb->d->wq, job_run, failed_cleanup_done, cleanup);
+}
+
+/* Whether the host's OOM killer was at work in it is known: that is why it died, if so. */
+static void lost_stats_done(void *p)
+{
+    struct sandbox_job *j = p;
+    struct sandbox *sb = j->sb;
+    sb->busy = 0;
+    lost_settle(sb, j->rc == 0 && j->stats.oom_kills > 0 ? "oom" : "agent_died", j->failure);
+    job_free(j);
+}
+
 void sandbox_lost(struct sandbox *sb, const char *reason, const char *detail)
 {
     /* The agent went away (or stopped answering) under a running sandbox: it is no longer
@@ -348,28 +446,28 @@ void sandbox_lost(struct sandbox *sb, const char *reason, const char *detail)
      * stay, and start brings it back. */
     struct agentconn *c = sb->conn;
     sb->conn = NULL;
-    if (!reason) {
-        struct driver_spec spec;
-        struct driver_stats st;
-        sandbox_spec(sb, &spec);
-        int oom = driver_stats(sb->d->driver, &spec, &st, NULL) >= 0 && st.oom_kills > 0;
-        reason = oom ? "oom" : "agent_died";
-    }
-    sandbox_set_state(sb, SB_FAILED, reason);
-    log_error(sb->id, "sandbox.lost", "reason=%s detail=\"%s\"", reason, detail);
+    log_error(sb->id, "sandbox.lost", "reason=%s detail=\"%s\"", reason ? reason : "?", detail);
     agentconn_close(c, detail);
-    if (!sb->busy && !sb->d->shutting_down) {
-        struct job *cleanup = job_new(sb, JOB_STOP, NULL, NULL);
-        sb->busy = 1;
-        work_submit(sb->d->wq, job_run, failed_cleanup_done, cleanup);
+    if (reason || sb->busy || sb->d->shutting_down) {
+        lost_settle(sb, reason ? reason : "agent_died", detail);
+        return;
     }
+    /* Failed from now on; the reason is settled once the driver has said whether the OOM
+     * killer was at work (a worker reads it). Meanwhile it is busy, so nothing else starts. */
+    sb->state = SB_FAILED;
+    snprintf(sb->reason, sizeof(sb->reason), "agent_died");
+    snprintf(sb->detail, sizeof(sb->detail), "%s", detail);
+    struct sandbox_job *j = job_new(sb, JOB_STATS, NULL, NULL);
+    snprintf(j->failure, sizeof(j->failure), "%s", detail);
+    sb->busy = 1;
+    work_submit(sb->d->wq_fast, job_run, lost_stats_done, j);
 }
 
 /* The agent said HELLO, or the channel died. */
 static void on_agent_state(void *arg, int ok, const char *reason)
 {
     struct sandbox *sb = arg;
-    struct job *j = sb->create_job;
+    struct sandbox_job *j = sb->create_job;
     if (j) {
         sb->create_job = NULL;
         if (!ok) {
@@ -391,7 +489,7 @@ static void on_agent_state(void *arg, int ok, const char *reason)
 
 static void create_start_done(void *p)
 {
-    struct job *j = p;
+    struct sandbox_job *j = p;
     struct sandbox *sb = j->sb;
     sb->busy = 0;
     if (j->rc < 0) {
@@ -405,7 +503,7 @@ static void create_start_done(void *p)
 
 static void start_job(struct sandbox *sb, int is_create, sandbox_done_cb done, void *arg)
 {
-    struct job *j = job_new(sb, JOB_START, done, arg);
+    struct sandbox_job *j = job_new(sb, JOB_START, done, arg);
     j->is_create = is_create;
     if (mkdir(sb->dir, 0700) < 0 && errno != EEXIST) {
         char why[WR_ERR_MSG_MAX];
@@ -435,21 +533,41 @@ void sandbox_start(struct sandbox *sb, sandbox_done_cb done, void *arg)
     start_job(sb, 0, done, arg);
 }
 
+/* A stop or destroy finished: the sandbox settles as the job's reason says, or failed. */
 static void stop_done(void *p)
 {
-    struct job *j = p;
+    struct sandbox_job *j = p;
     struct sandbox *sb = j->sb;
     sb->busy = 0;
     if (j->rc < 0) {
         char why[WR_ERR_MSG_MAX];
-        snprintf(why, sizeof(why), "stop failed: %s", j->err.msg);
-        sandbox_set_state(sb, SB_FAILED, why);
-        j->done(sb, 0, why, j->arg);
+        snprintf(why, sizeof(why), "%s failed: %s", j->kind == JOB_STOP ? "stop" : "delete",
+                 j->err.msg);
+        sandbox_set_failed(sb, j->kind == JOB_STOP ? "stop_failed" : "delete_failed", j->err.msg);
+        if (j->done)
+            j->done(sb, 0, why, j->arg);
     } else {
-        sandbox_set_state(sb, SB_STOPPED, j->failure);
-        j->done(sb, 1, NULL, j->arg);
+        if (j->kind == JOB_STOP) {
+            sandbox_set_state(sb, SB_STOPPED, j->reason);
+        } else {
+            log_info(sb->id, "sandbox.deleted", "ms=%llu",
+                     (unsigned long long)(now_ms_monotonic() - j->started_ms));
+            sandbox_forget(sb, j->reason);
+        }
+        if (j->done)
+            j->done(sb, 1, NULL, j->arg);
     }
     job_free(j);
+}
+
+/* Queues a stop (files kept) or a destroy of sb, settling with reason when done. */
+static void submit_stop(struct sandbox *sb, enum job_kind kind, const char *reason,
+                        sandbox_done_cb done, void *arg)
+{
+    struct sandbox_job *j = job_new(sb, kind, done, arg);
+    snprintf(j->reason, sizeof(j->reason), "%s", reason);
+    sb->busy = 1;
+    work_submit(sb->d->wq, job_run, stop_done, j);
 }
 
 void sandbox_stop(struct sandbox *sb, const char *reason, sandbox_done_cb done, void *arg)
@@ -459,29 +577,7 @@ void sandbox_stop(struct sandbox *sb, const char *reason, sandbox_done_cb done, 
         agentconn_close(sb->conn, "the sandbox is being stopped");
         sb->conn = NULL;
     }
-    struct job *j = job_new(sb, JOB_STOP, done, arg);
-    snprintf(j->failure, sizeof(j->failure), "%s", reason);
-    sb->busy = 1;
-    work_submit(sb->d->wq, job_run, stop_done, j);
-}
-
-static void delete_done(void *p)
-{
-    struct job *j = p;
-    struct sandbox *sb = j->sb;
-    sb->busy = 0;
-    if (j->rc < 0) {
-        char why[WR_ERR_MSG_MAX];
-        snprintf(why, sizeof(why), "delete failed: %s", j->err.msg);
-        sandbox_set_state(sb, SB_FAILED, why);
-        j->done(sb, 0, why, j->arg);
-    } else {
-        log_info(sb->id, "sandbox.deleted", "ms=%llu",
-                 (unsigned long long)(now_ms_monotonic() - j->started_ms));
-        sandbox_forget(sb, j->failure);
-        j->done(sb, 1, NULL, j->arg);
-    }
-    job_free(j);
+    submit_stop(sb, JOB_STOP, reason, done, arg);
 }
 
 void sandbox_delete(struct sandbox *sb, sandbox_done_cb done, void *arg)
@@ -497,34 +593,30 @@ void sandbox_delete_reason(struct sandbox *sb, const char *reason, sandbox_done_
         agentconn_close(sb->conn, "the sandbox is being deleted");
         sb->conn = NULL;
     }
-    struct job *j = job_new(sb, JOB_DESTROY, done, arg);
-    snprintf(j->failure, sizeof(j->failure), "%s", reason);
-    sb->busy = 1;
-    work_submit(sb->d->wq, job_run, delete_done, j);
+    submit_stop(sb, JOB_DESTROY, reason, done, arg);
 }
 
 /* ---- start-up and shutdown ---- */
 
-static int load_one(void *arg, const char *id, const char *state, const char *doc)
+/* Fills sb from its stored document. Returns 0, or -1 if the row is unusable. */
+static int load_doc(struct sandbox *sb, const char *id, const char *state, const char *doc)
 {
-    struct daemon *d = arg;
     json_error_t jerr;
     json_t *o = json_loads(doc, 0, &jerr);
     if (!o || !sandbox_id_valid(id)) {
         log_error(id, "store.bad_row", "error=\"%s\"", o ? "bad id" : jerr.text);
         json_decref(o);
-        return 0;
+        return -1;
     }
-    struct sandbox *sb = sandbox_new(d);
     snprintf(sb->id, sizeof(sb->id), "%s", id);
-    const char *image = NULL, *ole = NULL, *reason = NULL, *rootfs = NULL;
+    const char *image = NULL, *ole = NULL, *reason = NULL, *detail = NULL, *rootfs = NULL;
     json_t *env = NULL, *md = NULL, *net = NULL;
     json_int_t created = 0, lease = 0;
-    json_unpack(o, "{s?s, s?i, s?i, s?i, s?i, s?s, s?o, s?o, s?o, s?I, s?I, s?s, s?s}", "image",
-                &image, "cpus", &sb->cpus, "memory_mib", &sb->memory_mib, "disk_mib", &sb->disk_mib,
-                "timeout_seconds", &sb->timeout_seconds, "on_lease_end", &ole, "env", &env,
-                "metadata", &md, "network", &net, "created_unix", &created, "lease_ends_ms", &lease,
-                "reason", &reason, "rootfs", &rootfs);
+    json_unpack(o, "{s?s, s?i, s?i, s?i, s?i, s?s, s?o, s?o, s?o, s?I, s?I, s?s, s?s, s?s}",
+                "image", &image, "cpus", &sb->cpus, "memory_mib", &sb->memory_mib, "disk_mib",
+                &sb->disk_mib, "timeout_seconds", &sb->timeout_seconds, "on_lease_end", &ole, "env",
+                &env, "metadata", &md, "network", &net, "created_unix", &created, "lease_ends_ms",
+                &lease, "reason", &reason, "detail", &detail, "rootfs", &rootfs);
     if (image)
         snprintf(sb->image, sizeof(sb->image), "%s", image);
     if (ole)
@@ -539,41 +631,45 @@ static int load_one(void *arg, const char *id, const char *state, const char *do
     }
     if (reason)
         snprintf(sb->reason, sizeof(sb->reason), "%s", reason);
+    if (detail)
+        snprintf(sb->detail, sizeof(sb->detail), "%s", detail);
     if (rootfs)
         snprintf(sb->rootfs, sizeof(sb->rootfs), "%s", rootfs);
     sb->created_at = created;
     sb->lease_ends_ms = lease;
     json_decref(o);
-    snprintf(sb->dir, sizeof(sb->dir), "%s/sandboxes/%s", d->cfg.state_dir, sb->id);
+    snprintf(sb->dir, sizeof(sb->dir), "%s/sandboxes/%s", sb->d->cfg.state_dir, sb->id);
     int st = sandbox_state_parse(state);
     sb->state = st < 0 ? SB_FAILED : (enum sb_state)st;
-    link_sandbox(d, sb);
+    return 0;
+}
 
-    struct driver_spec spec;
-    sandbox_spec(sb, &spec);
-    struct wr_err err = {0};
+static void recovery_done(struct sandbox *sb, int ok, const char *message, void *arg)
+{
+    if (!ok)
+        log_error(sb->id, "sandbox.recovery_failed", "error=\"%s\"", message);
+}
+
+static int load_one(void *arg, const char *id, const char *state, const char *doc)
+{
+    struct daemon *d = arg;
+    struct sandbox *sb = sandbox_new(d);
+    if (load_doc(sb, id, state, doc) < 0) {
+        sandbox_unref(sb);
+        return 0;
+    }
+    link_sandbox(d, sb);
     if (sb->state == SB_CREATING || sb->state == SB_DELETING) {
         /* It never finished being created, or was being deleted: finish the delete. */
-        if (driver_destroy(d->driver, &spec, &err) < 0) {
-            sandbox_set_state(sb, SB_FAILED, err.msg);
-        } else {
-            sandbox_forget(sb, "daemon_restart");
-        }
+        submit_stop(sb, JOB_DESTROY, "daemon_restart", recovery_done, NULL);
     } else if (sb->state == SB_RUNNING || sb->state == SB_STOPPING || sb->state == SB_STARTING) {
         /* Its channel died with the previous daemon: stop it cleanly, files kept. */
         int lease_over = sb->lease_ends_ms <= now_ms_wall();
-        if (lease_over && strcmp(sb->on_lease_end, "delete") == 0) {
-            /* Its lease ended while the daemon was down: it is deleted now. */
-            if (driver_destroy(d->driver, &spec, &err) < 0) {
-                sandbox_set_state(sb, SB_FAILED, err.msg);
-            } else {
-                sandbox_forget(sb, "lease_ended");
-            }
-        } else if (driver_stop(d->driver, &spec, &err) < 0) {
-            sandbox_set_state(sb, SB_FAILED, err.msg);
-        } else {
-            sandbox_set_state(sb, SB_STOPPED, lease_over ? "lease_ended" : "daemon_restart");
-        }
+        if (lease_over && strcmp(sb->on_lease_end, "delete") == 0)
+            submit_stop(sb, JOB_DESTROY, "lease_ended", recovery_done, NULL);
+        else
+            submit_stop(sb, JOB_STOP, lease_over ? "lease_ended" : "daemon_restart", recovery_done,
+                        NULL);
     }
     sandbox_unref(sb);
     return 0;
@@ -645,14 +741,19 @@ void sandbox_stop_all(struct daemon *d)
             agentconn_close(sb->conn, "the daemon is shutting down");
             sb->conn = NULL;
         }
-        if (sb->state != SB_RUNNING)
-            continue;
-        struct driver_spec spec;
-        sandbox_spec(sb, &spec);
-        struct wr_err err = {0};
-        if (driver_stop(d->driver, &spec, &err) < 0)
-            sandbox_set_state(sb, SB_FAILED, err.msg);
-        else
-            sandbox_set_state(sb, SB_STOPPED, "daemon_shutdown");
+        if (sb->state == SB_RUNNING && !sb->busy)
+            submit_stop(sb, JOB_STOP, "daemon_shutdown", recovery_done, NULL);
+    }
+}
+
+void sandbox_free_all(struct daemon *d)
+{
+    while (d->sandboxes) {
+        struct sandbox *sb = d->sandboxes;
+        if (sb->conn) {
+            agentconn_close(sb->conn, "the daemon is shutting down");
+            sb->conn = NULL;
+        }
+        unlink_sandbox(sb);
     }
 }

@@ -24,6 +24,8 @@ enum sb_state {
 };
 
 struct agentconn;
+struct command;
+struct sandbox_job;
 
 /* An operation asked for while a failed sandbox is still being cleaned up. */
 enum sb_deferred { SB_DEFER_NONE, SB_DEFER_DELETE, SB_DEFER_START };
@@ -45,13 +47,14 @@ struct sandbox {
     int64_t lease_ends_ms; /* wall clock, milliseconds */
     char dir[PATH_MAX];
     char rootfs[PATH_MAX];
-    char reason[256]; /* why it is in its state (failed: what went wrong) */
+    char reason[32];  /* why it is in its state: one of sandbox_reason_names */
+    char detail[256]; /* failed: what went wrong, in words ("" otherwise) */
     struct agentconn *conn;
     int refs;
-    int busy;         /* a driver operation is in flight */
-    int unlinked;     /* removed from the daemon's list */
-    void *create_job; /* while CREATING and waiting for HELLO */
-    void *commands;   /* struct command list (daemon/command.h), newest first */
+    int busy;                       /* a driver operation is in flight */
+    int unlinked;                   /* removed from the daemon's list */
+    struct sandbox_job *create_job; /* while CREATING or STARTING and waiting for HELLO */
+    struct command *commands;       /* background commands (daemon/command.h), newest first */
     unsigned command_seq;
     uint32_t ping_id;      /* the watchdog's outstanding PING, 0 if none */
     uint64_t ping_sent_ms; /* monotonic */
@@ -98,8 +101,35 @@ json_t *sandbox_to_json(const struct sandbox *sb);
 /** Saves the sandbox's current document to the store (logs on failure). */
 void sandbox_persist(struct sandbox *sb);
 
-/** Changes state, records the event with its reason, logs, persists. */
+/** Changes state, records the event with its reason, logs, persists. Clears the detail. */
 void sandbox_set_state(struct sandbox *sb, enum sb_state st, const char *reason);
+
+/** Marks sb FAILED with reason (one of sandbox_reason_names) and what went wrong, in words. */
+void sandbox_set_failed(struct sandbox *sb, const char *reason, const char *detail);
+
+/** Finds the sandbox named id. NULL with err (WR_E_NOT_FOUND) if there is none. */
+struct sandbox *sandbox_lookup(struct daemon *d, const char *id, struct wr_err *err);
+
+/**
+ * Returns 0 if sb is running with a live agent, else -1 with err (WR_E_CONFLICT) saying what
+ * state it is in and how to get it running.
+ */
+int sandbox_check_running(const struct sandbox *sb, struct wr_err *err);
+
+/** Returns 0 if no driver operation is in flight on sb, else -1 with err (WR_E_CONFLICT). */
+int sandbox_check_idle(const struct sandbox *sb, struct wr_err *err);
+
+/** Moves the lease: it ends timeout_seconds from now (and start gives that much again). */
+void sandbox_set_lease(struct sandbox *sb, int timeout_seconds);
+
+typedef void (*sandbox_stats_cb)(struct sandbox *sb, int rc, const struct driver_stats *st,
+                                 void *arg);
+
+/**
+ * Reads sb's resource use through the driver on a worker thread; cb runs on the loop with
+ * rc = 0 and the numbers, or rc = -1 (st zeroed). sb is referenced until then.
+ */
+void sandbox_read_stats(struct sandbox *sb, sandbox_stats_cb cb, void *arg);
 
 /**
  * Adds sb (filled with options, state CREATING) to the daemon and starts it. done runs once on
@@ -150,15 +180,19 @@ void sandbox_check_leases(struct daemon *d);
 /**
  * At start-up: loads stored sandboxes. Those that were running are stopped through the driver
  * (files kept) and marked stopped with reason daemon_restart; half-created or half-deleted ones
- * are destroyed.
+ * are destroyed. The driver work is queued on worker threads; it is done once the daemon's
+ * work queue is empty.
  */
 int sandbox_load_all(struct daemon *d, struct wr_err *err);
 
 /**
- * At shutdown: closes every channel and stops every running sandbox through the driver (files
- * kept; state stopped, reason daemon_shutdown). Blocks until done.
+ * At shutdown: closes every channel and queues a stop of every running sandbox through the
+ * driver (files kept; state stopped, reason daemon_shutdown). Done once the work queue is.
  */
 void sandbox_stop_all(struct daemon *d);
+
+/** At exit, after daemon_shutdown: drops the daemon's list (nothing is persisted). */
+void sandbox_free_all(struct daemon *d);
 
 /** Fills a driver spec for sb (strings point into sb and d). */
 void sandbox_spec(const struct sandbox *sb, struct driver_spec *spec);

@@ -44,7 +44,6 @@ struct http_req {
     int query_ok;
     int query_bad;
     int gone;
-    int streaming;
     void (*close_cb)(void *);
     void *close_arg;
 };
@@ -59,6 +58,8 @@ static const char *method_name(enum evhttp_cmd_type t)
     case EVHTTP_REQ_HEAD: return "HEAD";
     case EVHTTP_REQ_PATCH: return "PATCH";
     case EVHTTP_REQ_OPTIONS: return "OPTIONS";
+    case EVHTTP_REQ_TRACE: return "TRACE";
+    case EVHTTP_REQ_CONNECT: return "CONNECT";
     default: return "OTHER";
     }
 }
@@ -126,9 +127,12 @@ struct http_server *http_server_new(struct event_base *base, http_handler handle
     }
     evhttp_set_max_body_size(s->http, (ev_ssize_t)max_body);
     evhttp_set_max_headers_size(s->http, 64 * 1024);
+    /* Every method evhttp knows reaches the router, so an undeclared one gets a JSON 405
+     * naming the allowed methods, not evhttp's own HTML 501. */
     evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_PUT |
                                             EVHTTP_REQ_DELETE | EVHTTP_REQ_HEAD | EVHTTP_REQ_PATCH |
-                                            EVHTTP_REQ_OPTIONS);
+                                            EVHTTP_REQ_OPTIONS | EVHTTP_REQ_TRACE |
+                                            EVHTTP_REQ_CONNECT);
     /* Long-running execs stream for as long as they run; idle keep-alive connections close. */
     evhttp_set_timeout(s->http, 3600);
     evhttp_set_gencb(s->http, on_request, s);
@@ -258,19 +262,6 @@ const char *http_req_header(struct http_req *r, const char *name)
     return evhttp_find_header(evhttp_request_get_input_headers(r->req), name);
 }
 
-int http_req_is_unix(struct http_req *r)
-{
-    if (!r->evcon)
-        return 0;
-    struct bufferevent *bev = evhttp_connection_get_bufferevent(r->evcon);
-    int fd = bev ? bufferevent_getfd(bev) : -1;
-    struct sockaddr_storage ss;
-    socklen_t len = sizeof(ss);
-    if (fd < 0 || getsockname(fd, (struct sockaddr *)&ss, &len) < 0)
-        return 0;
-    return ss.ss_family == AF_UNIX;
-}
-
 size_t http_req_body_len(struct http_req *r)
 {
     return evbuffer_get_length(evhttp_request_get_input_buffer(r->req));
@@ -389,7 +380,6 @@ void http_stream_start(struct http_req *r, int status, const char *content_type)
 {
     http_reply_header(r, "Content-Type", content_type);
     http_reply_header(r, "Cache-Control", "no-store");
-    r->streaming = 1;
     evhttp_send_reply_start(r->req, status, reason_phrase(status));
 }
 
@@ -409,21 +399,8 @@ void http_stream_end(struct http_req *r)
     req_free(r);
 }
 
-size_t http_stream_pending(struct http_req *r)
-{
-    if (r->gone || !r->evcon)
-        return 0;
-    struct bufferevent *bev = evhttp_connection_get_bufferevent(r->evcon);
-    return bev ? evbuffer_get_length(bufferevent_get_output(bev)) : 0;
-}
-
 void http_req_on_close(struct http_req *r, void (*cb)(void *arg), void *arg)
 {
     r->close_cb = cb;
     r->close_arg = arg;
-}
-
-int http_req_gone(struct http_req *r)
-{
-    return r->gone;
 }

@@ -55,9 +55,6 @@ int http_req_query_bad(struct http_req *r);
 /** A request header's value, or NULL. */
 const char *http_req_header(struct http_req *r, const char *name);
 
-/** 1 if the client connected over the Unix socket. */
-int http_req_is_unix(struct http_req *r);
-
 /** Bytes of request body not yet consumed. */
 size_t http_req_body_len(struct http_req *r);
 
@@ -94,16 +91,10 @@ void http_stream_write(struct http_req *r, const void *data, size_t len);
 /** Ends a stream. Frees r. */
 void http_stream_end(struct http_req *r);
 
-/** Bytes of the reply queued on the connection but not yet sent (0 if the client has gone). */
-size_t http_stream_pending(struct http_req *r);
-
 /**
  * Asks to be told if the client goes away before the reply ends. cb runs at most once; r stays
  * valid (it must still be answered, which then just frees it).
  */
 void http_req_on_close(struct http_req *r, void (*cb)(void *arg), void *arg);
-
-/** Returns 1 if the client has gone away. */
-int http_req_gone(struct http_req *r);
 
 #endif

@@ -9,6 +9,7 @@
 
 #include "api/jsonv.h"
 #include "common/base64.h"
+#include "common/utf8.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -41,10 +42,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             jv_parse_mode(s, &mode);
         json_decref(o);
     }
-    size_t whole = jv_utf8_complete_prefix(data, size);
+    size_t whole = utf8_complete_prefix(data, size);
     if (whole > size || size - whole > 3)
         abort();
-    jv_utf8_valid(data, size);
+    utf8_valid(data, size);
     size_t n;
     unsigned char *dec = base64_decode(body, size, &n);
     if (dec) {

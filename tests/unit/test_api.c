@@ -6,6 +6,7 @@
 
 #include "api/jsonv.h"
 #include "common/base64.h"
+#include "common/utf8.h"
 #include "http/router.h"
 #include "tap.h"
 
@@ -86,16 +87,15 @@ static void test_jsonv(void)
 
 static void test_utf8(void)
 {
-    ok(jv_utf8_valid((const unsigned char *)"h\xc3\xa9llo", 6), "valid UTF-8");
-    ok(!jv_utf8_valid((const unsigned char *)"\xff", 1), "0xff invalid");
-    ok(!jv_utf8_valid((const unsigned char *)"\xc0\xaf", 2), "overlong invalid");
-    ok(!jv_utf8_valid((const unsigned char *)"\xed\xa0\x80", 3), "surrogate invalid");
-    ok(jv_utf8_complete_prefix((const unsigned char *)"ab\xe2\x82", 4) == 2,
+    ok(utf8_valid((const unsigned char *)"h\xc3\xa9llo", 6), "valid UTF-8");
+    ok(!utf8_valid((const unsigned char *)"\xff", 1), "0xff invalid");
+    ok(!utf8_valid((const unsigned char *)"\xc0\xaf", 2), "overlong invalid");
+    ok(!utf8_valid((const unsigned char *)"\xed\xa0\x80", 3), "surrogate invalid");
+    ok(utf8_complete_prefix((const unsigned char *)"ab\xe2\x82", 4) == 2,
        "split 3-byte char held back");
-    ok(jv_utf8_complete_prefix((const unsigned char *)"ab\xe2\x82\xac", 5) == 5,
+    ok(utf8_complete_prefix((const unsigned char *)"ab\xe2\x82\xac", 5) == 5,
        "whole char not held back");
-    ok(jv_utf8_complete_prefix((const unsigned char *)"ab\xff", 3) == 3,
-       "invalid byte not held back");
+    ok(utf8_complete_prefix((const unsigned char *)"ab\xff", 3) == 3, "invalid byte not held back");
 }
 
 static void test_base64(void)

@@ -1,0 +1,177 @@
+/*
+ * `withruntime serve`: parses the daemon's flags, opens the daemon, serves
+ * the API on its listeners (TCP and the Unix socket) and runs the event loop
+ * until SIGTERM or SIGINT. Shutdown stops accepting, answers what is in
+ * flight, and lets the daemon stop (not delete) running sandboxes.
+ */
+#include <getopt.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/api.h"
+#include "common/log.h"
+#include "daemon/daemon.h"
+#include "daemon/service.h"
+
+struct server {
+    struct daemon d;
+    struct http_server *http;
+};
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: withruntime serve [--state-dir DIR] [--listen HOST:PORT|none] [--socket PATH]\n"
+            "                         [--agent PATH] [--driver gvisor|fake]\n"
+            "                         [--platform systrap|ptrace|kvm] [--debug] [--print-enums]\n"
+            "\n"
+            "Runs the daemon: the HTTP API on HOST:PORT (default 127.0.0.1:7070) and on the Unix\n"
+            "socket (default STATE_DIR/withruntime.sock). State lives in STATE_DIR (default\n"
+            "$WITHRUNTIME_STATE_DIR or /var/lib/withruntime). SIGTERM stops it cleanly.\n"
+            "--driver picks the isolation driver (default: the first this host can run, as\n"
+            "`withruntime doctor` says; `fake` runs agents as plain host processes, for tests).\n"
+            "--print-enums prints the sandbox states and state reasons as JSON and exits.\n");
+}
+
+/* The states and reasons the API can report, for the tests that check the spec against them. */
+static void print_enums(void)
+{
+    json_t *o = svc_enums();
+    char *text = json_dumps(o, JSON_COMPACT);
+    printf("%s\n", text);
+    free(text);
+    json_decref(o);
+}
+
+static int parse_args(int argc, char **argv, struct daemon_config *cfg)
+{
+    static const struct option opts[] = {{"state-dir", required_argument, NULL, 's'},
+                                         {"listen", required_argument, NULL, 'l'},
+                                         {"socket", required_argument, NULL, 'u'},
+                                         {"agent", required_argument, NULL, 'a'},
+                                         {"platform", required_argument, NULL, 'p'},
+                                         {"driver", required_argument, NULL, 'D'},
+                                         {"debug", no_argument, NULL, 'd'},
+                                         {"print-enums", no_argument, NULL, 'E'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 's': snprintf(cfg->state_dir, sizeof(cfg->state_dir), "%s", optarg); break;
+        case 'l': {
+            if (strcmp(optarg, "none") == 0) {
+                cfg->listen_port = 0;
+                break;
+            }
+            const char *colon = strrchr(optarg, ':');
+            char *end;
+            long port = colon ? strtol(colon + 1, &end, 10) : -1;
+            if (!colon || colon == optarg || *end || port <= 0 || port > 65535 ||
+                (size_t)(colon - optarg) >= sizeof(cfg->listen_host)) {
+                fprintf(stderr, "withruntime serve: --listen wants HOST:PORT, got %s\n", optarg);
+                return -1;
+            }
+            snprintf(cfg->listen_host, sizeof(cfg->listen_host), "%.*s", (int)(colon - optarg),
+                     optarg);
+            cfg->listen_port = (int)port;
+            break;
+        }
+        case 'u': snprintf(cfg->socket_path, sizeof(cfg->socket_path), "%s", optarg); break;
+        case 'a': snprintf(cfg->agent_path, sizeof(cfg->agent_path), "%s", optarg); break;
+        case 'p': snprintf(cfg->platform, sizeof(cfg->platform), "%s", optarg); break;
+        case 'D': snprintf(cfg->driver, sizeof(cfg->driver), "%s", optarg); break;
+        case 'd': cfg->debug = 1; break;
+        case 'E': print_enums(); exit(0);
+        case 'h': usage(stdout); exit(0);
+        default: usage(stderr); return -1;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "withruntime serve: unexpected argument %s\n", argv[optind]);
+        return -1;
+    }
+    if (!cfg->socket_path[0])
+        snprintf(cfg->socket_path, sizeof(cfg->socket_path), "%s/withruntime.sock", cfg->state_dir);
+    return 0;
+}
+
+static void on_tick(evutil_socket_t fd, short what, void *arg)
+{
+    daemon_tick(arg);
+}
+
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+    struct server *s = arg;
+    if (s->d.shutting_down)
+        return;
+    log_info(NULL, "daemon.stopping", "signal=%d", (int)sig);
+    s->d.shutting_down = 1;
+    http_server_stop_accepting(s->http);
+    /* In-flight requests get their answers as the channels close in daemon_shutdown; let the
+     * loop flush what it can, then leave. */
+    struct timeval tv = {0, 200000};
+    event_base_loopexit(s->d.base, &tv);
+}
+
+static int listen_all(struct server *s, struct wr_err *err)
+{
+    struct daemon_config *cfg = &s->d.cfg;
+    size_t max_body = cfg->max_upload > cfg->max_json_body ? cfg->max_upload : cfg->max_json_body;
+    s->http = http_server_new(s->d.base, api_handle, &s->d, max_body, err);
+    if (!s->http)
+        return -1;
+    if (cfg->listen_port &&
+        http_server_listen_tcp(s->http, cfg->listen_host, cfg->listen_port, err) < 0)
+        return -1;
+    return http_server_listen_unix(s->http, cfg->socket_path, err);
+}
+
+int api_serve_main(int argc, char **argv)
+{
+    static struct server s; /* static: large, and reachable to the end for leak checkers */
+    memset(&s, 0, sizeof(s));
+    s.d.lock_fd = -1;
+    daemon_config_defaults(&s.d.cfg);
+    if (parse_args(argc, argv, &s.d.cfg) < 0)
+        return 2;
+    if (getenv("WITHRUNTIME_DEBUG"))
+        log_set_level(WR_LOG_DEBUG);
+    struct wr_err err = {0};
+    if (daemon_open(&s.d, &err) < 0 || listen_all(&s, &err) < 0) {
+        fprintf(stderr, "withruntime serve: %s\n", err.msg);
+        if (s.http)
+            http_server_free(s.http);
+        daemon_close(&s.d);
+        return 1;
+    }
+    struct event *sigterm = evsignal_new(s.d.base, SIGTERM, on_signal, &s);
+    struct event *sigint = evsignal_new(s.d.base, SIGINT, on_signal, &s);
+    event_add(sigterm, NULL);
+    event_add(sigint, NULL);
+    /* Leases end within a second of their time: look four times a second. */
+    struct event *tick = event_new(s.d.base, -1, EV_PERSIST, on_tick, &s.d);
+    struct timeval tv = {0, 250000};
+    event_add(tick, &tv);
+    struct daemon_config *cfg = &s.d.cfg;
+    log_info(NULL, "daemon.started",
+             "state_dir=%s listen=%s:%d socket=%s agent=%s driver=%s sandboxes=%d", cfg->state_dir,
+             cfg->listen_port ? cfg->listen_host : "none", cfg->listen_port, cfg->socket_path,
+             cfg->agent_path, cfg->driver, s.d.nsandboxes);
+
+    event_base_dispatch(s.d.base);
+
+    daemon_shutdown(&s.d);
+    http_server_free(s.http);
+    event_free(sigterm);
+    event_free(sigint);
+    event_free(tick);
+    log_info(NULL, "daemon.stopped", NULL);
+    daemon_close(&s.d);
+    return 0;
+}

@@ -1,0 +1,160 @@
+/*
+ * The service's answers as HTTP (daemon/sink.h implemented over http.h):
+ * the one place that maps a kind of failure to a status and an error code.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/api.h"
+#include "common/util.h"
+#include "daemon/sink.h"
+
+struct api_sink {
+    struct sink base;
+    struct http_req *req;
+    int streaming; /* begun */
+    int records;   /* a record stream (NDJSON) */
+};
+
+static const struct {
+    int status;
+    const char *code;
+} kinds[] = {
+    [WR_E_INTERNAL] = {500, "internal"},
+    [WR_E_INVALID] = {400, "invalid_request"},
+    [WR_E_NOT_FOUND] = {404, "not_found"},
+    [WR_E_CONFLICT] = {409, "conflict"},
+    [WR_E_TOO_LARGE] = {413, "payload_too_large"},
+    [WR_E_UNAVAILABLE] = {503, "unavailable"},
+    [WR_E_SANDBOX_FAILED] = {500, "sandbox_failed"},
+    [WR_E_EXEC_FAILED] = {422, "exec_failed"},
+    [WR_E_FILE] = {422, "file_error"},
+};
+
+static void kind_of(const struct wr_err *err, int *status, const char **code)
+{
+    unsigned k = (unsigned)err->kind;
+    if (k >= WR_ARRAY_LEN(kinds) || !kinds[k].code)
+        k = WR_E_INTERNAL;
+    *status = kinds[k].status;
+    *code = kinds[k].code;
+}
+
+/* File errors carry the errno the agent saw, so a client can tell EISDIR from EACCES. */
+static json_t *extra_of(const struct wr_err *err)
+{
+    if (err->kind == WR_E_FILE || (err->kind == WR_E_NOT_FOUND && err->code))
+        return json_pack("{s:i}", "errno", err->code);
+    return NULL;
+}
+
+void api_reply_err(struct http_req *req, const struct wr_err *err)
+{
+    int status;
+    const char *code;
+    kind_of(err, &status, &code);
+    json_t *extra = extra_of(err);
+    if (extra)
+        http_reply_error_extra(req, status, code, extra, "%s", err->msg);
+    else
+        http_reply_error(req, status, code, "%s", err->msg);
+}
+
+static void s_reply(struct sink *s, enum sink_status st, json_t *obj)
+{
+    struct api_sink *a = (struct api_sink *)s;
+    http_reply_json(a->req, st == SINK_CREATED ? 201 : 200, obj);
+    free(a);
+}
+
+static void write_record(struct api_sink *a, json_t *obj)
+{
+    char *line = json_dumps(obj, JSON_COMPACT | JSON_ENSURE_ASCII);
+    json_decref(obj);
+    if (!line)
+        return;
+    size_t n = strlen(line);
+    line[n] = '\n'; /* replaces the NUL: the line goes out in one chunk */
+    http_stream_write(a->req, line, n + 1);
+    free(line);
+}
+
+static void s_fail(struct sink *s, const struct wr_err *err)
+{
+    struct api_sink *a = (struct api_sink *)s;
+    if (!a->streaming) {
+        api_reply_err(a->req, err);
+    } else {
+        /* Too late for a status: a record stream ends with an error record, a byte stream
+         * ends short. */
+        if (a->records) {
+            int status;
+            const char *code;
+            kind_of(err, &status, &code);
+            write_record(a, json_pack("{s:s, s:s, s:s}", "type", "error", "code", code, "message",
+                                      err->msg));
+        }
+        http_stream_end(a->req);
+    }
+    free(a);
+}
+
+static void s_begin(struct sink *s, const char *content_type)
+{
+    struct api_sink *a = (struct api_sink *)s;
+    a->streaming = 1;
+    a->records = content_type == NULL;
+    http_stream_start(a->req, 200, content_type ? content_type : "application/x-ndjson");
+}
+
+static void s_write(struct sink *s, const void *data, size_t len)
+{
+    http_stream_write(((struct api_sink *)s)->req, data, len);
+}
+
+static void s_record(struct sink *s, json_t *obj)
+{
+    write_record((struct api_sink *)s, obj);
+}
+
+static void s_end(struct sink *s)
+{
+    struct api_sink *a = (struct api_sink *)s;
+    http_stream_end(a->req);
+    free(a);
+}
+
+static void s_on_cancel(struct sink *s, void (*cb)(void *arg), void *arg)
+{
+    http_req_on_close(((struct api_sink *)s)->req, cb, arg);
+}
+
+static size_t s_input_len(struct sink *s)
+{
+    return http_req_body_len(((struct api_sink *)s)->req);
+}
+
+static size_t s_input_read(struct sink *s, void *buf, size_t n)
+{
+    return http_req_body_read(((struct api_sink *)s)->req, buf, n);
+}
+
+static const struct sink_ops api_sink_ops = {
+    .reply = s_reply,
+    .fail = s_fail,
+    .begin = s_begin,
+    .write = s_write,
+    .record = s_record,
+    .end = s_end,
+    .on_cancel = s_on_cancel,
+    .input_len = s_input_len,
+    .input_read = s_input_read,
+};
+
+struct sink *api_sink_new(struct http_req *req)
+{
+    struct api_sink *a = xcalloc(1, sizeof(*a));
+    a->base.ops = &api_sink_ops;
+    a->req = req;
+    return &a->base;
+}

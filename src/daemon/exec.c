@@ -1,0 +1,381 @@
+/*
+ * Running a command through a sandbox's agent, whole or streamed. The host
+ * enforces the limits itself: output beyond the cap is dropped here whatever
+ * the agent sends, and the timeout is a timer here that kills the command's
+ * process tree and, if the agent never confirms, answers anyway. Whether the
+ * host's OOM killer was at work is read from the driver (on a worker thread)
+ * before the command starts and after it fails.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/base64.h"
+#include "common/log.h"
+#include "common/utf8.h"
+#include "common/util.h"
+#include "daemon/agentconn.h"
+#include "daemon/command.h"
+#include "daemon/sandbox.h"
+#include "daemon/service.h"
+
+#define KILL_GRACE_SECONDS 10
+
+static const char *const default_env[][2] = {
+    {"PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+    {"HOME", "/root"},
+    {"LANG", "C.UTF-8"},
+    {"USER", "root"},
+};
+
+struct outbuf {
+    unsigned char *data;
+    size_t len;       /* bytes kept (whole mode) */
+    size_t total;     /* bytes the command wrote */
+    size_t forwarded; /* bytes passed on (stream mode) */
+    int truncated;
+    unsigned char hold[4]; /* stream mode: a UTF-8 character split across chunks */
+    size_t holdlen;
+};
+
+struct exec_op {
+    struct daemon *d;
+    struct sandbox *sb; /* referenced */
+    struct agentconn *conn;
+    struct sink *sink;
+    uint32_t id; /* the agent request while the command runs, else 0 */
+    int stream;
+    size_t cap;
+    double timeout;
+    struct proto_buf payload; /* EXEC, until sent */
+    unsigned char *stdin_data;
+    size_t stdin_len;
+    struct outbuf out[2];
+    struct event *timer;
+    int timed_out;
+    int killed;
+    int cancelled; /* the caller went away before the command started */
+    int exit_code, exit_signal;
+    uint64_t start_ms;
+    uint64_t oom_kills_before; /* the sandbox's OOM-kill count when the command started */
+};
+
+static void op_free(struct exec_op *op)
+{
+    if (op->timer)
+        event_free(op->timer);
+    for (int i = 0; i < 2; i++)
+        free(op->out[i].data);
+    proto_buf_free(&op->payload);
+    free(op->stdin_data);
+    sandbox_unref(op->sb);
+    free(op);
+}
+
+json_t *exec_encode_bytes(const unsigned char *b, size_t n, const char **enc)
+{
+    if (utf8_valid(b, n)) {
+        *enc = "utf-8";
+        return json_stringn((const char *)b, n);
+    }
+    char *s = base64_encode(b, n);
+    json_t *str = json_string(s);
+    free(s);
+    *enc = "base64";
+    return str;
+}
+
+static void stream_chunk(struct exec_op *op, int which, const unsigned char *b, size_t n)
+{
+    const char *enc;
+    json_t *data = exec_encode_bytes(b, n, &enc);
+    sink_record(op->sink, json_pack("{s:s, s:o, s:s}", "type", which ? "stderr" : "stdout", "data",
+                                    data, "encoding", enc));
+}
+
+/* Output from the command: kept (whole) or forwarded (stream), never past the cap. */
+static void on_output(struct exec_op *op, int which, const uint8_t *b, size_t n)
+{
+    struct outbuf *ob = &op->out[which];
+    ob->total += n;
+    size_t room = op->cap - (op->stream ? ob->forwarded : ob->len);
+    if (n > room) {
+        n = room;
+        ob->truncated = 1;
+    }
+    if (n == 0)
+        return;
+    if (!op->stream) {
+        ob->data = xrealloc(ob->data, ob->len + n);
+        memcpy(ob->data + ob->len, b, n);
+        ob->len += n;
+        return;
+    }
+    ob->forwarded += n;
+    /* Join a held-back partial character, then hold back any new one at the end. */
+    unsigned char *buf = xmalloc(ob->holdlen + n);
+    memcpy(buf, ob->hold, ob->holdlen);
+    memcpy(buf + ob->holdlen, b, n);
+    size_t total = ob->holdlen + n;
+    size_t whole = utf8_complete_prefix(buf, total);
+    ob->holdlen = total - whole;
+    memcpy(ob->hold, buf + whole, ob->holdlen);
+    if (whole)
+        stream_chunk(op, which, buf, whole);
+    free(buf);
+}
+
+static json_t *result_json(struct exec_op *op, int oom)
+{
+    int code = op->exit_code, sig = op->exit_signal;
+    return json_pack("{s:i, s:o, s:b, s:b, s:b, s:b, s:I}", "exit_code", code, "signal",
+                     sig ? json_integer(sig) : json_null(), "stdout_truncated",
+                     op->out[0].truncated, "stderr_truncated", op->out[1].truncated, "timed_out",
+                     op->timed_out, "oom_killed", oom, "duration_ms",
+                     (json_int_t)(now_ms_monotonic() - op->start_ms));
+}
+
+static void finish_exit(struct exec_op *op, int oom)
+{
+    log_info(op->sb->id, "exec.exit", "code=%d signal=%d timed_out=%d ms=%llu", op->exit_code,
+             op->exit_signal, op->timed_out,
+             (unsigned long long)(now_ms_monotonic() - op->start_ms));
+    json_t *o = result_json(op, oom);
+    if (op->stream) {
+        for (int i = 0; i < 2; i++)
+            if (op->out[i].holdlen)
+                stream_chunk(op, i, op->out[i].hold, op->out[i].holdlen);
+        json_object_set_new(o, "type", json_string("exit"));
+        sink_record(op->sink, o);
+        sink_end(op->sink);
+    } else {
+        for (int i = 0; i < 2; i++) {
+            const char *enc;
+            json_t *s =
+                exec_encode_bytes(op->out[i].data ? op->out[i].data : (const unsigned char *)"",
+                                  op->out[i].len, &enc);
+            json_object_set_new(o, i ? "stderr" : "stdout", s);
+            json_object_set_new(o, i ? "stderr_encoding" : "stdout_encoding", json_string(enc));
+        }
+        sink_reply(op->sink, SINK_OK, o);
+    }
+    op_free(op);
+}
+
+static void finish_error(struct exec_op *op, enum wr_kind kind, const char *msg)
+{
+    struct wr_err err = {0};
+    wr_err_kind(&err, kind, 0, "%s", msg);
+    log_warn(op->sb->id, "exec.error", "kind=%d message=\"%s\"", (int)kind, msg);
+    sink_fail(op->sink, &err);
+    op_free(op);
+}
+
+/* A failed command: the host's OOM killer at work in this sandbox since it started is the
+ * likely cause, and the one a user needs to hear. (Under gVisor a process whose host-side task
+ * the OOM killer hit may end with a plain exit status, not a signal.) */
+static void on_final_stats(struct sandbox *sb, int rc, const struct driver_stats *st, void *arg)
+{
+    struct exec_op *op = arg;
+    finish_exit(op, rc == 0 && st->oom_kills > op->oom_kills_before);
+}
+
+static void on_frame(void *arg, const struct proto_header *h, const uint8_t *payload)
+{
+    struct exec_op *op = arg;
+    if (!h) {
+        op->id = 0;
+        if (op->d->shutting_down)
+            finish_error(op, WR_E_UNAVAILABLE, "the daemon is shutting down");
+        else
+            finish_error(op, WR_E_SANDBOX_FAILED, (const char *)payload);
+        return;
+    }
+    switch (h->type) {
+    case PROTO_STDOUT:
+    case PROTO_STDERR: on_output(op, h->type == PROTO_STDERR, payload, h->len); return;
+    case PROTO_EXIT:
+        agentconn_exit_status(payload, h->len, &op->exit_code, &op->exit_signal);
+        op->id = 0;
+        event_del(op->timer);
+        if (op->exit_signal || op->exit_code != 0)
+            sandbox_read_stats(op->sb, on_final_stats, op);
+        else
+            finish_exit(op, 0);
+        return;
+    case PROTO_ERROR: {
+        char msg[512] = "the command could not be started";
+        struct proto_field f;
+        if (proto_find(payload, h->len, PT_MESSAGE, &f) == 1 &&
+            proto_field_str(&f, msg, sizeof(msg)) < 0)
+            snprintf(msg, sizeof(msg), "the command could not be started");
+        if (!utf8_valid((const unsigned char *)msg, strlen(msg)))
+            snprintf(msg, sizeof(msg), "the command could not be started");
+        op->id = 0;
+        finish_error(op, WR_E_EXEC_FAILED, msg);
+        return;
+    }
+    default: return; /* nothing else belongs to an exec; ignore rather than guess */
+    }
+}
+
+static void kill_tree(struct exec_op *op)
+{
+    struct proto_buf b = {0};
+    proto_put_u32(&b, PT_SIGNUM, SIGKILL);
+    if (agentconn_send(op->conn, op->id, PROTO_SIGNAL, 0, b.data, b.len) < 0)
+        log_warn(op->sb->id, "exec.kill_unsent", "the channel to the agent is gone");
+    proto_buf_free(&b);
+    op->killed = 1;
+}
+
+static void on_timer(evutil_socket_t fd, short what, void *arg)
+{
+    struct exec_op *op = arg;
+    if (!op->killed) {
+        op->timed_out = 1;
+        log_info(op->sb->id, "exec.timeout", NULL);
+        kill_tree(op);
+        struct timeval tv = {KILL_GRACE_SECONDS, 0};
+        evtimer_add(op->timer, &tv);
+        return;
+    }
+    /* Killed, yet no EXIT: the agent is not doing its job. Answer anyway. */
+    agentconn_cancel(op->conn, op->id);
+    op->id = 0;
+    finish_error(op, WR_E_SANDBOX_FAILED,
+                 "the command was killed but the sandbox's agent never reported its end");
+}
+
+static void on_cancel(void *arg)
+{
+    struct exec_op *op = arg;
+    if (!op->id) {
+        op->cancelled = 1;
+        return;
+    }
+    if (!op->killed && agentconn_alive(op->conn)) {
+        log_info(op->sb->id, "exec.client_gone", NULL);
+        kill_tree(op);
+    }
+}
+
+/* The baseline is read: send the command, unless the caller or the agent went meanwhile. */
+static void on_baseline(struct sandbox *sb, int rc, const struct driver_stats *st, void *arg)
+{
+    struct exec_op *op = arg;
+    op->oom_kills_before = rc == 0 ? st->oom_kills : 0;
+    struct wr_err err = {0};
+    if (op->cancelled) {
+        finish_error(op, WR_E_CONFLICT, "the client went away before the command started");
+        return;
+    }
+    if (sandbox_check_running(sb, &err) < 0) {
+        sink_fail(op->sink, &err);
+        op_free(op);
+        return;
+    }
+    op->conn = sb->conn;
+    op->start_ms = now_ms_monotonic();
+    op->id =
+        agentconn_request(op->conn, PROTO_EXEC, op->payload.data, op->payload.len, on_frame, op);
+    proto_buf_free(&op->payload);
+    if (!op->id) {
+        finish_error(op, WR_E_CONFLICT, "the sandbox's agent is not reachable");
+        return;
+    }
+    if (op->stdin_data && agentconn_send_stdin(op->conn, op->id, op->stdin_data, op->stdin_len) < 0)
+        log_warn(sb->id, "exec.stdin_unsent", "the channel to the agent is gone");
+    op->timer = evtimer_new(op->d->base, on_timer, op);
+    struct timeval tv = {(time_t)op->timeout,
+                         (suseconds_t)((op->timeout - (double)(time_t)op->timeout) * 1e6)};
+    evtimer_add(op->timer, &tv);
+    if (op->stream)
+        sink_begin(op->sink, NULL); /* from here on every answer, errors too, is a record */
+    log_info(sb->id, "exec.start", "stream=%d timeout=%g", op->stream, op->timeout);
+}
+
+/* Builds the EXEC payload. Returns 0, or -1 with err set. */
+static int build_exec(struct sandbox *sb, const struct exec_request *r, struct proto_buf *b,
+                      struct wr_err *err)
+{
+    if (r->command) {
+        proto_put_str(b, PT_ARG, "/bin/sh");
+        proto_put_str(b, PT_ARG, "-c");
+        proto_put_str(b, PT_ARG, r->command);
+    } else {
+        size_t i;
+        json_t *v;
+        json_array_foreach(r->argv, i, v)
+            proto_put_bytes(b, PT_ARG, json_string_value(v), json_string_length(v));
+    }
+    json_t *merged = json_object();
+    for (size_t i = 0; i < WR_ARRAY_LEN(default_env); i++)
+        json_object_set_new(merged, default_env[i][0], json_string(default_env[i][1]));
+    json_object_update(merged, sb->env);
+    if (r->env)
+        json_object_update(merged, r->env);
+    const char *k;
+    json_t *v;
+    json_object_foreach(merged, k, v)
+    {
+        size_t kl = strlen(k), vl = json_string_length(v);
+        char *kv = xmalloc(kl + 1 + vl + 1);
+        memcpy(kv, k, kl);
+        kv[kl] = '=';
+        memcpy(kv + kl + 1, json_string_value(v), vl);
+        proto_put_bytes(b, PT_ENV, kv, kl + 1 + vl);
+        free(kv);
+    }
+    json_decref(merged);
+    proto_put_str(b, PT_CWD, r->cwd ? r->cwd : "/workspace");
+    if (r->stdin_data)
+        proto_put_u32(b, PT_STDIN_PIPE, 1);
+    if (b->len > PROTO_MAX_PAYLOAD)
+        return wr_err_kind(err, WR_E_INVALID, 0,
+                           "command, argv, env and cwd together exceed %u bytes",
+                           PROTO_MAX_PAYLOAD);
+    return 0;
+}
+
+void svc_exec(struct daemon *d, const char *id, const struct exec_request *r, struct sink *s)
+{
+    struct wr_err err = {0};
+    struct sandbox *sb = sandbox_lookup(d, id, &err);
+    struct proto_buf b = {0};
+    if (!sb || sandbox_check_running(sb, &err) < 0 || build_exec(sb, r, &b, &err) < 0) {
+        proto_buf_free(&b);
+        sink_fail(s, &err);
+        return;
+    }
+    if (r->background) {
+        /* No timeout unless one was asked for: it runs until it exits or the lease ends. */
+        json_t *shown =
+            r->argv ? json_incref(r->argv) : json_pack("[s, s, s]", "/bin/sh", "-c", r->command);
+        struct command *c = command_start(sb, &b, shown, r->stdin_data, r->stdin_len,
+                                          r->timeout_seconds, r->max_output, &err);
+        json_decref(shown);
+        proto_buf_free(&b);
+        if (!c)
+            sink_fail(s, &err);
+        else
+            sink_reply(s, SINK_CREATED, command_to_json(c));
+        return;
+    }
+    struct exec_op *op = xcalloc(1, sizeof(*op));
+    op->d = d;
+    op->sb = sb;
+    sandbox_ref(sb);
+    op->sink = s;
+    op->stream = r->stream;
+    op->cap = r->max_output;
+    op->timeout = r->timeout_seconds;
+    op->payload = b;
+    if (r->stdin_data) {
+        op->stdin_data = xmalloc(r->stdin_len + 1);
+        memcpy(op->stdin_data, r->stdin_data, r->stdin_len);
+        op->stdin_len = r->stdin_len;
+    }
+    sink_on_cancel(s, on_cancel, op);
+    sandbox_read_stats(sb, on_baseline, op);
+}

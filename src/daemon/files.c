@@ -1,0 +1,418 @@
+/*
+ * File operations carried out by the agent inside the sandbox, so every path
+ * resolves in the sandbox's own view and never on the host. The agent's
+ * answers are untrusted: entries that are malformed or not UTF-8 are dropped,
+ * and a byte stream that the agent ends early is cut short, never padded.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/utf8.h"
+#include "common/util.h"
+#include "daemon/agentconn.h"
+#include "daemon/daemon.h"
+#include "daemon/sandbox.h"
+#include "daemon/service.h"
+
+#define WRITE_CHUNK (256 * 1024)
+
+enum fop_kind { FOP_READ, FOP_WRITE, FOP_LIST, FOP_STAT, FOP_MKDIR, FOP_REMOVE };
+
+struct file_op {
+    struct daemon *d;
+    struct sandbox *sb; /* referenced */
+    struct sink *sink;
+    uint32_t id;
+    enum fop_kind kind;
+    int started; /* FOP_READ: the stream has begun */
+    uint64_t bytes;
+    json_t *result;                 /* stat entry or entries array */
+    char path[PROTO_MAX_PATH + 16]; /* as the user will see it: absolute */
+};
+
+static void fop_free(struct file_op *op)
+{
+    json_decref(op->result);
+    sandbox_unref(op->sb);
+    free(op);
+}
+
+static void fop_fail(struct file_op *op, enum wr_kind kind, int code, const char *msg)
+{
+    sink_failf(op->sink, kind, code, "%s", msg);
+    fop_free(op);
+}
+
+static const char *type_name(uint32_t t)
+{
+    switch (t) {
+    case PROTO_FT_FILE: return "file";
+    case PROTO_FT_DIR: return "directory";
+    case PROTO_FT_SYMLINK: return "symlink";
+    default: return "other";
+    }
+}
+
+/* Joins dir and name for display. */
+static void join_path(char *out, size_t outlen, const char *dir, const char *name)
+{
+    size_t n = strlen(dir);
+    snprintf(out, outlen, "%s%s%s", dir, n && dir[n - 1] == '/' ? "" : "/", name);
+}
+
+/*
+ * Builds an entry object from the fields in payload[start, end). Returns NULL if the fields are
+ * malformed or not UTF-8 where they must be.
+ */
+static json_t *entry_from_fields(const uint8_t *payload, size_t len, const char *dir,
+                                 const char *fallback_path)
+{
+    struct proto_iter it;
+    struct proto_field f;
+    proto_iter_init(&it, payload, len);
+    uint32_t type = PROTO_FT_OTHER, mode = 0;
+    uint64_t size = 0, mtime = 0;
+    char name[1024] = "", target[PROTO_MAX_PATH + 1] = "";
+    int have_target = 0, rc;
+    while ((rc = proto_iter_next(&it, &f)) == 1) {
+        switch (f.tag) {
+        case PT_TYPE:
+            if (proto_field_u32(&f, &type) < 0)
+                return NULL;
+            break;
+        case PT_MODE:
+            if (proto_field_u32(&f, &mode) < 0)
+                return NULL;
+            break;
+        case PT_SIZE:
+            if (proto_field_u64(&f, &size) < 0)
+                return NULL;
+            break;
+        case PT_MTIME:
+            if (proto_field_u64(&f, &mtime) < 0)
+                return NULL;
+            break;
+        case PT_NAME:
+            if (proto_field_str(&f, name, sizeof(name)) < 0)
+                return NULL;
+            break;
+        case PT_TARGET:
+            if (proto_field_str(&f, target, sizeof(target)) < 0)
+                return NULL;
+            have_target = 1;
+            break;
+        default: break;
+        }
+    }
+    if (rc < 0)
+        return NULL;
+    char mode_s[8], ts[32], path[PROTO_MAX_PATH + 1100];
+    snprintf(mode_s, sizeof(mode_s), "%04o", mode & 07777);
+    format_rfc3339(mtime > (uint64_t)INT64_MAX ? 0 : (int64_t)mtime, ts, sizeof(ts));
+    if (name[0])
+        join_path(path, sizeof(path), dir, name);
+    else
+        snprintf(path, sizeof(path), "%s", fallback_path);
+    const char *base = strrchr(path, '/');
+    base = base && base[1] ? base + 1 : path;
+    json_t *e = json_pack("{s:s, s:s, s:s, s:I, s:s, s:s}", "name", name[0] ? name : base, "path",
+                          path, "type", type_name(type), "size",
+                          (json_int_t)(size > (uint64_t)INT64_MAX ? INT64_MAX : size), "mode",
+                          mode_s, "mtime", ts);
+    if (!e) /* a name that is not UTF-8 */
+        return NULL;
+    if (have_target) {
+        json_t *t = json_string(target);
+        if (t)
+            json_object_set_new(e, "target", t);
+    }
+    return e;
+}
+
+static int cmp_entry(const void *a, const void *b)
+{
+    const char *na = json_string_value(json_object_get(*(json_t *const *)a, "name"));
+    const char *nb = json_string_value(json_object_get(*(json_t *const *)b, "name"));
+    return strcmp(na ? na : "", nb ? nb : "");
+}
+
+/* Directory order is the filesystem's whim; answers are sorted by name (bytewise). */
+static void sort_entries(json_t *arr)
+{
+    size_t n = json_array_size(arr);
+    if (n < 2)
+        return;
+    json_t **v = xcalloc(n, sizeof(*v));
+    for (size_t i = 0; i < n; i++)
+        v[i] = json_incref(json_array_get(arr, i));
+    qsort(v, n, sizeof(*v), cmp_entry);
+    json_array_clear(arr);
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(arr, v[i]);
+    free(v);
+}
+
+static void fail_from_agent(struct file_op *op, const uint8_t *payload, size_t len)
+{
+    uint32_t err = EIO;
+    char msg[600] = "";
+    struct proto_field f;
+    if (proto_find(payload, len, PT_ERRNO, &f) == 1)
+        proto_field_u32(&f, &err);
+    if (proto_find(payload, len, PT_MESSAGE, &f) == 1 && proto_field_str(&f, msg, sizeof(msg)) < 0)
+        msg[0] = '\0';
+    if (!msg[0] || !utf8_valid((const unsigned char *)msg, strlen(msg)))
+        snprintf(msg, sizeof(msg), "%s: %s", op->path, strerror((int)err));
+    if (err > 4095)
+        err = EIO;
+    fop_fail(op, err == ENOENT ? WR_E_NOT_FOUND : WR_E_FILE, (int)err, msg);
+}
+
+static void send_stat_request(struct file_op *op);
+
+/* DIR_ENTRIES: groups of fields, each starting with NAME. */
+static void add_entries(struct file_op *op, const uint8_t *payload, size_t len)
+{
+    struct proto_iter it;
+    struct proto_field f;
+    proto_iter_init(&it, payload, len);
+    const uint8_t *group = NULL;
+    int rc;
+    while ((rc = proto_iter_next(&it, &f)) >= 0) {
+        const uint8_t *here = rc == 1 ? f.data - 6 : payload + len;
+        if (group && (rc == 0 || f.tag == PT_NAME)) {
+            json_t *e = entry_from_fields(group, (size_t)(here - group), op->path, "");
+            if (e)
+                json_array_append_new(op->result, e);
+            group = NULL;
+        }
+        if (rc == 0)
+            break;
+        if (f.tag == PT_NAME)
+            group = here;
+    }
+}
+
+/* OK from the agent: the operation is done. */
+static void on_ok(struct file_op *op)
+{
+    switch (op->kind) {
+    case FOP_READ:
+        if (!op->started) /* an empty answer without a stat: still a valid empty body */
+            sink_begin(op->sink, "application/octet-stream");
+        sink_end(op->sink);
+        break;
+    case FOP_LIST:
+        sort_entries(op->result);
+        sink_reply(op->sink, SINK_OK,
+                   json_pack("{s:s, s:O}", "path", op->path, "entries", op->result));
+        break;
+    case FOP_MKDIR:
+        if (!op->result) {
+            send_stat_request(op); /* answer with the new directory's entry */
+            return;
+        }
+        /* fall through */
+    case FOP_WRITE:
+    case FOP_STAT:
+        if (!op->result) {
+            fop_fail(op, WR_E_SANDBOX_FAILED, 0, "the agent sent a malformed stat");
+            return;
+        }
+        sink_reply(op->sink, SINK_OK, json_incref(op->result));
+        break;
+    case FOP_REMOVE:
+        sink_reply(op->sink, SINK_OK, json_pack("{s:s, s:b}", "path", op->path, "removed", 1));
+        break;
+    }
+    fop_free(op);
+}
+
+static void on_frame(void *arg, const struct proto_header *h, const uint8_t *payload)
+{
+    struct file_op *op = arg;
+    if (!h) {
+        if (op->started)
+            fop_fail(op, WR_E_SANDBOX_FAILED, 0, (const char *)payload);
+        else if (op->d->shutting_down)
+            fop_fail(op, WR_E_UNAVAILABLE, 0, "the daemon is shutting down");
+        else
+            fop_fail(op, WR_E_SANDBOX_FAILED, 0, (const char *)payload);
+        return;
+    }
+    switch (h->type) {
+    case PROTO_STAT_RESULT:
+        if (op->kind == FOP_READ && !op->started) {
+            op->started = 1;
+            sink_begin(op->sink, "application/octet-stream");
+        } else if (!op->result) {
+            op->result = entry_from_fields(payload, h->len, "", op->path);
+        }
+        return;
+    case PROTO_DATA:
+        if (op->kind == FOP_READ && op->started) {
+            op->bytes += h->len;
+            sink_write(op->sink, payload, h->len);
+        }
+        return;
+    case PROTO_DIR_ENTRIES:
+        if (op->kind == FOP_LIST)
+            add_entries(op, payload, h->len);
+        return;
+    case PROTO_OK: on_ok(op); return;
+    case PROTO_ERROR:
+        if (op->started) /* too late for a status: the body ends short */
+            log_warn(op->sb->id, "files.read_error", "path=\"%s\" after=%llu", op->path,
+                     (unsigned long long)op->bytes);
+        fail_from_agent(op, payload, h->len);
+        return;
+    default: return;
+    }
+}
+
+/* Checks the path and the sandbox, makes the op. Fails s and returns NULL if either is bad. */
+static struct file_op *fop_new(struct daemon *d, const char *id, enum fop_kind kind,
+                               const char *path, struct sink *s)
+{
+    size_t n = strlen(path);
+    struct wr_err err = {0};
+    struct sandbox *sb = NULL;
+    if (n == 0 || n > PROTO_MAX_PATH)
+        wr_err_kind(&err, WR_E_INVALID, 0, "path: must be 1 to %d bytes", PROTO_MAX_PATH);
+    else if (!utf8_valid((const unsigned char *)path, n))
+        wr_err_kind(&err, WR_E_INVALID, 0, "path: must be UTF-8");
+    else if ((sb = sandbox_lookup(d, id, &err)) && sandbox_check_running(sb, &err) == 0)
+        err.msg[0] = '\0';
+    if (err.msg[0]) {
+        sink_fail(s, &err);
+        return NULL;
+    }
+    struct file_op *op = xcalloc(1, sizeof(*op));
+    op->d = d;
+    op->sb = sb;
+    sandbox_ref(sb);
+    op->sink = s;
+    op->kind = kind;
+    if (path[0] == '/')
+        snprintf(op->path, sizeof(op->path), "%s", path);
+    else
+        join_path(op->path, sizeof(op->path), "/workspace", path);
+    return op;
+}
+
+/* Sends the op's request (taking b). Returns 0, or -1 after failing and freeing the op. */
+static int fop_send(struct file_op *op, uint16_t type, struct proto_buf *b)
+{
+    op->id = agentconn_request(op->sb->conn, type, b->data, b->len, on_frame, op);
+    proto_buf_free(b);
+    if (!op->id) {
+        fop_fail(op, WR_E_CONFLICT, 0, "the sandbox's agent is not reachable");
+        return -1;
+    }
+    return 0;
+}
+
+static void send_stat_request(struct file_op *op)
+{
+    struct proto_buf b = {0};
+    proto_put_str(&b, PT_PATH, op->path);
+    op->kind = FOP_STAT;
+    fop_send(op, PROTO_FILE_STAT, &b);
+}
+
+void svc_file_read(struct daemon *d, const char *id, const char *path, uint64_t offset,
+                   uint64_t length, struct sink *s)
+{
+    struct file_op *op = fop_new(d, id, FOP_READ, path, s);
+    if (!op)
+        return;
+    struct proto_buf b = {0};
+    proto_put_str(&b, PT_PATH, op->path);
+    proto_put_u64(&b, PT_OFFSET, offset);
+    if (length != UINT64_MAX)
+        proto_put_u64(&b, PT_LENGTH, length);
+    fop_send(op, PROTO_FILE_READ, &b);
+}
+
+void svc_file_write(struct daemon *d, const char *id, const char *path, unsigned mode, int parents,
+                    struct sink *s)
+{
+    size_t total = s->ops->input_len(s);
+    if (total > d->cfg.max_upload) {
+        sink_failf(s, WR_E_TOO_LARGE, 0, "upload is %zu bytes; the limit is %zu", total,
+                   d->cfg.max_upload);
+        return;
+    }
+    struct file_op *op = fop_new(d, id, FOP_WRITE, path, s);
+    if (!op)
+        return;
+    struct proto_buf b = {0};
+    proto_put_str(&b, PT_PATH, op->path);
+    proto_put_u32(&b, PT_MODE, mode);
+    proto_put_u32(&b, PT_WFLAGS, parents ? PROTO_W_PARENTS : 0);
+    struct agentconn *conn = op->sb->conn;
+    char sid[DRIVER_ID_LEN + 1];
+    snprintf(sid, sizeof(sid), "%s", op->sb->id);
+    if (fop_send(op, PROTO_FILE_WRITE, &b) < 0)
+        return;
+    /* op may be answered and freed while sending (a dead channel fails it at once). */
+    uint32_t rid = op->id;
+    unsigned char *chunk = xmalloc(WRITE_CHUNK);
+    size_t n;
+    int rc = 0;
+    while (rc == 0 && (n = s->ops->input_read(s, chunk, WRITE_CHUNK)) > 0)
+        rc = agentconn_send(conn, rid, PROTO_DATA, 0, chunk, n);
+    if (rc == 0)
+        rc = agentconn_send(conn, rid, PROTO_DATA, PROTO_F_FIN, NULL, 0);
+    free(chunk);
+    if (rc < 0)
+        log_warn(sid, "files.write_unsent", "path=\"%s\"", path);
+    else
+        log_info(sid, "files.write", "path=\"%s\" bytes=%zu", path, total);
+}
+
+void svc_file_list(struct daemon *d, const char *id, const char *path, struct sink *s)
+{
+    struct file_op *op = fop_new(d, id, FOP_LIST, path, s);
+    if (!op)
+        return;
+    op->result = json_array();
+    struct proto_buf b = {0};
+    proto_put_str(&b, PT_PATH, op->path);
+    fop_send(op, PROTO_FILE_LIST, &b);
+}
+
+void svc_file_stat(struct daemon *d, const char *id, const char *path, struct sink *s)
+{
+    struct file_op *op = fop_new(d, id, FOP_STAT, path, s);
+    if (op)
+        send_stat_request(op);
+}
+
+void svc_file_mkdir(struct daemon *d, const char *id, const char *path, unsigned mode, int parents,
+                    struct sink *s)
+{
+    struct file_op *op = fop_new(d, id, FOP_MKDIR, path, s);
+    if (!op)
+        return;
+    struct proto_buf b = {0};
+    proto_put_str(&b, PT_PATH, op->path);
+    proto_put_u32(&b, PT_MODE, mode);
+    proto_put_u32(&b, PT_WFLAGS, parents ? PROTO_W_PARENTS : 0);
+    fop_send(op, PROTO_FILE_MKDIR, &b);
+}
+
+void svc_file_remove(struct daemon *d, const char *id, const char *path, int recursive,
+                     struct sink *s)
+{
+    struct file_op *op = fop_new(d, id, FOP_REMOVE, path, s);
+    if (!op)
+        return;
+    struct proto_buf b = {0};
+    proto_put_str(&b, PT_PATH, op->path);
+    proto_put_u32(&b, PT_WFLAGS, recursive ? PROTO_W_RECURSIVE : 0);
+    fop_send(op, PROTO_FILE_REMOVE, &b);
+}

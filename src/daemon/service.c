@@ -1,0 +1,263 @@
+/*
+ * The service's sandbox operations (service.h): lookups, the state rules
+ * (what may happen to a sandbox in which state), and the answers. The
+ * sequences themselves (driver jobs, the agent's HELLO) are sandbox.c's.
+ */
+#include "daemon/service.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "daemon/daemon.h"
+#include "daemon/sandbox.h"
+#include "driver/driver.h"
+#include "image/image.h"
+#include "store/store.h"
+
+#ifndef WR_VERSION
+#define WR_VERSION "0.1.0"
+#endif
+
+void sink_failf(struct sink *s, enum wr_kind kind, int code, const char *fmt, ...)
+{
+    struct wr_err err = {0};
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err.msg, sizeof(err.msg), fmt, ap);
+    va_end(ap);
+    err.kind = kind;
+    err.code = code;
+    sink_fail(s, &err);
+}
+
+/* Finds the sandbox or fails s. */
+static struct sandbox *lookup(struct daemon *d, const char *id, struct sink *s)
+{
+    struct wr_err err = {0};
+    struct sandbox *sb = sandbox_lookup(d, id, &err);
+    if (!sb)
+        sink_fail(s, &err);
+    return sb;
+}
+
+/* Answers a finished create, start or stop with the sandbox, or the failure. */
+static void answer_sandbox(struct sandbox *sb, int ok, const char *message, void *arg)
+{
+    if (ok)
+        sink_reply(arg, SINK_OK, sandbox_to_json(sb));
+    else
+        sink_failf(arg, WR_E_INTERNAL, 0, "%s", message);
+}
+
+static void answer_created(struct sandbox *sb, int ok, const char *message, void *arg)
+{
+    if (ok)
+        sink_reply(arg, SINK_CREATED, sandbox_to_json(sb));
+    else
+        sink_failf(arg, WR_E_INTERNAL, 0, "sandbox could not be created: %s", message);
+}
+
+static void answer_deleted(struct sandbox *sb, int ok, const char *message, void *arg)
+{
+    if (ok)
+        sink_reply(arg, SINK_OK, json_pack("{s:s, s:b}", "id", sb->id, "deleted", 1));
+    else
+        sink_failf(arg, WR_E_INTERNAL, 0, "%s", message);
+}
+
+void svc_sandbox_create(struct daemon *d, const struct sandbox_opts *o, struct sink *s)
+{
+    char rootfs[PATH_MAX];
+    struct wr_err err = {0};
+    if (image_rootfs(d->cfg.state_dir, o->image, rootfs, sizeof(rootfs), &err) < 0) {
+        sink_failf(s, WR_E_INVALID, 0, "image: %s", err.msg);
+        return;
+    }
+    struct sandbox *sb = sandbox_new(d);
+    sandbox_new_id(sb->id);
+    snprintf(sb->image, sizeof(sb->image), "%s", o->image);
+    snprintf(sb->rootfs, sizeof(sb->rootfs), "%s", rootfs);
+    sb->cpus = o->cpus;
+    sb->memory_mib = o->memory_mib;
+    sb->disk_mib = o->disk_mib;
+    sb->timeout_seconds = o->timeout_seconds;
+    snprintf(sb->on_lease_end, sizeof(sb->on_lease_end), "%s", o->on_lease_end);
+    if (o->env)
+        json_object_update(sb->env, o->env);
+    if (o->metadata)
+        json_object_update(sb->metadata, o->metadata);
+    if (o->network) {
+        json_decref(sb->network);
+        sb->network = json_deep_copy(o->network);
+    }
+    sandbox_create(sb, answer_created, s);
+    sandbox_unref(sb); /* the daemon's list holds it now */
+}
+
+void svc_sandbox_list(struct daemon *d, struct sink *s)
+{
+    json_t *arr = json_array();
+    /* The list is newest first; answer oldest first. */
+    for (struct sandbox *sb = d->sandboxes; sb; sb = sb->next)
+        json_array_insert_new(arr, 0, sandbox_to_json(sb));
+    sink_reply(s, SINK_OK, json_pack("{s:o}", "sandboxes", arr));
+}
+
+void svc_sandbox_get(struct daemon *d, const char *id, struct sink *s)
+{
+    struct sandbox *sb = lookup(d, id, s);
+    if (sb)
+        sink_reply(s, SINK_OK, sandbox_to_json(sb));
+}
+
+void svc_sandbox_delete(struct daemon *d, const char *id, struct sink *s)
+{
+    struct sandbox *sb = lookup(d, id, s);
+    if (!sb)
+        return;
+    /* A sandbox that just failed is being cleaned up: delete it right after. */
+    if (sandbox_defer(sb, SB_DEFER_DELETE, answer_deleted, s) == 0)
+        return;
+    struct wr_err err = {0};
+    if (sandbox_check_idle(sb, &err) < 0) {
+        sink_fail(s, &err);
+        return;
+    }
+    sandbox_delete(sb, answer_deleted, s);
+}
+
+void svc_sandbox_stop(struct daemon *d, const char *id, struct sink *s)
+{
+    struct sandbox *sb = lookup(d, id, s);
+    struct wr_err err = {0};
+    if (!sb)
+        return;
+    if (sandbox_check_idle(sb, &err) < 0) {
+        sink_fail(s, &err);
+        return;
+    }
+    if (sb->state == SB_STOPPED) {
+        sink_reply(s, SINK_OK, sandbox_to_json(sb));
+        return;
+    }
+    sandbox_stop(sb, "user", answer_sandbox, s);
+}
+
+void svc_sandbox_start(struct daemon *d, const char *id, struct sink *s)
+{
+    struct sandbox *sb = lookup(d, id, s);
+    struct wr_err err = {0};
+    if (!sb || sandbox_defer(sb, SB_DEFER_START, answer_sandbox, s) == 0)
+        return;
+    if (sandbox_check_idle(sb, &err) < 0) {
+        sink_fail(s, &err);
+        return;
+    }
+    if (sb->state == SB_RUNNING) {
+        sink_reply(s, SINK_OK, sandbox_to_json(sb));
+        return;
+    }
+    if (!sb->rootfs[0]) {
+        char rootfs[PATH_MAX];
+        if (image_rootfs(d->cfg.state_dir, sb->image, rootfs, sizeof(rootfs), &err) < 0) {
+            sink_failf(s, WR_E_CONFLICT, 0, "cannot start: %s", err.msg);
+            return;
+        }
+        snprintf(sb->rootfs, sizeof(sb->rootfs), "%s", rootfs);
+    }
+    sandbox_start(sb, answer_sandbox, s);
+}
+
+void svc_sandbox_set_timeout(struct daemon *d, const char *id, int timeout_seconds, struct sink *s)
+{
+    struct sandbox *sb = lookup(d, id, s);
+    if (!sb)
+        return;
+    sandbox_set_lease(sb, timeout_seconds);
+    sink_reply(s, SINK_OK, sandbox_to_json(sb));
+}
+
+static int add_event(void *arg, int64_t at, const char *type, const char *state, const char *reason)
+{
+    char ts[32];
+    format_rfc3339(at, ts, sizeof(ts));
+    json_array_append_new(arg, json_pack("{s:s, s:s, s:s?, s:s?}", "at", ts, "type", type, "state",
+                                         state, "reason", reason));
+    return 0;
+}
+
+void svc_sandbox_events(struct daemon *d, const char *id, struct sink *s)
+{
+    struct sandbox *sb = lookup(d, id, s);
+    if (!sb)
+        return;
+    json_t *arr = json_array();
+    struct wr_err err = {0};
+    if (store_event_foreach(d->store, sb->id, 1000, add_event, arr, &err) < 0) {
+        json_decref(arr);
+        sink_fail(s, &err);
+        return;
+    }
+    sink_reply(s, SINK_OK, json_pack("{s:s, s:o}", "id", sb->id, "events", arr));
+}
+
+static void stats_read(struct sandbox *sb, int rc, const struct driver_stats *st, void *arg)
+{
+    if (rc < 0) {
+        sink_failf(arg, WR_E_INTERNAL, 0, "cannot read the resource use of sandbox %s", sb->id);
+        return;
+    }
+    sink_reply(arg, SINK_OK,
+               json_pack("{s:s, s:s, s:I, s:I, s:I, s:I}", "id", sb->id, "state",
+                         sandbox_state_name(sb->state), "cpu_usec", (json_int_t)st->cpu_usec,
+                         "memory_bytes", (json_int_t)st->memory_bytes, "pids", (json_int_t)st->pids,
+                         "oom_kills", (json_int_t)st->oom_kills));
+}
+
+void svc_sandbox_stats(struct daemon *d, const char *id, struct sink *s)
+{
+    struct sandbox *sb = lookup(d, id, s);
+    if (sb)
+        sandbox_read_stats(sb, stats_read, s);
+}
+
+void svc_health(struct daemon *d, struct sink *s)
+{
+    sink_reply(s, SINK_OK,
+               json_pack("{s:s, s:s, s:s, s:i}", "status", "ok", "version", WR_VERSION, "driver",
+                         d->driver->name, "sandboxes", d->nsandboxes));
+}
+
+static int add_image(void *arg, const struct image_info *info)
+{
+    char ts[32];
+    format_rfc3339(info->created_at, ts, sizeof(ts));
+    json_array_append_new(arg, json_pack("{s:s, s:I, s:s}", "name", info->name, "size_bytes",
+                                         (json_int_t)info->size_bytes, "created_at", ts));
+    return 0;
+}
+
+void svc_images(struct daemon *d, struct sink *s)
+{
+    json_t *arr = json_array();
+    struct wr_err err = {0};
+    if (image_list(d->cfg.state_dir, add_image, arr, &err) < 0) {
+        json_decref(arr);
+        sink_fail(s, &err);
+        return;
+    }
+    sink_reply(s, SINK_OK, json_pack("{s:o}", "images", arr));
+}
+
+json_t *svc_enums(void)
+{
+    json_t *states = json_array(), *reasons = json_array();
+    for (const char *const *p = sandbox_state_names; *p; p++)
+        json_array_append_new(states, json_string(*p));
+    for (const char *const *p = sandbox_reason_names; *p; p++)
+        json_array_append_new(reasons, json_string(*p));
+    return json_pack("{s:o, s:o}", "states", states, "reasons", reasons);
+}

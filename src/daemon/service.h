@@ -1,0 +1,139 @@
+/*
+ * The service: every operation the API offers on sandboxes, commands and
+ * files, as the daemon carries it out. Callers (src/api/) parse and validate
+ * requests into the structs below and get their answer through a sink
+ * (sink.h); they never see sandboxes, agent frames or drivers. Everything
+ * here runs on the event-loop thread and answers each sink exactly once,
+ * possibly later (after a driver job or the agent's reply).
+ *
+ * Ids come from the caller unchecked: an id that is not a sandbox's is
+ * answered WR_E_NOT_FOUND.
+ */
+#ifndef WR_DAEMON_SERVICE_H
+#define WR_DAEMON_SERVICE_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/sink.h"
+
+struct daemon;
+
+/* ---- sandboxes ---- */
+
+/** A new sandbox's options, checked for shape and range by the caller. */
+struct sandbox_opts {
+    const char *image; /* image name */
+    int cpus;
+    int memory_mib;
+    int disk_mib;
+    int timeout_seconds;
+    const char *on_lease_end; /* "stop" or "delete" */
+    json_t *env;              /* object of strings, borrowed; NULL = none */
+    json_t *metadata;         /* object of strings, borrowed; NULL = none */
+    json_t *network;          /* normalised {"internet": bool[, "allow": [...]]}, borrowed */
+};
+
+/** Creates and starts a sandbox; answers SINK_CREATED with it once its agent answered. */
+void svc_sandbox_create(struct daemon *d, const struct sandbox_opts *o, struct sink *s);
+
+/** Answers {"sandboxes": [...]}, oldest first. */
+void svc_sandbox_list(struct daemon *d, struct sink *s);
+
+/** Answers the sandbox. */
+void svc_sandbox_get(struct daemon *d, const char *id, struct sink *s);
+
+/** Deletes a sandbox (waiting for a failed one's cleanup first); answers {"id", "deleted"}. */
+void svc_sandbox_delete(struct daemon *d, const char *id, struct sink *s);
+
+/** Stops a running sandbox, files kept; answers it stopped (at once if it already is). */
+void svc_sandbox_stop(struct daemon *d, const char *id, struct sink *s);
+
+/** Starts a stopped or failed sandbox with a fresh lease; answers it running. */
+void svc_sandbox_start(struct daemon *d, const char *id, struct sink *s);
+
+/** Moves the lease to end timeout_seconds from now; answers the sandbox. */
+void svc_sandbox_set_timeout(struct daemon *d, const char *id, int timeout_seconds, struct sink *s);
+
+/** Answers {"id", "events": [...]}: the sandbox's history, oldest first. */
+void svc_sandbox_events(struct daemon *d, const char *id, struct sink *s);
+
+/** Answers the sandbox's resource use as measured on the host (read on a worker thread). */
+void svc_sandbox_stats(struct daemon *d, const char *id, struct sink *s);
+
+/** Answers the daemon's health: status, version, driver, number of sandboxes. */
+void svc_health(struct daemon *d, struct sink *s);
+
+/** {"states": [...], "reasons": [...]}: every sandbox state and state_reason (new reference). */
+json_t *svc_enums(void);
+
+/** Answers {"images": [...]}. */
+void svc_images(struct daemon *d, struct sink *s);
+
+/* ---- commands ---- */
+
+/** A command to run, checked for shape by the caller. */
+struct exec_request {
+    const char *command; /* run by /bin/sh -c; or NULL and argv */
+    json_t *argv;        /* array of strings, borrowed; or NULL and command */
+    const char *cwd;     /* NULL = /workspace */
+    json_t *env;         /* object of strings added to the sandbox's, borrowed; may be NULL */
+    const unsigned char *stdin_data; /* NULL = no stdin (EOF at once) */
+    size_t stdin_len;
+    double timeout_seconds; /* <= 0: none (background only) */
+    size_t max_output;      /* bytes kept per stream */
+    int stream;             /* answer as a record stream: stdout/stderr chunks, then exit */
+    int background;         /* answer SINK_CREATED with a command handle at once */
+};
+
+/**
+ * Runs a command in a running sandbox. Whole: answers the result (exit code, output,
+ * truncation, timed_out, oom_killed). Stream: records {"type": "stdout"|"stderr", ...} then
+ * {"type": "exit", ...}. If the caller goes away, the command's process tree is killed.
+ */
+void svc_exec(struct daemon *d, const char *id, const struct exec_request *r, struct sink *s);
+
+/** Answers {"commands": [...]}: the sandbox's background commands, oldest first. */
+void svc_command_list(struct daemon *d, const char *id, struct sink *s);
+
+/** Answers one background command. */
+void svc_command_get(struct daemon *d, const char *id, const char *cid, struct sink *s);
+
+/** Answers a command with its output from the given offsets. */
+void svc_command_output(struct daemon *d, const char *id, const char *cid, uint64_t stdout_offset,
+                        uint64_t stderr_offset, struct sink *s);
+
+/** Answers the command once it has ended, or after timeout_seconds (then still running). */
+void svc_command_wait(struct daemon *d, const char *id, const char *cid, double timeout_seconds,
+                      struct sink *s);
+
+/** Sends signum (1..64) to the command's process tree; answers the command. */
+void svc_command_signal(struct daemon *d, const char *id, const char *cid, int signum,
+                        struct sink *s);
+
+/* ---- files (paths are resolved inside the sandbox; relative ones from /workspace) ---- */
+
+/** Streams a file's bytes from offset (length UINT64_MAX = to the end). */
+void svc_file_read(struct daemon *d, const char *id, const char *path, uint64_t offset,
+                   uint64_t length, struct sink *s);
+
+/** Writes the sink's input to path; answers the new file's entry. */
+void svc_file_write(struct daemon *d, const char *id, const char *path, unsigned mode, int parents,
+                    struct sink *s);
+
+/** Answers {"path", "entries": [...]}, sorted by name. */
+void svc_file_list(struct daemon *d, const char *id, const char *path, struct sink *s);
+
+/** Answers the entry of path. */
+void svc_file_stat(struct daemon *d, const char *id, const char *path, struct sink *s);
+
+/** Makes a directory; answers its entry. */
+void svc_file_mkdir(struct daemon *d, const char *id, const char *path, unsigned mode, int parents,
+                    struct sink *s);
+
+/** Removes path (a directory's contents too if recursive); answers {"path", "removed"}. */
+void svc_file_remove(struct daemon *d, const char *id, const char *path, int recursive,
+                     struct sink *s);
+
+#endif
