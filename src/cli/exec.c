@@ -94,7 +94,49 @@ int cli_exec_set_stdin(json_t *exec)
     return CLI_GO_ON;
 }
 
-int cli_sandbox_exec(struct cli_ctx *c, int argc, char **argv)
+/* One `sandbox exec` as its words are read. Owns exec and env. */
+struct exec_args {
+    json_t *exec;   /* the request, as options fill it in */
+    json_t *env;    /* --env K=V */
+    const char *id; /* the sandbox */
+    bool use_stdin; /* --stdin */
+    int argc;       /* CMD: argv[0..argc-1] */
+    char **argv;
+};
+
+/* Handles one option. Returns CLI_GO_ON, or an exit code (usage printed). */
+static int exec_opt(struct exec_args *ea, int opt, int argc, char **argv)
+{
+    const char *cmd = "sandbox exec";
+    switch (opt) {
+    case 'h': return cli_print_usage(usage_exec);
+    case OPT_CWD: json_object_set_new(ea->exec, "cwd", json_string(optarg)); break;
+    case OPT_ENV:
+        if (cli_parse_kv(optarg, ea->env) < 0)
+            return cli_usage_error(cmd, "--env wants K=V, got '%s'", optarg);
+        break;
+    case OPT_TIMEOUT: {
+        char *end;
+        errno = 0;
+        double t = strtod(optarg, &end);
+        if (errno || *end || !(t > 0 && t <= CLI_MAX_SECONDS))
+            return cli_usage_error(cmd, "--timeout wants seconds, 0 < t <= %d, got '%s'",
+                                   CLI_MAX_SECONDS, optarg);
+        json_object_set_new(ea->exec, "timeout_seconds", json_real(t));
+        break;
+    }
+    case OPT_STDIN: ea->use_stdin = true; break;
+    default: return cli_bad_option(cmd, argc, argv);
+    }
+    return CLI_GO_ON;
+}
+
+/*
+ * Reads options, ID and CMD. Options may come before and after ID; the first word after ID (or
+ * after --) starts CMD. getopt is restarted on the words after ID, with ID standing in as their
+ * argv[0]. Returns CLI_GO_ON, or an exit code (usage printed).
+ */
+static int exec_parse(struct exec_args *ea, int argc, char **argv)
 {
     static const struct option opts[] = {
         {"cwd", required_argument, 0, OPT_CWD},
@@ -105,86 +147,62 @@ int cli_sandbox_exec(struct cli_ctx *c, int argc, char **argv)
         {0, 0, 0, 0},
     };
     const char *cmd = "sandbox exec";
-    json_t *exec = json_object();
-    json_t *env = json_object();
-    const char *id = NULL;
-    bool use_stdin = false;
-    int code = CLI_EXIT_OK;
-    int opt;
-    /* Options may come before and after ID; the first word after ID (or after --) starts CMD.
-     * getopt is restarted on the words after ID, with ID standing in as their argv[0]. */
     char **av = argv;
     int ac = argc;
     optind = 0;
     opterr = 0;
     for (;;) {
-        opt = getopt_long(ac, av, "+h", opts, NULL);
-        if (opt == -1) {
-            if (id || optind >= ac)
-                break;
-            bool dashdash = optind > 1 && strcmp(av[optind - 1], "--") == 0;
-            id = av[optind];
-            if (dashdash) {
-                optind++; /* `exec [OPTIONS] -- ID CMD...`: no options after ID */
-                break;
-            }
-            av += optind;
-            ac -= optind;
-            optind = 0;
+        int opt = getopt_long(ac, av, "+h", opts, NULL);
+        if (opt != -1) {
+            int r = exec_opt(ea, opt, ac, av);
+            if (r != CLI_GO_ON)
+                return r;
             continue;
         }
-        switch (opt) {
-        case 'h': code = cli_print_usage(usage_exec); goto out;
-        case OPT_CWD: json_object_set_new(exec, "cwd", json_string(optarg)); break;
-        case OPT_ENV:
-            if (cli_parse_kv(optarg, env) < 0) {
-                code = cli_usage_error(cmd, "--env wants K=V, got '%s'", optarg);
-                goto out;
-            }
+        if (ea->id || optind >= ac)
             break;
-        case OPT_TIMEOUT: {
-            char *end;
-            errno = 0;
-            double t = strtod(optarg, &end);
-            if (errno || *end || !(t > 0 && t <= CLI_MAX_SECONDS)) {
-                code = cli_usage_error(cmd, "--timeout wants seconds, 0 < t <= %d, got '%s'",
-                                       CLI_MAX_SECONDS, optarg);
-                goto out;
-            }
-            json_object_set_new(exec, "timeout_seconds", json_real(t));
+        bool dashdash = optind > 1 && strcmp(av[optind - 1], "--") == 0;
+        ea->id = av[optind];
+        if (dashdash) {
+            optind++; /* `exec [OPTIONS] -- ID CMD...`: no options after ID */
             break;
         }
-        case OPT_STDIN: use_stdin = true; break;
-        default: code = cli_bad_option(cmd, ac, av); goto out;
-        }
+        av += optind;
+        ac -= optind;
+        optind = 0;
     }
-    if (!id) {
-        code = cli_usage_error(cmd, "expected a sandbox ID and a command");
-        goto out;
-    }
-    if (!cli_id_ok(id)) {
-        code = cli_usage_error(cmd, "bad sandbox id '%s'", id);
-        goto out;
-    }
-    if (optind >= ac) {
-        code = cli_usage_error(cmd, "no command given (put it after --)");
-        goto out;
-    }
-    if ((code = cli_exec_set_argv(cmd, exec, ac - optind, av + optind)) != CLI_GO_ON)
-        goto out;
-    if (json_object_size(env))
-        json_object_set(exec, "env", env);
-    if (use_stdin && (code = cli_exec_set_stdin(exec)) != CLI_GO_ON)
-        goto out;
+    if (!ea->id)
+        return cli_usage_error(cmd, "expected a sandbox ID and a command");
+    if (!cli_id_ok(ea->id))
+        return cli_usage_error(cmd, "bad sandbox id '%s'", ea->id);
+    if (optind >= ac)
+        return cli_usage_error(cmd, "no command given (put it after --)");
+    ea->argc = ac - optind;
+    ea->argv = av + optind;
+    return CLI_GO_ON;
+}
+
+int cli_sandbox_exec(struct cli_ctx *c, int argc, char **argv)
+{
+    struct exec_args ea = {.exec = json_object(), .env = json_object()};
     const struct cli_endpoint *ep;
+    int code = exec_parse(&ea, argc, argv);
+    if (code != CLI_GO_ON)
+        goto out;
+    if ((code = cli_exec_set_argv("sandbox exec", ea.exec, ea.argc, ea.argv)) != CLI_GO_ON)
+        goto out;
+    if (json_object_size(ea.env))
+        json_object_set(ea.exec, "env", ea.env);
+    if (ea.use_stdin && (code = cli_exec_set_stdin(ea.exec)) != CLI_GO_ON)
+        goto out;
     if (cli_endpoint(c, &ep) != 0) {
         code = CLI_EXIT_ERR;
         goto out;
     }
     cli_signals_setup();
-    code = cli_exec_stream(ep, id, exec);
+    code = cli_exec_stream(ep, ea.id, ea.exec);
 out:
-    json_decref(exec);
-    json_decref(env);
+    json_decref(ea.exec);
+    json_decref(ea.env);
     return code;
 }

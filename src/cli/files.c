@@ -133,6 +133,48 @@ static bool mode_ok(const char *m)
     return true;
 }
 
+/*
+ * Opens what `write` sends: the local file src, or stdin when src is "-" (as it is when it is a
+ * regular file, else copied to a temporary file). Returns an fd (the caller closes it) at the
+ * first byte to send, with *len the bytes to send; or -1 (printed).
+ */
+static int write_source(const char *src, size_t *len /* OUT */)
+{
+    struct wr_err err = {0};
+    int fd;
+    if (strcmp(src, "-") == 0) {
+        struct stat st;
+        if (fstat(0, &st) == 0 && S_ISREG(st.st_mode))
+            fd = dup(0); /* `< file`: send it as it is, no copy */
+        else
+            fd = spool_stdin(&err);
+        if (fd < 0) {
+            if (err.msg[0])
+                cli_fail(&err);
+            else
+                cli_errorf("stdin: %s", strerror(errno));
+            return -1;
+        }
+    } else {
+        fd = open(src, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            cli_errorf("%s: %s", src, strerror(errno));
+            return -1;
+        }
+    }
+    struct stat st;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+        cli_errorf("%s: not a regular file", src);
+        close(fd);
+        return -1;
+    }
+    off_t pos = lseek(fd, 0, SEEK_CUR);
+    if (pos < 0 || pos > st.st_size)
+        pos = 0;
+    *len = (size_t)(st.st_size - pos);
+    return fd;
+}
+
 int cli_sandbox_write(struct cli_ctx *c, int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -169,31 +211,10 @@ int cli_sandbox_write(struct cli_ctx *c, int argc, char **argv)
     if (!cli_id_ok(id))
         return cli_usage_error(cmd, "bad sandbox id '%s'", id);
 
-    struct wr_err err = {0};
-    cleanup_close int fd = -1;
-    if (strcmp(src, "-") == 0) {
-        struct stat st;
-        if (fstat(0, &st) == 0 && S_ISREG(st.st_mode))
-            fd = dup(0); /* `< file`: send it as it is, no copy */
-        else
-            fd = spool_stdin(&err);
-        if (fd < 0)
-            return err.msg[0] ? cli_fail(&err) : (cli_errorf("stdin: %s", strerror(errno)), 1);
-    } else {
-        fd = open(src, O_RDONLY | O_CLOEXEC);
-        if (fd < 0) {
-            cli_errorf("%s: %s", src, strerror(errno));
-            return CLI_EXIT_ERR;
-        }
-    }
-    struct stat st;
-    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-        cli_errorf("%s: not a regular file", src);
+    size_t len;
+    cleanup_close int fd = write_source(src, &len);
+    if (fd < 0)
         return CLI_EXIT_ERR;
-    }
-    off_t pos = lseek(fd, 0, SEEK_CUR);
-    if (pos < 0 || pos > st.st_size)
-        pos = 0;
 
     const struct cli_endpoint *ep;
     if (cli_endpoint(c, &ep) != 0)
@@ -206,8 +227,9 @@ int cli_sandbox_write(struct cli_ctx *c, int argc, char **argv)
     cli_request_init(&req, "PUT", path);
     req.content_type = "application/octet-stream";
     req.body_fd = fd;
-    req.body_len = (size_t)(st.st_size - pos);
+    req.body_len = len;
     struct cli_response resp;
+    struct wr_err err = {0};
     int r = cli_request_do(ep, &req, &resp, &err);
     if (r == 0 && as_json) {
         json_t *o = json_loadb(resp.body, resp.body_len, 0, NULL);
