@@ -58,7 +58,7 @@ $(BUILD)/withruntime: $(BUILD)/src/cli/main.o $(BUILD)/libwr.a
 $(BUILD)/withruntime-agent: $(AGENT_OBJ)
 	$(CC) $(CFLAGS_BASE) $(CFLAGS) -static -o $@ $^ -lpthread
 
-$(BUILD)/tests/test_%: tests/unit/test_%.c tests/unit/tap.h $(BUILD)/libwr.a
+$(BUILD)/tests/test_%: tests/unit/test_%.c $(wildcard tests/unit/*.h) $(BUILD)/libwr.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -Itests/unit -o $@ $< $(BUILD)/libwr.a $(LIBS)
 

@@ -1,188 +1,208 @@
 /*
- * Streamed exec: the part of `sandbox run` and `sandbox exec` that turns the daemon's NDJSON
- * stream back into bytes on our stdout and stderr as they are produced, and the command's end
- * into our exit status, the way a local shell would report it.
+ * `withruntime sandbox exec`: one command in a running sandbox, its output streamed (stream.c).
+ * Also the parts of an exec request that `run` builds the same way: the argv list and stdin.
  */
 #include <errno.h>
-#include <signal.h>
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "cli/cli.h"
+#include "cli/sandbox.h"
 #include "common/base64.h"
 #include "common/util.h"
 
-/* Output cap asked for: the API's documented maximum per stream. A terminal user wants all of
- * it; the daemon's default (1 MiB) suits an agent reading JSON, not `run -- cat big.log`. */
-#define STREAM_OUTPUT_MAX (16 * 1024 * 1024)
+/* The most stdin `--stdin` sends: it travels base64'd inside a JSON body capped at 1 MiB. */
+#define STDIN_MAX (512 * 1024)
 
-/* Longest NDJSON line accepted: a 16 MiB output chunk, base64'd, plus the JSON around it. */
-#define STREAM_LINE_MAX (24 * 1024 * 1024)
+static const char usage_exec[] =
+    "Usage: withruntime sandbox exec [OPTIONS] ID -- CMD [ARG...]\n"
+    "\n"
+    "Runs CMD (an argv list, no shell; use sh -c for a shell string) in a running\n"
+    "sandbox with its output streamed here, and exits with its status (as for\n"
+    "'sandbox run').\n"
+    "\n"
+    "Options:\n"
+    "  --cwd DIR        working directory (default /workspace)\n"
+    "  --env K=V        environment variable (repeatable)\n"
+    "  --timeout SECS   time limit for CMD (default: the daemon's, 300)\n"
+    "  --stdin          send our stdin (read to the end first, up to 512 KiB) to CMD\n"
+    "  -h, --help       this help\n";
 
-struct stream {
-    struct cli_ndjson nd;
-    bool got_end;
-    long exit_code;
-    long signal;
-    bool timed_out;
-    bool truncated[2]; /* stdout, stderr */
-    bool got_error;
-    char err_code[64];
-    char err_msg[400];
+/* Reads all of stdin, at most STDIN_MAX bytes, into a base64 string. NULL on error (printed). */
+static char *read_stdin_b64(void)
+{
+    size_t cap = 64 * 1024, len = 0;
+    cleanup_free unsigned char *buf = xmalloc(cap);
+    for (;;) {
+        if (len == cap) {
+            if (cap >= STDIN_MAX + 1)
+                break;
+            cap *= 2;
+            buf = xrealloc(buf, cap);
+        }
+        ssize_t n = read(0, buf + len, cap - len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            cli_errorf("reading stdin: %s", strerror(errno));
+            return NULL;
+        }
+        if (n == 0)
+            break;
+        len += (size_t)n;
+    }
+    if (len > STDIN_MAX) {
+        cli_errorf("stdin is larger than %d KiB; copy it in with 'sandbox write' instead",
+                   STDIN_MAX / 1024);
+        return NULL;
+    }
+    return base64_encode(buf, len);
+}
+
+static json_t *argv_json(int argc, char **argv)
+{
+    json_t *a = json_array();
+    for (int i = 0; i < argc; i++) {
+        json_t *s = json_string(argv[i]);
+        if (!s) {
+            json_decref(a);
+            return NULL;
+        }
+        json_array_append_new(a, s);
+    }
+    return a;
+}
+
+int cli_exec_set_argv(const char *cmd, json_t *exec, int argc, char **argv)
+{
+    json_t *a = argv_json(argc, argv);
+    if (!a)
+        return cli_usage_error(cmd, "the command is not valid UTF-8");
+    json_object_set_new(exec, "argv", a);
+    return CLI_GO_ON;
+}
+
+int cli_exec_set_stdin(json_t *exec)
+{
+    char *b64 = read_stdin_b64();
+    if (!b64)
+        return CLI_EXIT_ERR;
+    json_object_set_new(exec, "stdin_base64", json_string(b64));
+    free(b64);
+    return CLI_GO_ON;
+}
+
+/* One `sandbox exec` as its words are read. Owns exec and env. */
+struct exec_args {
+    json_t *exec;   /* the request, as options fill it in */
+    json_t *env;    /* --env K=V */
+    const char *id; /* the sandbox */
+    bool use_stdin; /* --stdin */
+    int argc;       /* CMD: argv[0..argc-1] */
+    char **argv;
 };
 
-static int write_out(int fd, const void *p, size_t n, struct wr_err *err)
+/* Handles one option. Returns CLI_GO_ON, or an exit code (usage printed). */
+static int exec_opt(struct exec_args *ea, int opt, int argc, char **argv)
 {
-    if (write_all(fd, p, n) < 0)
-        return wr_err_sys(err, errno, "writing the command's %s", fd == 1 ? "stdout" : "stderr");
-    return 0;
+    const char *cmd = "sandbox exec";
+    switch (opt) {
+    case 'h': return cli_print_usage(usage_exec);
+    case OPT_CWD: json_object_set_new(ea->exec, "cwd", json_string(optarg)); break;
+    case OPT_ENV:
+        if (cli_parse_kv(optarg, ea->env) < 0)
+            return cli_usage_error(cmd, "--env wants K=V, got '%s'", optarg);
+        break;
+    case OPT_TIMEOUT: {
+        char *end;
+        errno = 0;
+        double t = strtod(optarg, &end);
+        if (errno || *end || !(t > 0 && t <= CLI_MAX_SECONDS))
+            return cli_usage_error(cmd, "--timeout wants seconds, 0 < t <= %d, got '%s'",
+                                   CLI_MAX_SECONDS, optarg);
+        json_object_set_new(ea->exec, "timeout_seconds", json_real(t));
+        break;
+    }
+    case OPT_STDIN: ea->use_stdin = true; break;
+    default: return cli_bad_option(cmd, argc, argv);
+    }
+    return CLI_GO_ON;
 }
 
-static int on_output(int fd, json_t *o, struct wr_err *err)
+/*
+ * Reads options, ID and CMD. Options may come before and after ID; the first word after ID (or
+ * after --) starts CMD. getopt is restarted on the words after ID, with ID standing in as their
+ * argv[0]. Returns CLI_GO_ON, or an exit code (usage printed).
+ */
+static int exec_parse(struct exec_args *ea, int argc, char **argv)
 {
-    json_t *data = json_object_get(o, "data");
-    const char *enc = json_string_value(json_object_get(o, "encoding"));
-    if (!json_is_string(data))
-        return wr_err_set(err, EPROTO, "bad exec stream: output without data");
-    const char *s = json_string_value(data);
-    size_t n = json_string_length(data);
-    if (!enc || strcmp(enc, "utf-8") == 0)
-        return write_out(fd, s, n, err);
-    if (strcmp(enc, "base64") != 0)
-        return wr_err_set(err, EPROTO, "bad exec stream: unknown encoding '%s'", enc);
-    size_t m;
-    cleanup_free unsigned char *bytes = base64_decode(s, n, &m);
-    if (!bytes)
-        return wr_err_set(err, EPROTO, "bad exec stream: bad base64 data");
-    return write_out(fd, bytes, m, err);
+    static const struct option opts[] = {
+        {"cwd", required_argument, 0, OPT_CWD},
+        {"env", required_argument, 0, OPT_ENV},
+        {"timeout", required_argument, 0, OPT_TIMEOUT},
+        {"stdin", no_argument, 0, OPT_STDIN},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    const char *cmd = "sandbox exec";
+    char **av = argv;
+    int ac = argc;
+    optind = 0;
+    opterr = 0;
+    for (;;) {
+        int opt = getopt_long(ac, av, "+h", opts, NULL);
+        if (opt != -1) {
+            int r = exec_opt(ea, opt, ac, av);
+            if (r != CLI_GO_ON)
+                return r;
+            continue;
+        }
+        if (ea->id || optind >= ac)
+            break;
+        bool dashdash = optind > 1 && strcmp(av[optind - 1], "--") == 0;
+        ea->id = av[optind];
+        if (dashdash) {
+            optind++; /* `exec [OPTIONS] -- ID CMD...`: no options after ID */
+            break;
+        }
+        av += optind;
+        ac -= optind;
+        optind = 0;
+    }
+    if (!ea->id)
+        return cli_usage_error(cmd, "expected a sandbox ID and a command");
+    if (!cli_id_ok(ea->id))
+        return cli_usage_error(cmd, "bad sandbox id '%s'", ea->id);
+    if (optind >= ac)
+        return cli_usage_error(cmd, "no command given (put it after --)");
+    ea->argc = ac - optind;
+    ea->argv = av + optind;
+    return CLI_GO_ON;
 }
 
-static long int_or(json_t *v, long dflt)
+int cli_sandbox_exec(struct cli_ctx *c, int argc, char **argv)
 {
-    return json_is_integer(v) ? (long)json_integer_value(v) : dflt;
-}
-
-static int on_line(void *ctx, const char *line, size_t len, struct wr_err *err)
-{
-    struct stream *st = ctx;
-    json_error_t je;
-    /* Output is UTF-8 text that may hold NUL bytes, sent as \u0000. */
-    json_t *o = json_loadb(line, len, JSON_ALLOW_NUL, &je);
-    if (!json_is_object(o)) {
-        json_decref(o);
-        return wr_err_set(err, EPROTO, "bad line in the exec stream: %s",
-                          o ? "not an object" : je.text);
+    struct exec_args ea = {.exec = json_object(), .env = json_object()};
+    const struct cli_endpoint *ep;
+    int code = exec_parse(&ea, argc, argv);
+    if (code != CLI_GO_ON)
+        goto out;
+    if ((code = cli_exec_set_argv("sandbox exec", ea.exec, ea.argc, ea.argv)) != CLI_GO_ON)
+        goto out;
+    if (json_object_size(ea.env))
+        json_object_set(ea.exec, "env", ea.env);
+    if (ea.use_stdin && (code = cli_exec_set_stdin(ea.exec)) != CLI_GO_ON)
+        goto out;
+    if (cli_endpoint(c, &ep) != 0) {
+        code = CLI_EXIT_ERR;
+        goto out;
     }
-    const char *type = json_string_value(json_object_get(o, "type"));
-    int r = 0;
-    if (st->got_end) {
-        /* Nothing may follow the end; say so rather than act on it. */
-        r = wr_err_set(err, EPROTO, "bad exec stream: data after the end");
-    } else if (!type) {
-        r = wr_err_set(err, EPROTO, "bad exec stream: line without a type");
-    } else if (strcmp(type, "stdout") == 0) {
-        r = on_output(1, o, err);
-    } else if (strcmp(type, "stderr") == 0) {
-        r = on_output(2, o, err);
-    } else if (strcmp(type, "exit") == 0) {
-        st->got_end = true;
-        st->exit_code = int_or(json_object_get(o, "exit_code"), -1);
-        st->signal = int_or(json_object_get(o, "signal"), 0);
-        st->timed_out = json_is_true(json_object_get(o, "timed_out"));
-        st->truncated[0] = json_is_true(json_object_get(o, "stdout_truncated"));
-        st->truncated[1] = json_is_true(json_object_get(o, "stderr_truncated"));
-    } else if (strcmp(type, "error") == 0) {
-        st->got_end = true;
-        st->got_error = true;
-        const char *code = json_string_value(json_object_get(o, "code"));
-        const char *msg = json_string_value(json_object_get(o, "message"));
-        snprintf(st->err_code, sizeof(st->err_code), "%s", code ? code : "");
-        snprintf(st->err_msg, sizeof(st->err_msg), "%s",
-                 msg ? msg : (code ? code : "the command failed"));
-    }
-    /* Other types are newer than this CLI: skipped, so old CLIs keep working. */
-    json_decref(o);
-    return r;
-}
-
-static int on_data(void *ctx, const char *data, size_t len, struct wr_err *err)
-{
-    struct stream *st = ctx;
-    return cli_ndjson_feed(&st->nd, data, len, on_line, st, err);
-}
-
-static int exit_status(const struct stream *st, json_t *exec)
-{
-    for (int i = 0; i < 2; i++)
-        if (st->truncated[i])
-            cli_errorf("the command's %s was cut short at the daemon's output limit (%lld bytes)",
-                       i ? "stderr" : "stdout",
-                       (long long)json_integer_value(json_object_get(exec, "max_output_bytes")));
-    if (st->got_error) {
-        cli_errorf("%s", st->err_msg);
-        return strcmp(st->err_code, "exec_failed") == 0 ? 127 : CLI_EXIT_ERR;
-    }
-    if (st->timed_out) {
-        json_t *t = json_object_get(exec, "timeout_seconds");
-        if (json_is_number(t))
-            cli_errorf("the command timed out after %g s", json_number_value(t));
-        else
-            cli_errorf("the command timed out");
-        return 124;
-    }
-    if (st->signal > 0)
-        return 128 + (int)(st->signal & 127);
-    if (st->exit_code < 0 || st->exit_code > 255)
-        return CLI_EXIT_ERR;
-    return (int)st->exit_code;
-}
-
-int cli_exec_stream(const struct cli_endpoint *ep, const char *id, json_t *exec)
-{
-    json_object_set_new(exec, "stream", json_true());
-    if (!json_object_get(exec, "max_output_bytes"))
-        json_object_set_new(exec, "max_output_bytes", json_integer(STREAM_OUTPUT_MAX));
-    cleanup_free char *body = json_dumps(exec, JSON_COMPACT);
-    if (!body) {
-        cli_errorf("cannot encode the exec request");
-        return CLI_EXIT_ERR;
-    }
-    char path[128];
-    snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", id);
-
-    struct stream st = {0};
-    cli_ndjson_init(&st.nd, STREAM_LINE_MAX);
-    struct cli_request req;
-    cli_request_init(&req, "POST", path);
-    req.content_type = "application/json";
-    req.body = body;
-    req.body_len = strlen(body);
-    req.cancelable = true;
-    req.on_data = on_data;
-    req.ctx = &st;
-
-    struct cli_response resp;
-    struct wr_err err = {0};
-    int r = cli_request_do(ep, &req, &resp, &err);
-    if (r == 0 && !st.got_end)
-        r = cli_ndjson_finish(&st.nd, &err);
-    if (r == 0 && !st.got_end)
-        r = wr_err_set(&err, EPROTO, "the exec stream ended without the command's exit status");
-
-    int code;
-    if (r == 0) {
-        code = exit_status(&st, exec);
-    } else if (err.code == ECANCELED) {
-        code = 128 + (cli_stop_signal ? cli_stop_signal : SIGINT);
-    } else if (err.code == EPIPE && !st.got_end && resp.status == 200) {
-        code = 128 + SIGPIPE; /* our stdout went away (`| head`): quietly, as a shell would */
-    } else {
-        cli_fail(&err);
-        code = strcmp(resp.error_code, "exec_failed") == 0 ? 127 : CLI_EXIT_ERR;
-    }
-    cli_response_free(&resp);
-    cli_ndjson_free(&st.nd);
+    cli_signals_setup();
+    code = cli_exec_stream(ep, ea.id, ea.exec);
+out:
+    json_decref(ea.exec);
+    json_decref(ea.env);
     return code;
 }

@@ -1,0 +1,147 @@
+/*
+ * What the `withruntime sandbox ...` subcommands share, and nothing else includes: the option
+ * codes, the limits on what they accept, parsing and printing helpers, and the entry point of
+ * each subcommand. sandbox.c dispatches to them; each lives in a file of its own (run.c,
+ * create.c, exec.c, files.c) or, for the small ones, in sandbox.c.
+ */
+#ifndef WR_CLI_SANDBOX_H
+#define WR_CLI_SANDBOX_H
+
+#include <jansson.h>
+#include <stdbool.h>
+
+#include "cli/cli.h"
+
+/* The longest time limit or lease accepted, in seconds: a day. */
+#define CLI_MAX_SECONDS 86400
+
+/* Returned by the option parsers below when the command goes on (any other value is an exit
+ * code to leave with). */
+#define CLI_GO_ON (-1)
+
+/* getopt_long codes of the long options; above any short option character. */
+enum {
+    OPT_IMAGE = 1000,
+    OPT_TIMEOUT,
+    OPT_CPUS,
+    OPT_MEMORY,
+    OPT_DISK,
+    OPT_ENV,
+    OPT_CWD,
+    OPT_KEEP,
+    OPT_TRIAL,
+    OPT_METADATA,
+    OPT_LEASE_END,
+    OPT_JSON,
+    OPT_MODE,
+    OPT_STDIN,
+};
+
+/* ---- helpers (sandbox.c) ---- */
+
+/**
+ * Reports an unknown option or a missing argument after getopt_long returned '?' or ':' for
+ * command cmd ("sandbox run"). Returns CLI_EXIT_USAGE.
+ */
+int cli_bad_option(const char *cmd, int argc, char **argv);
+
+/** Prints a usage text to stdout. Returns CLI_EXIT_OK. */
+int cli_print_usage(const char *text);
+
+/**
+ * Parses the options of a command that has only --json and --help (as_json NULL: only --help).
+ * Leaves optind at the first operand. Returns CLI_GO_ON, or the exit code to leave with.
+ */
+int cli_simple_opts(const char *cmd, const char *usage, int argc, char **argv,
+                    bool *as_json /* OUT, may be NULL */);
+
+/** True if id is made only of the characters sandbox ids are made of (it goes into URL paths). */
+bool cli_id_ok(const char *id);
+
+/** Finds the daemon (cli_endpoint_get). Returns 0 with *ep set (owned by c), or -1 (printed). */
+int cli_endpoint(struct cli_ctx *c, const struct cli_endpoint **ep /* OUT */);
+
+/** Prints v as indented JSON and a newline to stdout. v is not stolen. */
+void cli_print_json(json_t *v);
+
+/** The string o[key], or dflt when it is absent or not a string. Borrowed from o. */
+const char *cli_str_or(json_t *o, const char *key, const char *dflt);
+
+/** DELETE /v1/sandboxes/ID. Returns 0, or -1 with err set. */
+int cli_sandbox_delete(const struct cli_endpoint *ep, const char *id, struct wr_err *err);
+
+/* ---- the options `create` and `run` share (create.c) ---- */
+
+/** A create request as options fill it in. Owns its three objects. */
+struct cli_create_opts {
+    json_t *body;
+    json_t *env;
+    json_t *metadata;
+};
+
+/** Makes co's three objects, empty. Free with cli_create_opts_free. */
+void cli_create_opts_init(struct cli_create_opts *co);
+
+/**
+ * Handles one option of those create and run share (--image, --cpus, --memory, --disk, --env,
+ * --metadata) for command cmd. Returns 1 if opt was one of them, 0 if not, or a usage exit
+ * code when its value is bad (printed).
+ */
+int cli_create_opt(const char *cmd, struct cli_create_opts *co, int opt, const char *arg);
+
+/** Puts env and metadata into the body (when not empty) and returns the body, owned by co. */
+json_t *cli_create_opts_body(struct cli_create_opts *co);
+
+/** Frees what co owns. */
+void cli_create_opts_free(struct cli_create_opts *co);
+
+/**
+ * Prints the daemon's message for a failed create, with a hint to build the image when it is
+ * missing. Returns CLI_EXIT_ERR.
+ */
+int cli_create_failed(const struct wr_err *err);
+
+/* ---- building an exec request (exec.c) ---- */
+
+/**
+ * Sets exec["argv"] to argv[0..argc-1] for command cmd. Returns CLI_GO_ON, or a usage exit code
+ * when an argument is not valid UTF-8 (printed).
+ */
+int cli_exec_set_argv(const char *cmd, json_t *exec, int argc, char **argv);
+
+/**
+ * Reads all of stdin (at most 512 KiB: it travels base64'd in a JSON body) into
+ * exec["stdin_base64"]. Returns CLI_GO_ON, or CLI_EXIT_ERR (printed).
+ */
+int cli_exec_set_stdin(json_t *exec);
+
+/* ---- the subcommands: argv[0] is the subcommand's name; each returns the exit code ---- */
+
+/** `sandbox run` (run.c): create, stream one command, delete, exit with its status. */
+int cli_sandbox_run(struct cli_ctx *c, int argc, char **argv);
+
+/** `sandbox create` (create.c). */
+int cli_sandbox_create(struct cli_ctx *c, int argc, char **argv);
+
+/** `sandbox list` (sandbox.c). */
+int cli_sandbox_list(struct cli_ctx *c, int argc, char **argv);
+
+/** `sandbox get` (sandbox.c). */
+int cli_sandbox_get(struct cli_ctx *c, int argc, char **argv);
+
+/** `sandbox rm` and `sandbox delete` (sandbox.c). */
+int cli_sandbox_rm(struct cli_ctx *c, int argc, char **argv);
+
+/** `sandbox exec` (exec.c). */
+int cli_sandbox_exec(struct cli_ctx *c, int argc, char **argv);
+
+/** `sandbox cat` (files.c). */
+int cli_sandbox_cat(struct cli_ctx *c, int argc, char **argv);
+
+/** `sandbox write` (files.c). */
+int cli_sandbox_write(struct cli_ctx *c, int argc, char **argv);
+
+/** `sandbox ls` (files.c). */
+int cli_sandbox_ls(struct cli_ctx *c, int argc, char **argv);
+
+#endif

@@ -1,0 +1,285 @@
+/*
+ * The agent's file operations: reads and writes (whole, sliced, appended, exclusive, large and
+ * byte-exact), listing, stat, mkdir and remove, including symlinks that must not be followed
+ * (agent_harness.h starts the real agent binary).
+ */
+#include "agent_harness.h"
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint8_t rng_byte(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint8_t)rng_state;
+}
+
+static uint32_t read_req(struct agent *a, const char *path, int64_t off, int64_t len)
+{
+    struct proto_buf b = {0};
+    uint32_t id = next_id++;
+    proto_put_str(&b, PT_PATH, path);
+    if (off >= 0)
+        proto_put_u64(&b, PT_OFFSET, (uint64_t)off);
+    if (len >= 0)
+        proto_put_u64(&b, PT_LENGTH, (uint64_t)len);
+    send_fields(a, id, PROTO_FILE_READ, &b);
+    proto_buf_free(&b);
+    return id;
+}
+
+static void test_files_rw(struct agent *a)
+{
+    struct result r = {0};
+    size_t size = 3000000 + 17;
+    uint8_t *data = malloc(size);
+    for (size_t i = 0; i < size; i++)
+        data[i] = rng_byte();
+    char path[PATH_MAX];
+    tpath(path, sizeof(path), "a/b/c/big.bin");
+
+    uint32_t id = path_req(a, PROTO_FILE_WRITE, path, PROTO_W_PARENTS, 0600);
+    for (size_t off = 0; off < size; off += PROTO_CHUNK) {
+        size_t n = size - off < PROTO_CHUNK ? size - off : PROTO_CHUNK;
+        send_frame(a, id, PROTO_DATA, off + n == size ? PROTO_F_FIN : 0, data + off, n);
+    }
+    ok(collect(a, id, &r) == 0 && r.ok && r.nstat == 1 && r.stat.size == size &&
+           r.stat.type == PROTO_FT_FILE && r.stat.mode == 0600,
+       "FILE_WRITE with PARENTS and MODE: STAT_RESULT then OK");
+    result_free(&r);
+
+    struct stat st;
+    uint8_t *disk = malloc(size + 1);
+    FILE *fp = fopen(path, "rb");
+    size_t got = fp ? fread(disk, 1, size + 1, fp) : 0;
+    if (fp)
+        fclose(fp);
+    ok(got == size && !memcmp(disk, data, size) && stat(path, &st) == 0 &&
+           (st.st_mode & 07777) == 0600,
+       "file on disk is byte-exact with mode 0600");
+    free(disk);
+
+    id = read_req(a, path, -1, -1);
+    ok(collect(a, id, &r) == 0 && r.ok && r.nstat == 1 && r.stat.size == size &&
+           r.data.len == size && !memcmp(r.data.data, data, size),
+       "FILE_READ of the whole file is byte-exact");
+    result_free(&r);
+
+    id = read_req(a, path, 1234567, 1000001);
+    ok(collect(a, id, &r) == 0 && r.ok && r.data.len == 1000001 &&
+           !memcmp(r.data.data, data + 1234567, 1000001),
+       "FILE_READ with OFFSET and LENGTH returns that slice");
+    result_free(&r);
+
+    id = read_req(a, path, (int64_t)size - 10, 1000);
+    ok(collect(a, id, &r) == 0 && r.ok && r.data.len == 10 &&
+           !memcmp(r.data.data, data + size - 10, 10),
+       "LENGTH past the end stops at EOF");
+    result_free(&r);
+
+    id = read_req(a, path, (int64_t)size + 10, -1);
+    ok(collect(a, id, &r) == 0 && r.ok && r.nstat == 1 && r.data.len == 0,
+       "OFFSET past the end: STAT_RESULT, no DATA, OK");
+    result_free(&r);
+
+    id = read_req(a, path, 0, 0);
+    ok(collect(a, id, &r) == 0 && r.ok && r.data.len == 0, "LENGTH 0 reads nothing");
+    result_free(&r);
+
+    id = path_req(a, PROTO_FILE_WRITE, path, PROTO_W_EXCL, -1);
+    send_frame(a, id, PROTO_DATA, PROTO_F_FIN, "x", 1);
+    ok(collect(a, id, &r) == 0 && r.error && r.err_no == EEXIST,
+       "EXCL on an existing file: ERROR EEXIST");
+    result_free(&r);
+
+    id = path_req(a, PROTO_FILE_WRITE, path, PROTO_W_APPEND, -1);
+    send_frame(a, id, PROTO_DATA, 0, "ab", 2);
+    send_frame(a, id, PROTO_DATA, PROTO_F_FIN, "c", 1);
+    ok(collect(a, id, &r) == 0 && r.ok && r.stat.size == size + 3 && r.stat.mode == 0600,
+       "APPEND appends and keeps the mode when MODE is absent");
+    result_free(&r);
+
+    id = path_req(a, PROTO_FILE_WRITE, path, 0, -1);
+    send_frame(a, id, PROTO_DATA, PROTO_F_FIN, NULL, 0);
+    ok(collect(a, id, &r) == 0 && r.ok && r.stat.size == 0, "plain write truncates; empty FIN");
+    result_free(&r);
+
+    tpath(path, sizeof(path), "a");
+    id = read_req(a, path, -1, -1);
+    ok(collect(a, id, &r) == 0 && r.error && r.err_no == EISDIR && r.nstat == 0,
+       "FILE_READ of a directory: ERROR EISDIR");
+    result_free(&r);
+
+    tpath(path, sizeof(path), "nope/x");
+    id = read_req(a, path, -1, -1);
+    ok(collect(a, id, &r) == 0 && r.error && r.err_no == ENOENT, "FILE_READ of nothing: ENOENT");
+    result_free(&r);
+    id = path_req(a, PROTO_FILE_WRITE, path, 0, -1);
+    ok(collect(a, id, &r) == 0 && r.error && r.err_no == ENOENT,
+       "FILE_WRITE without PARENTS into a missing directory: ENOENT");
+    result_free(&r);
+    send_frame(a, id, PROTO_DATA, PROTO_F_FIN, "late", 4); /* ignored */
+
+    /* a duplicate id is refused without disturbing the live request */
+    tpath(path, sizeof(path), "dup.txt");
+    id = path_req(a, PROTO_FILE_WRITE, path, 0, -1);
+    struct proto_buf b = {0};
+    proto_put_str(&b, PT_PATH, path);
+    send_fields(a, id, PROTO_FILE_WRITE, &b);
+    proto_buf_free(&b);
+    ok(collect(a, id, &r) == 0 && r.error && r.err_no == EEXIST, "duplicate live id: EEXIST");
+    result_free(&r);
+    send_frame(a, id, PROTO_DATA, PROTO_F_FIN, "one", 3);
+    ok(collect(a, id, &r) == 0 && r.ok && r.stat.size == 3, "the first request still completes");
+    result_free(&r);
+    free(data);
+}
+
+static void test_files_meta(struct agent *a)
+{
+    struct result r = {0};
+    char path[PATH_MAX], p2[PATH_MAX];
+
+    /* list */
+    tpath(path, sizeof(path), "list");
+    mkdir(path, 0755);
+    tpath(p2, sizeof(p2), "list/f1");
+    FILE *fp = fopen(p2, "w");
+    fputs("12345", fp);
+    fclose(fp);
+    tpath(p2, sizeof(p2), "list/d1");
+    mkdir(p2, 0700);
+    tpath(p2, sizeof(p2), "list/l1");
+    symlink("f1", p2);
+    uint32_t id = path_req(a, PROTO_FILE_LIST, path, 0, -1);
+    int seen = 0;
+    if (collect(a, id, &r) == 0 && r.ok && r.nentries == 3) {
+        for (int i = 0; i < 3; i++) {
+            struct entry *e = &r.entries[i];
+            if (!strcmp(e->name, "f1") && e->type == PROTO_FT_FILE && e->size == 5)
+                seen |= 1;
+            if (!strcmp(e->name, "d1") && e->type == PROTO_FT_DIR && e->mode == 0700)
+                seen |= 2;
+            if (!strcmp(e->name, "l1") && e->type == PROTO_FT_SYMLINK && !strcmp(e->target, "f1"))
+                seen |= 4;
+        }
+    }
+    ok(seen == 7, "FILE_LIST: file, directory and symlink (with TARGET), no . or ..");
+    result_free(&r);
+
+    tpath(path, sizeof(path), "many");
+    mkdir(path, 0755);
+    for (int i = 0; i < 3000; i++) {
+        snprintf(p2, sizeof(p2), "%s/many/file-with-a-longish-name-%04d", tmpdir, i);
+        close(open(p2, O_WRONLY | O_CREAT, 0644));
+    }
+    id = path_req(a, PROTO_FILE_LIST, path, 0, -1);
+    ok(collect(a, id, &r) == 0 && r.ok && r.nentries == 3000 && r.entry_frames > 1,
+       "FILE_LIST of 3000 entries spans several frames (%d entries, %d frames)", r.nentries,
+       r.entry_frames);
+    result_free(&r);
+
+    tpath(path, sizeof(path), "list/f1");
+    id = path_req(a, PROTO_FILE_LIST, path, 0, -1);
+    ok(collect(a, id, &r) == 0 && r.error && r.err_no == ENOTDIR, "FILE_LIST of a file: ENOTDIR");
+    result_free(&r);
+
+    /* stat */
+    id = path_req(a, PROTO_FILE_STAT, path, 0, -1);
+    ok(collect(a, id, &r) == 0 && r.ok && r.nstat == 1 && r.stat.type == PROTO_FT_FILE &&
+           r.stat.size == 5,
+       "FILE_STAT of a file");
+    result_free(&r);
+    tpath(path, sizeof(path), "list/l1");
+    id = path_req(a, PROTO_FILE_STAT, path, 0, -1);
+    ok(collect(a, id, &r) == 0 && r.ok && r.stat.type == PROTO_FT_SYMLINK &&
+           !strcmp(r.stat.target, "f1"),
+       "FILE_STAT does not follow a symlink and reports TARGET");
+    result_free(&r);
+    tpath(path, sizeof(path), "list/none");
+    id = path_req(a, PROTO_FILE_STAT, path, 0, -1);
+    ok(collect(a, id, &r) == 0 && r.error && r.err_no == ENOENT && strstr(r.msg, path),
+       "FILE_STAT of nothing: ENOENT naming the path");
+    result_free(&r);
+
+    /* mkdir */
+    tpath(path, sizeof(path), "m/x/y");
+    id = path_req(a, PROTO_FILE_MKDIR, path, PROTO_W_PARENTS, -1);
+    struct stat st;
+    ok(collect(a, id, &r) == 0 && r.ok && stat(path, &st) == 0 && S_ISDIR(st.st_mode),
+       "FILE_MKDIR with PARENTS creates the chain");
+    result_free(&r);
+    id = path_req(a, PROTO_FILE_MKDIR, path, PROTO_W_PARENTS, -1);
+    ok(collect(a, id, &r) == 0 && r.ok, "again with PARENTS: OK");
+    result_free(&r);
+    id = path_req(a, PROTO_FILE_MKDIR, path, 0, -1);
+    ok(collect(a, id, &r) == 0 && r.error && r.err_no == EEXIST, "again without PARENTS: EEXIST");
+    result_free(&r);
+    tpath(path, sizeof(path), "m/z");
+    id = path_req(a, PROTO_FILE_MKDIR, path, 0, 0700);
+    ok(collect(a, id, &r) == 0 && r.ok && stat(path, &st) == 0 && (st.st_mode & 07777) == 0700,
+       "FILE_MKDIR with MODE 0700");
+    result_free(&r);
+    tpath(path, sizeof(path), "list/f1/sub");
+    id = path_req(a, PROTO_FILE_MKDIR, path, PROTO_W_PARENTS, -1);
+    ok(collect(a, id, &r) == 0 && r.error && r.err_no == ENOTDIR, "mkdir under a file: ENOTDIR");
+    result_free(&r);
+
+    /* remove */
+    tpath(path, sizeof(path), "outside");
+    mkdir(path, 0755);
+    tpath(p2, sizeof(p2), "outside/keep.txt");
+    close(open(p2, O_WRONLY | O_CREAT, 0644));
+    const char *tree[] = {"r", "r/d1", "r/d1/d2", "r/d1/d2/d3", "r/e"};
+    for (size_t i = 0; i < WR_ARRAY_LEN(tree); i++) {
+        tpath(p2, sizeof(p2), tree[i]);
+        mkdir(p2, 0755);
+        snprintf(p2 + strlen(p2), sizeof(p2) - strlen(p2), "/file");
+        close(open(p2, O_WRONLY | O_CREAT, 0644));
+    }
+    tpath(p2, sizeof(p2), "r/d1/link-out");
+    symlink(path, p2);
+    tpath(p2, sizeof(p2), "r/d1/d2/ro");
+    mkdir(p2, 0555); /* removable: it is empty, and its parent is writable */
+
+    tpath(path, sizeof(path), "r");
+    id = path_req(a, PROTO_FILE_REMOVE, path, 0, -1);
+    ok(collect(a, id, &r) == 0 && r.error && r.err_no == ENOTEMPTY,
+       "FILE_REMOVE of a full directory without RECURSIVE: ENOTEMPTY");
+    result_free(&r);
+    id = path_req(a, PROTO_FILE_REMOVE, path, PROTO_W_RECURSIVE, -1);
+    ok(collect(a, id, &r) == 0 && r.ok && lstat(path, &st) < 0 && errno == ENOENT,
+       "FILE_REMOVE RECURSIVE removes the tree");
+    result_free(&r);
+    tpath(p2, sizeof(p2), "outside/keep.txt");
+    ok(stat(p2, &st) == 0, "a symlink inside the tree was not followed");
+
+    tpath(p2, sizeof(p2), "link-to-outside");
+    tpath(path, sizeof(path), "outside");
+    symlink(path, p2);
+    snprintf(path, sizeof(path), "%s/", p2);
+    id = path_req(a, PROTO_FILE_REMOVE, path, PROTO_W_RECURSIVE, -1);
+    tpath(path, sizeof(path), "outside/keep.txt");
+    ok(collect(a, id, &r) == 0 && r.ok && lstat(p2, &st) < 0 && stat(path, &st) == 0,
+       "removing \"link/\" removes the link, not its target's contents");
+    result_free(&r);
+
+    id = path_req(a, PROTO_FILE_REMOVE, path, 0, -1);
+    ok(collect(a, id, &r) == 0 && r.ok && stat(path, &st) < 0, "FILE_REMOVE of a file");
+    result_free(&r);
+    id = path_req(a, PROTO_FILE_REMOVE, path, 0, -1);
+    ok(collect(a, id, &r) == 0 && r.error && r.err_no == ENOENT, "FILE_REMOVE of nothing: ENOENT");
+    result_free(&r);
+}
+
+int main(int argc, char **argv)
+{
+    struct agent a;
+    if (harness_begin(argc, argv, &a) < 0)
+        return tap_done();
+    ok(agent_skip_hello(&a), "the agent says HELLO first");
+    test_files_rw(&a);
+    test_files_meta(&a);
+    harness_stop_agent(&a);
+    return harness_done();
+}
