@@ -12,8 +12,6 @@
  *                   writes land in upper/ on the host
  *   config.json     the OCI bundle spec, rewritten on every start
  *   agent.log       the agent's stderr (and runsc's own start-up errors)
- * Sandboxes made before the quota have upper/ and work/ directly in spec->dir
- * and no layer.img; they keep that layout, without a quota.
  * Host cgroups are made by cgroup.c; runsc state lives in <state_dir>/runsc.
  *
  * Every function blocks; different sandboxes may be handled concurrently.
@@ -299,32 +297,6 @@ static int resolve_dir(const struct driver_spec *spec, struct sb_paths *sp, stru
     if (check_overlay_path("sandbox directory", real, err) < 0)
         return -1;
     fill_paths(sp, real);
-    return 1;
-}
-
-/*
- * A sandbox made before disk quotas has upper/ and work/ directly in its directory and no
- * image. It keeps that layout, without a quota, rather than lose its files. Returns 1 for
- * that layout (and points sp's upper and work there), 0 for the image, -1 on error.
- */
-static int layout_is_legacy(struct sb_paths *sp, struct wr_err *err)
-{
-    struct stat st;
-    if (lstat(sp->image, &st) == 0)
-        return 0;
-    if (errno != ENOENT)
-        return wr_err_sys(err, errno, "stat %s", sp->image);
-    char upper[PATH_MAX + 8];
-    snprintf(upper, sizeof(upper), "%s/upper", sp->dir);
-    if (lstat(upper, &st) < 0) {
-        if (errno == ENOENT)
-            return 0;
-        return wr_err_sys(err, errno, "stat %s", upper);
-    }
-    if (!S_ISDIR(st.st_mode))
-        return 0;
-    snprintf(sp->upper, sizeof(sp->upper), "%s/upper", sp->dir);
-    snprintf(sp->work, sizeof(sp->work), "%s/work", sp->dir);
     return 1;
 }
 
@@ -774,19 +746,14 @@ static int gv_start(const struct driver_spec *spec, int *chan_fd, struct wr_err 
             return wr_err_prefix(err, "cleaning up an earlier run");
     }
 
-    int legacy = layout_is_legacy(&sp, err);
-    if (legacy < 0)
-        return -1;
-    if (legacy)
-        log_info(spec->id, "gvisor.no_disk_quota", "reason=\"made before disk quotas\"");
-    else if (disk_image_create(sp.image, spec->disk_mib, err) < 0)
+    if (disk_image_create(sp.image, spec->disk_mib, err) < 0)
         return wr_err_prefix(err, "starting %s", spec->id);
     uint64_t t_image = now_ms_monotonic();
 
     int sv[2] = {-1, -1};
     cleanup_close int logfd = -1;
     int ret = -1;
-    if (!legacy && disk_image_mount(spec->id, sp.image, sp.layer, err) < 0)
+    if (disk_image_mount(spec->id, sp.image, sp.layer, err) < 0)
         goto fail;
     uint64_t t_mount = now_ms_monotonic();
     if (mkdir_p1(conf.runsc_root, 0700, err) < 0 || mkdir_p1(sp.upper, 0755, err) < 0 ||
