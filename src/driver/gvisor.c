@@ -15,6 +15,12 @@
  * Host cgroups are made by cgroup.c; runsc state lives in <state_dir>/runsc
  * (runsc.c).
  *
+ * A start is the list of steps below, run in order; each step that leaves
+ * something on the host has an undo. A failed step unwinds the steps before
+ * it in reverse (and its own partial work), and stop and destroy are the same
+ * undos run over every step. Each step is a fault point,
+ * gvisor.start.<step>, so tests can fail a start at any of them.
+ *
  * Every function blocks; different sandboxes may be handled concurrently.
  * Global state: the configuration (written once by configure) and the
  * platform chosen by the first start (runsc.c).
@@ -28,9 +34,9 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/fault.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "driver/cgroup.h"
@@ -93,12 +99,9 @@ int gvisor_pids_limit(int pids_max)
     return PIDS_BACKSTOP(pids_max);
 }
 
-/* The checks every operation on a sandbox starts with. */
-static int check_sandbox(const struct driver_spec *spec, struct wr_err *err)
+/* Ids go into paths, cgroup names and runsc's command line. */
+static int check_id(const char *id, struct wr_err *err)
 {
-    if (!gvisor_conf.configured)
-        return wr_err_set(err, EINVAL, "the gvisor driver was not configured");
-    const char *id = spec->id;
     if (!id || strlen(id) != DRIVER_ID_LEN)
         return wr_err_set(err, EINVAL, "sandbox id must be %d characters", DRIVER_ID_LEN);
     for (const char *p = id; *p; p++)
@@ -108,82 +111,46 @@ static int check_sandbox(const struct driver_spec *spec, struct wr_err *err)
     return 0;
 }
 
-/* ---- the operations ---- */
-
-/*
- * Stops what runs and undoes mounts, loop devices and cgroups; keeps the writable layer.
- * discard: the layer is about to be deleted, its unwritten data may be dropped.
- */
-static int teardown(const struct driver_spec *spec, const struct sb_paths *sp, bool dir_exists,
-                    bool discard, struct wr_err *err)
+/* The checks every operation on a sandbox but stats starts with. */
+static int check_sandbox(const struct driver_spec *spec, struct wr_err *err)
 {
-    int ret = 0;
-    /* Killing the sandbox's processes ourselves first (the reaper collects them) makes
-     * `runsc delete` find a dead sandbox: ~30 ms instead of ~120 ms for the kill and wait. */
-    cgroup_kill(spec->id, CGROUP_KILL_TIMEOUT_MS, NULL);
-    if (runsc_has_state(spec->id)) {
-        const char *dir = dir_exists ? sp->dir : NULL;
-        struct wr_err e;
-        if (runsc_delete(spec->id, dir, &e) < 0) {
-            /* Kill what runs by its cgroup, then let runsc clean up its state. */
-            cgroup_destroy(spec->id, CGROUP_KILL_TIMEOUT_MS, NULL);
-            if (runsc_delete(spec->id, dir, err) < 0)
-                ret = -1;
-        }
-    }
-    struct wr_err e;
-    if (cgroup_destroy(spec->id, CGROUP_KILL_TIMEOUT_MS, &e) < 0 && ret == 0) {
-        *err = e;
-        ret = -1;
-    }
-    if (disk_unmount_all(spec->id, sp->rootfs, &e) < 0 && ret == 0) {
-        *err = e;
-        ret = -1;
-    }
-    /* Removing the mount point also detaches copies of the overlay in other mount
-     * namespaces, which would keep the layer's filesystem (and loop device) in use. */
-    if (rmdir(sp->rootfs) < 0 && errno != ENOENT && errno != EBUSY)
-        log_warn(spec->id, "gvisor.rmdir_failed", "path=\"%s\" error=\"%s\"", sp->rootfs,
-                 strerror(errno));
-    if (disk_image_release(spec->id, sp->image, sp->layer, discard, &e) < 0 && ret == 0) {
-        *err = e;
-        ret = -1;
-    }
-    return ret;
+    if (!gvisor_conf.configured)
+        return wr_err_set(err, EINVAL, "the gvisor driver was not configured");
+    return check_id(spec->id, err);
 }
 
-/* Resolves spec->dir after the checks every operation starts with. Returns 1 if it exists, 0
- * if not, -1 on error. */
-static int resolve_dir(const struct driver_spec *spec, struct sb_paths *sp, struct wr_err *err)
+/* ---- the steps of a start, each with its undo ---- */
+
+/* What the steps of one start (or one teardown) work on. */
+struct gv_run {
+    const struct driver_spec *spec;
+    struct sb_paths sp;
+    bool dir_exists; /* sp.dir exists (runsc may write debug logs there) */
+    bool discard;    /* teardown only: the layer is about to be deleted */
+    char platform[16];
+    int chan[2];     /* socketpair: [0] the daemon's end, [1] the agent's stdio */
+    int logfd;       /* agent.log, the agent's (and runsc's) stderr */
+    off_t log_start; /* agent.log's size before this start */
+    pid_t runsc_pid; /* `runsc run` not yet waited for, else -1 */
+};
+
+static void run_init(struct gv_run *r, const struct driver_spec *spec)
 {
+    memset(r, 0, sizeof(*r));
+    r->spec = spec;
+    r->chan[0] = r->chan[1] = -1;
+    r->logfd = -1;
+    r->runsc_pid = -1;
+}
+
+static int teardown(struct gv_run *r, struct wr_err *err);
+
+/* The spec's fields a start needs, and the files it names. */
+static int step_check(struct gv_run *r, struct wr_err *err)
+{
+    const struct driver_spec *spec = r->spec;
     if (check_sandbox(spec, err) < 0)
         return -1;
-    return bundle_paths(spec->dir, sp, err);
-}
-
-static int gv_stop(const struct driver_spec *spec, struct wr_err *err)
-{
-    struct sb_paths sp;
-    int exists = resolve_dir(spec, &sp, err);
-    if (exists < 0)
-        return -1;
-    uint64_t t0 = now_ms_monotonic();
-    if (teardown(spec, &sp, exists, false, err) < 0)
-        return wr_err_prefix(err, "stopping %s", spec->id);
-    log_debug(spec->id, "gvisor.stopped", "ms=%llu", (unsigned long long)(now_ms_monotonic() - t0));
-    return 0;
-}
-
-static int gv_start(const struct driver_spec *spec, int *chan_fd, struct wr_err *err)
-{
-    uint64_t t0 = now_ms_monotonic();
-    *chan_fd = -1;
-    struct sb_paths sp;
-    int exists = resolve_dir(spec, &sp, err);
-    if (exists < 0)
-        return -1;
-    if (!exists)
-        return wr_err_set(err, ENOENT, "sandbox directory %s does not exist", spec->dir);
     if (bundle_check_path("image root filesystem", spec->image_rootfs, err) < 0)
         return -1;
     if (!spec->agent_path || spec->agent_path[0] != '/')
@@ -197,108 +164,306 @@ static int gv_start(const struct driver_spec *spec, int *chan_fd, struct wr_err 
     if (spec->cpus < 1 || spec->memory_mib < 16 || spec->pids_max < 1)
         return wr_err_set(err, EINVAL, "bad limits: cpus %d, memory %d MiB, pids %d", spec->cpus,
                           spec->memory_mib, spec->pids_max);
-    char platform[16];
-    if (runsc_platform_get(platform, sizeof(platform), err) < 0)
+    return 0;
+}
+
+static int step_resolve(struct gv_run *r, struct wr_err *err)
+{
+    int exists = bundle_paths(r->spec->dir, &r->sp, err);
+    if (exists < 0)
         return -1;
+    if (!exists)
+        return wr_err_set(err, ENOENT, "sandbox directory %s does not exist", r->spec->dir);
+    r->dir_exists = true;
+    return 0;
+}
 
-    /* Leftovers of an earlier run that was not stopped (e.g. the daemon died). */
-    if (runsc_has_state(spec->id) || cgroup_exists(spec->id) ||
-        disk_mount_count(sp.rootfs, NULL, 0) > 0 || disk_mount_count(sp.layer, NULL, 0) > 0) {
-        log_info(spec->id, "gvisor.cleanup_leftovers", NULL);
-        if (teardown(spec, &sp, true, false, err) < 0)
-            return wr_err_prefix(err, "cleaning up an earlier run");
-    }
+static int step_platform(struct gv_run *r, struct wr_err *err)
+{
+    return runsc_platform_get(r->platform, sizeof(r->platform), err);
+}
 
-    if (disk_image_create(sp.image, spec->disk_mib, err) < 0)
-        return wr_err_prefix(err, "starting %s", spec->id);
-    uint64_t t_image = now_ms_monotonic();
+/* Leftovers of an earlier run that was not stopped (e.g. the daemon died). */
+static int step_leftovers(struct gv_run *r, struct wr_err *err)
+{
+    const struct sb_paths *sp = &r->sp;
+    if (!runsc_has_state(r->spec->id) && !cgroup_exists(r->spec->id) &&
+        disk_mount_count(sp->rootfs, NULL, 0) <= 0 && disk_mount_count(sp->layer, NULL, 0) <= 0)
+        return 0;
+    log_info(r->spec->id, "gvisor.cleanup_leftovers", NULL);
+    if (teardown(r, err) < 0)
+        return wr_err_prefix(err, "cleaning up an earlier run");
+    return 0;
+}
 
-    int sv[2] = {-1, -1};
-    cleanup_close int logfd = -1;
-    int ret = -1;
-    if (disk_image_mount(spec->id, sp.image, sp.layer, err) < 0)
-        goto fail;
-    uint64_t t_mount = now_ms_monotonic();
-    if (bundle_mkdir(gvisor_conf.runsc_root, 0700, err) < 0 ||
-        bundle_mkdir(sp.upper, 0755, err) < 0 || bundle_mkdir(sp.work, 0700, err) < 0 ||
-        bundle_mkdir(sp.rootfs, 0755, err) < 0)
-        goto fail;
-    if (bundle_mount_overlay(&sp, spec->image_rootfs, err) < 0)
-        goto fail;
-    if (bundle_prepare_root(&sp, err) < 0 || bundle_write_spec(spec, &sp, err) < 0)
-        goto fail;
+/* The writable layer: its image made on the first start (and kept), mounted at layer/. */
+static int step_disk(struct gv_run *r, struct wr_err *err)
+{
+    if (disk_image_create(r->sp.image, r->spec->disk_mib, err) < 0)
+        return -1;
+    return disk_image_mount(r->spec->id, r->sp.image, r->sp.layer, err);
+}
+
+static int undo_disk(struct gv_run *r, struct wr_err *err)
+{
+    return disk_image_release(r->spec->id, r->sp.image, r->sp.layer, r->discard, err);
+}
+
+static int step_overlay(struct gv_run *r, struct wr_err *err)
+{
+    const struct sb_paths *sp = &r->sp;
+    if (bundle_mkdir(sp->upper, 0755, err) < 0 || bundle_mkdir(sp->work, 0700, err) < 0 ||
+        bundle_mkdir(sp->rootfs, 0755, err) < 0)
+        return -1;
+    return bundle_mount_overlay(sp, r->spec->image_rootfs, err);
+}
+
+static int undo_overlay(struct gv_run *r, struct wr_err *err)
+{
+    const char *rootfs = r->sp.rootfs;
+    int ret = disk_unmount_all(r->spec->id, rootfs, err);
+    /* Removing the mount point also detaches copies of the overlay in other mount
+     * namespaces, which would keep the layer's filesystem (and loop device) in use. */
+    if (rmdir(rootfs) < 0 && errno != ENOENT && errno != EBUSY)
+        log_warn(r->spec->id, "gvisor.rmdir_failed", "path=\"%s\" error=\"%s\"", rootfs,
+                 strerror(errno));
+    return ret;
+}
+
+/* The root prepared for the agent (through the overlay, so it stays in the layer) and
+ * config.json; both are made again on every start, so there is nothing to undo. */
+static int step_bundle(struct gv_run *r, struct wr_err *err)
+{
+    if (bundle_prepare_root(&r->sp, err) < 0)
+        return -1;
+    return bundle_write_spec(r->spec, &r->sp, err);
+}
+
+static int step_cgroup(struct gv_run *r, struct wr_err *err)
+{
+    const struct driver_spec *spec = r->spec;
     struct cgroup_limits lim = {.cpus = spec->cpus,
                                 .memory_bytes = gvisor_memory_limit_bytes(spec->memory_mib),
                                 .pids_max = PIDS_BACKSTOP(spec->pids_max)};
-    if (cgroup_create(spec->id, &lim, err) < 0)
-        goto fail;
+    return cgroup_create(spec->id, &lim, err);
+}
 
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
-        wr_err_sys(err, errno, "socketpair");
-        goto fail;
-    }
-    logfd = open(sp.log, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0640);
-    if (logfd < 0) {
-        wr_err_sys(err, errno, "opening %s", sp.log);
-        goto fail;
-    }
-    struct stat lst;
-    off_t log_start = fstat(logfd, &lst) == 0 ? lst.st_size : 0;
+static int undo_cgroup(struct gv_run *r, struct wr_err *err)
+{
+    return cgroup_destroy(r->spec->id, CGROUP_KILL_TIMEOUT_MS, err);
+}
 
-    uint64_t t1 = now_ms_monotonic();
-    pid_t pid;
-    if (runsc_run_spawn(spec->id, platform, sp.dir, sv[1], logfd, &pid, err) < 0 ||
-        runsc_run_wait(pid, sp.log, log_start, err) < 0)
-        goto fail;
-    close(sv[1]);
-    sv[1] = -1;
-    *chan_fd = steal_fd(&sv[0]);
-    ret = 0;
-    uint64_t t2 = now_ms_monotonic();
-    log_debug(spec->id, "gvisor.started",
-              "platform=%s image_ms=%llu mount_ms=%llu prepare_ms=%llu runsc_ms=%llu", platform,
-              (unsigned long long)(t_image - t0), (unsigned long long)(t_mount - t_image),
-              (unsigned long long)(t1 - t0), (unsigned long long)(t2 - t1));
-    return 0;
+/* `runsc run --detach` started, the agent's stdio one end of a socketpair. */
+static int step_spawn(struct gv_run *r, struct wr_err *err)
+{
+    if (bundle_mkdir(gvisor_conf.runsc_root, 0700, err) < 0)
+        return -1;
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, r->chan) < 0)
+        return wr_err_sys(err, errno, "socketpair");
+    r->logfd = open(r->sp.log, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0640);
+    if (r->logfd < 0)
+        return wr_err_sys(err, errno, "opening %s", r->sp.log);
+    struct stat st;
+    r->log_start = fstat(r->logfd, &st) == 0 ? st.st_size : 0;
+    return runsc_run_spawn(r->spec->id, r->platform, r->sp.dir, r->chan[1], r->logfd, &r->runsc_pid,
+                           err);
+}
 
-fail:
-    if (sv[0] >= 0)
-        close(sv[0]);
-    if (sv[1] >= 0)
-        close(sv[1]);
-    {
+/* Stops the container and removes runsc's state; its cgroups stay (undo_cgroup). */
+static int undo_spawn(struct gv_run *r, struct wr_err *err)
+{
+    const char *id = r->spec->id;
+    if (r->runsc_pid > 0) {
+        /* A `runsc run` cut short might leave a sandbox runsc does not know of yet: let it
+         * finish (bounded by its timeout), then delete what it made. */
         struct wr_err e;
-        if (teardown(spec, &sp, true, false, &e) < 0)
-            log_warn(spec->id, "gvisor.cleanup_failed", "error=\"%s\"", e.msg);
+        runsc_run_wait(r->runsc_pid, r->sp.log, r->log_start, &e);
+        r->runsc_pid = -1;
     }
-    wr_err_prefix(err, "starting %s", spec->id);
+    for (int i = 0; i < 2; i++)
+        if (r->chan[i] >= 0) {
+            close(r->chan[i]);
+            r->chan[i] = -1;
+        }
+    if (r->logfd >= 0) {
+        close(r->logfd);
+        r->logfd = -1;
+    }
+    /* Killing the sandbox's processes ourselves first (the reaper collects them) makes
+     * `runsc delete` find a dead sandbox: ~30 ms instead of ~120 ms for the kill and wait. */
+    cgroup_kill(id, CGROUP_KILL_TIMEOUT_MS, NULL);
+    if (!runsc_has_state(id))
+        return 0;
+    const char *dir = r->dir_exists ? r->sp.dir : NULL;
+    struct wr_err e;
+    if (runsc_delete(id, dir, &e) == 0)
+        return 0;
+    /* Kill what runs by its cgroup, then let runsc clean up its state. */
+    cgroup_destroy(id, CGROUP_KILL_TIMEOUT_MS, NULL);
+    return runsc_delete(id, dir, err);
+}
+
+/* The agent runs once `runsc run --detach` exits 0. */
+static int step_wait(struct gv_run *r, struct wr_err *err)
+{
+    pid_t pid = r->runsc_pid;
+    r->runsc_pid = -1;
+    return runsc_run_wait(pid, r->sp.log, r->log_start, err);
+}
+
+struct step {
+    const char *name; /* in errors, and the fault point gvisor.start.<name> */
+    int (*run)(struct gv_run *r, struct wr_err *err);
+    /* Undoes what run did, whole or in part (NULL: nothing on the host to undo). Also the
+     * pieces of stop and destroy, so it must work from the spec alone after a restart. */
+    int (*undo)(struct gv_run *r, struct wr_err *err);
+};
+
+static const struct step steps[] = {
+    {"check", step_check, NULL},       {"resolve", step_resolve, NULL},
+    {"platform", step_platform, NULL}, {"leftovers", step_leftovers, NULL},
+    {"disk", step_disk, undo_disk},    {"overlay", step_overlay, undo_overlay},
+    {"bundle", step_bundle, NULL},     {"cgroup", step_cgroup, undo_cgroup},
+    {"spawn", step_spawn, undo_spawn}, {"wait", step_wait, NULL},
+};
+
+#define NSTEPS WR_ARRAY_LEN(steps)
+
+/*
+ * Runs the undos of steps[n-1] down to steps[0]. Every undo runs even when one before it
+ * failed; err gets the first failure, prefixed with its step's name. Returns 0 or -1.
+ */
+static int unwind(struct gv_run *r, size_t n, struct wr_err *err)
+{
+    int ret = 0;
+    while (n-- > 0) {
+        struct wr_err e;
+        if (!steps[n].undo || steps[n].undo(r, &e) == 0)
+            continue;
+        wr_err_prefix(&e, "%s", steps[n].name);
+        if (ret == 0)
+            *err = e;
+        else
+            log_warn(r->spec->id, "gvisor.undo_failed", "error=\"%s\"", e.msg);
+        ret = -1;
+    }
     return ret;
+}
+
+/*
+ * Stops what runs and undoes mounts, loop devices and cgroups; keeps the writable layer
+ * (r->discard: the layer is about to be deleted, its unwritten data may be dropped).
+ */
+static int teardown(struct gv_run *r, struct wr_err *err)
+{
+    return unwind(r, NSTEPS, err);
+}
+
+/*
+ * Runs the steps in order. When step k fails (or its fault point is armed), the undos of
+ * the steps before it run in reverse, and its own when it ran, since it may have done part
+ * of its work; err names step k. Fills ms[] with each step's duration. Returns 0 or -1.
+ */
+static int steps_run(struct gv_run *r, uint64_t ms[NSTEPS], struct wr_err *err)
+{
+    for (size_t k = 0; k < NSTEPS; k++) {
+        char point[64];
+        snprintf(point, sizeof(point), "gvisor.start.%s", steps[k].name);
+        uint64_t t0 = now_ms_monotonic();
+        size_t done = k;
+        int failed = fault_hit(point, err) < 0;
+        if (!failed && steps[k].run(r, err) < 0) {
+            failed = 1;
+            done = k + 1;
+        }
+        ms[k] = now_ms_monotonic() - t0;
+        if (!failed)
+            continue;
+        wr_err_prefix(err, "%s", steps[k].name);
+        struct wr_err e;
+        if (unwind(r, done, &e) < 0)
+            log_warn(r->spec->id, "gvisor.cleanup_failed", "error=\"%s\"", e.msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- the operations ---- */
+
+static int gv_start(const struct driver_spec *spec, int *chan_fd, struct wr_err *err)
+{
+    *chan_fd = -1;
+    struct gv_run r;
+    run_init(&r, spec);
+    uint64_t ms[NSTEPS];
+    if (steps_run(&r, ms, err) < 0)
+        return wr_err_prefix(err, "starting %s", spec->id ? spec->id : "a sandbox");
+    close(r.chan[1]);
+    close(r.logfd);
+    *chan_fd = r.chan[0];
+
+    char times[NSTEPS * 24] = "";
+    size_t len = 0;
+    for (size_t k = 0; k < NSTEPS && len < sizeof(times); k++)
+        len += (size_t)snprintf(times + len, sizeof(times) - len, "%s%s_ms=%llu", k ? " " : "",
+                                steps[k].name, (unsigned long long)ms[k]);
+    log_debug(spec->id, "gvisor.started", "platform=%s %s", r.platform, times);
+    return 0;
+}
+
+/* Fills r for a teardown of spec's sandbox. Returns 1 if its directory exists, 0 if not, -1
+ * on error. */
+static int run_for_teardown(struct gv_run *r, const struct driver_spec *spec, bool discard,
+                            struct wr_err *err)
+{
+    run_init(r, spec);
+    r->discard = discard;
+    if (check_sandbox(spec, err) < 0)
+        return -1;
+    int exists = bundle_paths(spec->dir, &r->sp, err);
+    r->dir_exists = exists > 0;
+    return exists;
+}
+
+static int gv_stop(const struct driver_spec *spec, struct wr_err *err)
+{
+    if (fault_hit("gvisor.stop", err) < 0)
+        return wr_err_prefix(err, "stopping %s", spec->id);
+    struct gv_run r;
+    if (run_for_teardown(&r, spec, false, err) < 0)
+        return -1;
+    uint64_t t0 = now_ms_monotonic();
+    if (teardown(&r, err) < 0)
+        return wr_err_prefix(err, "stopping %s", spec->id);
+    log_debug(spec->id, "gvisor.stopped", "ms=%llu", (unsigned long long)(now_ms_monotonic() - t0));
+    return 0;
 }
 
 static int gv_destroy(const struct driver_spec *spec, struct wr_err *err)
 {
-    struct sb_paths sp;
-    int exists = resolve_dir(spec, &sp, err);
+    if (fault_hit("gvisor.destroy", err) < 0)
+        return wr_err_prefix(err, "destroying %s", spec->id);
+    struct gv_run r;
+    int exists = run_for_teardown(&r, spec, true, err);
     if (exists < 0)
         return -1;
-    if (teardown(spec, &sp, exists, true, err) < 0)
+    if (teardown(&r, err) < 0)
         return wr_err_prefix(err, "destroying %s", spec->id);
     if (!exists)
         return 0;
+    const char *dir = r.sp.dir;
     char first[PATH_MAX];
-    int n = disk_mount_count(sp.dir, first, sizeof(first));
+    int n = disk_mount_count(dir, first, sizeof(first));
     if (n < 0)
         return wr_err_sys(err, errno, "reading /proc/self/mountinfo");
     if (n > 0)
         return wr_err_set(err, EBUSY, "destroying %s: %s is still mounted; not removing %s",
-                          spec->id, first, sp.dir);
+                          spec->id, first, dir);
     char parent_path[PATH_MAX], base[PATH_MAX];
-    const char *slash = strrchr(sp.dir, '/');
+    const char *slash = strrchr(dir, '/');
     snprintf(base, sizeof(base), "%s", slash + 1);
-    snprintf(parent_path, sizeof(parent_path), "%.*s", slash == sp.dir ? 1 : (int)(slash - sp.dir),
-             sp.dir);
-    cleanup_close int parent = -1;
-    parent = open(parent_path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    snprintf(parent_path, sizeof(parent_path), "%.*s", slash == dir ? 1 : (int)(slash - dir), dir);
+    cleanup_close int parent = open(parent_path, O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (parent < 0)
         return wr_err_sys(err, errno, "destroying %s: opening %s", spec->id, parent_path);
     if (bundle_remove_tree_at(parent, base, err) < 0)
@@ -316,7 +481,7 @@ static int gv_is_running(const struct driver_spec *spec, struct wr_err *err)
 static int gv_stats(const struct driver_spec *spec, struct driver_stats *out, struct wr_err *err)
 {
     memset(out, 0, sizeof(*out));
-    if (check_sandbox(spec, err) < 0)
+    if (check_id(spec->id, err) < 0)
         return -1;
     struct cgroup_usage u;
     if (cgroup_usage(spec->id, &u, err) < 0)
