@@ -444,7 +444,7 @@ int disk_image_release(const char *id, const char *image, const char *mountpoint
     struct stat st;
     if (stat(image, &st) < 0) {
         if (errno == ENOENT)
-            return 0; /* no image: an old sandbox without a quota */
+            return 0; /* no image: never started, nothing bound */
         return wr_err_sys(err, errno, "stat %s", image);
     }
     char still[32] = "";
