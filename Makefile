@@ -49,7 +49,10 @@ $(BUILD)/agent-obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(CFLAGS) -MMD -MP -c $< -o $@
 
+# Made afresh each time: several objects share a base name (daemon/exec.o, cli/exec.o, ...),
+# and `ar r` on an existing archive would replace the wrong member.
 $(BUILD)/libwr.a: $(LIB_OBJ)
+	rm -f $@
 	ar rcs $@ $^
 
 $(BUILD)/withruntime: $(BUILD)/src/cli/main.o $(BUILD)/libwr.a
