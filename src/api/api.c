@@ -145,11 +145,11 @@ json_t *api_json_body(struct daemon *d, struct http_req *req, int empty_ok)
         http_reply_error(req, 400, "invalid_request", "request body contains a NUL byte");
         return NULL;
     }
-    char msg[JV_MSG];
-    json_t *o = jv_parse_object(body, msg);
+    struct wr_err err = {0};
+    json_t *o = jv_parse_object(body, &err);
     free(body);
     if (!o)
-        http_reply_error(req, 400, "invalid_request", "%s", msg);
+        api_reply_err(req, &err);
     return o;
 }
 

@@ -39,12 +39,12 @@ void api_commands_wait(struct daemon *d, struct http_req *req, struct route_matc
     json_t *o = api_json_body(d, req, 1);
     if (!o)
         return;
-    char msg[JV_MSG];
+    struct wr_err err = {0};
     double t;
-    if (jv_only(o, wait_fields, msg) < 0 ||
-        jv_number(o, "timeout_seconds", 0, 3600, 30, &t, msg) < 0) {
+    if (jv_only(o, wait_fields, &err) < 0 ||
+        jv_number(o, "timeout_seconds", 0, 3600, 30, &t, &err) < 0) {
         json_decref(o);
-        api_reply_invalid(req, msg);
+        api_reply_err(req, &err);
         return;
     }
     json_decref(o);
@@ -83,14 +83,16 @@ void api_commands_signal(struct daemon *d, struct http_req *req, struct route_ma
     json_t *o = api_json_body(d, req, 1);
     if (!o)
         return;
-    char msg[JV_MSG];
+    struct wr_err err = {0};
     int sig = signal_number(json_object_get(o, "signal"));
-    int bad = jv_only(o, signal_fields, msg) < 0;
+    int bad = jv_only(o, signal_fields, &err) < 0;
     json_decref(o);
-    if (bad || sig < 0) {
-        http_reply_error(req, 400, "invalid_request", "%s",
-                         bad ? msg
-                             : "signal: must be a number from 1 to 64 or a name like \"TERM\"");
+    if (bad) {
+        api_reply_err(req, &err);
+        return;
+    }
+    if (sig < 0) {
+        api_reply_invalid(req, "signal: must be a number from 1 to 64 or a name like \"TERM\"");
         return;
     }
     svc_command_signal(d, m->params[0], m->params[1], sig, api_sink_new(req));

@@ -24,37 +24,38 @@ static const char *const exec_fields[] = {
     "command",          "argv",   "cwd",        "env", "stdin", "stdin_base64", "timeout_seconds",
     "max_output_bytes", "stream", "background", NULL};
 
-/* Parses the body into r (strings borrowed from o; stdin copied into *stdin_buf). */
+/* Parses the body into r (strings borrowed from o; stdin copied into *stdin_buf). Returns 0,
+ * or -1 with err set. */
 static int parse(struct daemon *d, json_t *o, struct exec_request *r, unsigned char **stdin_buf,
-                 char *msg)
+                 struct wr_err *err)
 {
     const char *in = NULL, *in64 = NULL;
     long long cap;
-    if (jv_only(o, exec_fields, msg) < 0 ||
-        jv_string(o, "command", MAX_ARG_BYTES, &r->command, msg) < 0 ||
-        jv_string_array(o, "argv", MAX_ARGS, MAX_ARG_BYTES, &r->argv, msg) < 0 ||
-        jv_string(o, "cwd", MAX_CWD_BYTES, &r->cwd, msg) < 0 ||
-        jv_string_map(o, "env", 256, 256, 32768, 1, &r->env, msg) < 0 ||
-        jv_string(o, "stdin", d->cfg.max_json_body, &in, msg) < 0 ||
-        jv_string(o, "stdin_base64", d->cfg.max_json_body, &in64, msg) < 0 ||
+    if (jv_only(o, exec_fields, err) < 0 ||
+        jv_string(o, "command", MAX_ARG_BYTES, &r->command, err) < 0 ||
+        jv_string_array(o, "argv", MAX_ARGS, MAX_ARG_BYTES, &r->argv, err) < 0 ||
+        jv_string(o, "cwd", MAX_CWD_BYTES, &r->cwd, err) < 0 ||
+        jv_string_map(o, "env", 256, 256, 32768, 1, &r->env, err) < 0 ||
+        jv_string(o, "stdin", d->cfg.max_json_body, &in, err) < 0 ||
+        jv_string(o, "stdin_base64", d->cfg.max_json_body, &in64, err) < 0 ||
         jv_number(o, "timeout_seconds", 0, 86400, d->cfg.default_exec_timeout, &r->timeout_seconds,
-                  msg) < 0 ||
+                  err) < 0 ||
         jv_int(o, "max_output_bytes", 1, (long long)d->cfg.max_output_cap,
-               (long long)d->cfg.default_output_cap, &cap, msg) < 0 ||
-        jv_bool(o, "stream", 0, &r->stream, msg) < 0 ||
-        jv_bool(o, "background", 0, &r->background, msg) < 0)
+               (long long)d->cfg.default_output_cap, &cap, err) < 0 ||
+        jv_bool(o, "stream", 0, &r->stream, err) < 0 ||
+        jv_bool(o, "background", 0, &r->background, err) < 0)
         return -1;
     r->max_output = (size_t)cap;
     if (r->stream && r->background)
-        return snprintf(msg, JV_MSG, "stream, background: give at most one of them"), -1;
+        return wr_err_kind(err, WR_E_INVALID, 0, "stream, background: give at most one of them");
     if (!!r->command == !!r->argv)
-        return snprintf(msg, JV_MSG, "command, argv: give exactly one of them"), -1;
+        return wr_err_kind(err, WR_E_INVALID, 0, "command, argv: give exactly one of them");
     if (r->command && !*r->command)
-        return snprintf(msg, JV_MSG, "command: must not be empty"), -1;
+        return wr_err_kind(err, WR_E_INVALID, 0, "command: must not be empty");
     if (r->cwd && !*r->cwd)
-        return snprintf(msg, JV_MSG, "cwd: must not be empty"), -1;
+        return wr_err_kind(err, WR_E_INVALID, 0, "cwd: must not be empty");
     if (in && in64)
-        return snprintf(msg, JV_MSG, "stdin, stdin_base64: give at most one of them"), -1;
+        return wr_err_kind(err, WR_E_INVALID, 0, "stdin, stdin_base64: give at most one of them");
     /* A background command has no timeout unless one was asked for: it runs until it exits or
      * the lease ends. */
     if (r->background && !json_object_get(o, "timeout_seconds"))
@@ -62,7 +63,7 @@ static int parse(struct daemon *d, json_t *o, struct exec_request *r, unsigned c
     if (in64) {
         *stdin_buf = base64_decode(in64, strlen(in64), &r->stdin_len);
         if (!*stdin_buf)
-            return snprintf(msg, JV_MSG, "stdin_base64: not valid base64"), -1;
+            return wr_err_kind(err, WR_E_INVALID, 0, "stdin_base64: not valid base64");
     } else if (in) {
         r->stdin_len = strlen(in);
         *stdin_buf = xmalloc(r->stdin_len + 1);
@@ -77,11 +78,11 @@ void api_exec(struct daemon *d, struct http_req *req, struct route_match *m)
     json_t *o = api_json_body(d, req, 0);
     if (!o)
         return;
-    char msg[JV_MSG];
+    struct wr_err err = {0};
     struct exec_request r = {0};
     unsigned char *stdin_buf = NULL;
-    if (parse(d, o, &r, &stdin_buf, msg) < 0)
-        api_reply_invalid(req, msg);
+    if (parse(d, o, &r, &stdin_buf, &err) < 0)
+        api_reply_err(req, &err);
     else
         svc_exec(d, m->params[0], &r, api_sink_new(req));
     free(stdin_buf);

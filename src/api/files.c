@@ -87,13 +87,14 @@ void api_files_mkdir(struct daemon *d, struct http_req *req, struct route_match 
     json_t *o = api_json_body(d, req, 0);
     if (!o)
         return;
-    char msg[JV_MSG];
+    struct wr_err err = {0};
     const char *path = NULL, *ms = NULL;
     int parents;
     unsigned mode = 0755;
-    if (jv_only(o, mkdir_fields, msg) < 0 || jv_string(o, "path", MAX_PATH_BYTES, &path, msg) < 0 ||
-        jv_bool(o, "parents", 1, &parents, msg) < 0 || jv_string(o, "mode", 8, &ms, msg) < 0)
-        api_reply_invalid(req, msg);
+    if (jv_only(o, mkdir_fields, &err) < 0 ||
+        jv_string(o, "path", MAX_PATH_BYTES, &path, &err) < 0 ||
+        jv_bool(o, "parents", 1, &parents, &err) < 0 || jv_string(o, "mode", 8, &ms, &err) < 0)
+        api_reply_err(req, &err);
     else if (ms && jv_parse_mode(ms, &mode) < 0)
         api_reply_invalid(req, "mode: must be an octal string like 0755");
     else if (!path)

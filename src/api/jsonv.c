@@ -5,24 +5,24 @@
 #include <stdio.h>
 #include <string.h>
 
-json_t *jv_parse_object(const char *body, char *msg)
+json_t *jv_parse_object(const char *body, struct wr_err *err)
 {
     json_error_t e;
     json_t *o = json_loads(body, JSON_REJECT_DUPLICATES, &e);
     if (!o) {
-        snprintf(msg, JV_MSG, "request body is not valid JSON: %s (line %d, column %d)", e.text,
-                 e.line, e.column);
+        wr_err_kind(err, WR_E_INVALID, 0, "request body is not valid JSON: %s (line %d, column %d)",
+                    e.text, e.line, e.column);
         return NULL;
     }
     if (!json_is_object(o)) {
         json_decref(o);
-        snprintf(msg, JV_MSG, "request body must be a JSON object");
+        wr_err_kind(err, WR_E_INVALID, 0, "request body must be a JSON object");
         return NULL;
     }
     return o;
 }
 
-int jv_only(json_t *o, const char *const *allowed, char *msg)
+int jv_only(json_t *o, const char *const *allowed, struct wr_err *err)
 {
     const char *key;
     json_t *v;
@@ -33,7 +33,7 @@ int jv_only(json_t *o, const char *const *allowed, char *msg)
             if (strcmp(*a, key) == 0)
                 known = 1;
         if (!known) {
-            snprintf(msg, JV_MSG, "%.64s: unknown field", key);
+            wr_err_kind(err, WR_E_INVALID, 0, "%.64s: unknown field", key);
             return -1;
         }
     }
@@ -41,7 +41,7 @@ int jv_only(json_t *o, const char *const *allowed, char *msg)
 }
 
 int jv_int(json_t *o, const char *name, long long min, long long max, long long def, long long *out,
-           char *msg)
+           struct wr_err *err)
 {
     json_t *v = json_object_get(o, name);
     if (!v || json_is_null(v)) {
@@ -49,7 +49,8 @@ int jv_int(json_t *o, const char *name, long long min, long long max, long long 
         return 0;
     }
     if (!json_is_integer(v) || json_integer_value(v) < min || json_integer_value(v) > max) {
-        snprintf(msg, JV_MSG, "%s: must be an integer from %lld to %lld", name, min, max);
+        wr_err_kind(err, WR_E_INVALID, 0, "%s: must be an integer from %lld to %lld", name, min,
+                    max);
         return -1;
     }
     *out = json_integer_value(v);
@@ -57,7 +58,7 @@ int jv_int(json_t *o, const char *name, long long min, long long max, long long 
 }
 
 int jv_number(json_t *o, const char *name, double min_excl, double max, double def, double *out,
-              char *msg)
+              struct wr_err *err)
 {
     json_t *v = json_object_get(o, name);
     if (!v || json_is_null(v)) {
@@ -66,15 +67,15 @@ int jv_number(json_t *o, const char *name, double min_excl, double max, double d
     }
     double d = json_is_number(v) ? json_number_value(v) : NAN;
     if (!json_is_number(v) || !isfinite(d) || d <= min_excl || d > max) {
-        snprintf(msg, JV_MSG, "%s: must be a number greater than %g and at most %g", name, min_excl,
-                 max);
+        wr_err_kind(err, WR_E_INVALID, 0, "%s: must be a number greater than %g and at most %g",
+                    name, min_excl, max);
         return -1;
     }
     *out = d;
     return 0;
 }
 
-int jv_bool(json_t *o, const char *name, int def, int *out, char *msg)
+int jv_bool(json_t *o, const char *name, int def, int *out, struct wr_err *err)
 {
     json_t *v = json_object_get(o, name);
     if (!v || json_is_null(v)) {
@@ -82,7 +83,7 @@ int jv_bool(json_t *o, const char *name, int def, int *out, char *msg)
         return 0;
     }
     if (!json_is_boolean(v)) {
-        snprintf(msg, JV_MSG, "%s: must be true or false", name);
+        wr_err_kind(err, WR_E_INVALID, 0, "%s: must be true or false", name);
         return -1;
     }
     *out = json_is_true(v);
@@ -95,14 +96,14 @@ static int str_ok(json_t *v, size_t maxlen)
            !memchr(json_string_value(v), '\0', json_string_length(v));
 }
 
-int jv_string(json_t *o, const char *name, size_t maxlen, const char **out, char *msg)
+int jv_string(json_t *o, const char *name, size_t maxlen, const char **out, struct wr_err *err)
 {
     json_t *v = json_object_get(o, name);
     if (!v || json_is_null(v))
         return 0;
     if (!str_ok(v, maxlen)) {
-        snprintf(msg, JV_MSG, "%s: must be a string of at most %zu bytes without NUL", name,
-                 maxlen);
+        wr_err_kind(err, WR_E_INVALID, 0, "%s: must be a string of at most %zu bytes without NUL",
+                    name, maxlen);
         return -1;
     }
     *out = json_string_value(v);
@@ -110,17 +111,17 @@ int jv_string(json_t *o, const char *name, size_t maxlen, const char **out, char
 }
 
 int jv_string_map(json_t *o, const char *name, size_t max_entries, size_t max_key, size_t max_val,
-                  int env_keys, json_t **out, char *msg)
+                  int env_keys, json_t **out, struct wr_err *err)
 {
     json_t *m = json_object_get(o, name);
     if (!m || json_is_null(m))
         return 0;
     if (!json_is_object(m)) {
-        snprintf(msg, JV_MSG, "%s: must be an object of strings", name);
+        wr_err_kind(err, WR_E_INVALID, 0, "%s: must be an object of strings", name);
         return -1;
     }
     if (json_object_size(m) > max_entries) {
-        snprintf(msg, JV_MSG, "%s: at most %zu entries", name, max_entries);
+        wr_err_kind(err, WR_E_INVALID, 0, "%s: at most %zu entries", name, max_entries);
         return -1;
     }
     const char *key;
@@ -129,13 +130,14 @@ int jv_string_map(json_t *o, const char *name, size_t max_entries, size_t max_ke
     {
         size_t klen = strlen(key);
         if (klen == 0 || klen > max_key || (env_keys && strchr(key, '='))) {
-            snprintf(msg, JV_MSG, "%s: keys must be 1 to %zu bytes%s", name, max_key,
-                     env_keys ? " without '='" : "");
+            wr_err_kind(err, WR_E_INVALID, 0, "%s: keys must be 1 to %zu bytes%s", name, max_key,
+                        env_keys ? " without '='" : "");
             return -1;
         }
         if (!str_ok(v, max_val)) {
-            snprintf(msg, JV_MSG, "%s.%.64s: must be a string of at most %zu bytes without NUL",
-                     name, key, max_val);
+            wr_err_kind(err, WR_E_INVALID, 0,
+                        "%s.%.64s: must be a string of at most %zu bytes without NUL", name, key,
+                        max_val);
             return -1;
         }
     }
@@ -144,13 +146,14 @@ int jv_string_map(json_t *o, const char *name, size_t max_entries, size_t max_ke
 }
 
 int jv_string_array(json_t *o, const char *name, size_t max_items, size_t max_len, json_t **out,
-                    char *msg)
+                    struct wr_err *err)
 {
     json_t *a = json_object_get(o, name);
     if (!a || json_is_null(a))
         return 0;
     if (!json_is_array(a) || json_array_size(a) == 0 || json_array_size(a) > max_items) {
-        snprintf(msg, JV_MSG, "%s: must be an array of 1 to %zu strings", name, max_items);
+        wr_err_kind(err, WR_E_INVALID, 0, "%s: must be an array of 1 to %zu strings", name,
+                    max_items);
         return -1;
     }
     size_t i;
@@ -158,8 +161,9 @@ int jv_string_array(json_t *o, const char *name, size_t max_items, size_t max_le
     json_array_foreach(a, i, v)
     {
         if (!str_ok(v, max_len)) {
-            snprintf(msg, JV_MSG, "%s[%zu]: must be a string of at most %zu bytes without NUL",
-                     name, i, max_len);
+            wr_err_kind(err, WR_E_INVALID, 0,
+                        "%s[%zu]: must be a string of at most %zu bytes without NUL", name, i,
+                        max_len);
             return -1;
         }
     }

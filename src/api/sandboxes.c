@@ -18,9 +18,9 @@ static const char *const network_fields[] = {"internet", "allow", NULL};
 
 /*
  * Checks `network` and returns it normalised as {"internet": bool[, "allow": [...]]} (new
- * reference; absent or null = no internet), or NULL with msg set.
+ * reference; absent or null = no internet), or NULL with err set.
  */
-static json_t *parse_network(json_t *net, char *msg)
+static json_t *parse_network(json_t *net, struct wr_err *err)
 {
     if (!net || json_is_null(net))
         return json_pack("{s:b}", "internet", 0);
@@ -28,13 +28,13 @@ static json_t *parse_network(json_t *net, char *msg)
     json_t *allow = json_object_get(net, "allow");
     if (!json_is_object(net) || (internet && !json_is_boolean(internet)) ||
         (allow && !json_is_array(allow))) {
-        snprintf(msg, JV_MSG,
-                 "network: must be an object like {\"internet\": true, \"allow\": [\"pypi.org\"]}");
+        wr_err_kind(
+            err, WR_E_INVALID, 0,
+            "network: must be an object like {\"internet\": true, \"allow\": [\"pypi.org\"]}");
         return NULL;
     }
-    char inner[JV_MSG];
-    if (jv_only(net, network_fields, inner) < 0) {
-        snprintf(msg, JV_MSG, "network.%s", inner);
+    if (jv_only(net, network_fields, err) < 0) {
+        wr_err_prefix(err, "network");
         return NULL;
     }
     size_t i;
@@ -42,7 +42,7 @@ static json_t *parse_network(json_t *net, char *msg)
     json_array_foreach(allow, i, h)
     {
         if (!json_is_string(h) || json_string_length(h) == 0 || json_string_length(h) > 253) {
-            snprintf(msg, JV_MSG, "network.allow[%zu]: must be a host name", i);
+            wr_err_kind(err, WR_E_INVALID, 0, "network.allow[%zu]: must be a host name", i);
             return NULL;
         }
     }
@@ -57,26 +57,26 @@ void api_sandboxes_create(struct daemon *d, struct http_req *req, struct route_m
     json_t *o = api_json_body(d, req, 1);
     if (!o)
         return;
-    char msg[JV_MSG];
+    struct wr_err err = {0};
     const char *image = "default", *ole = "stop";
     long long cpus, mem, disk, timeout;
     json_t *env = NULL, *md = NULL, *net = NULL;
-    if (jv_only(o, create_fields, msg) < 0 || jv_string(o, "image", 64, &image, msg) < 0 ||
+    if (jv_only(o, create_fields, &err) < 0 || jv_string(o, "image", 64, &image, &err) < 0 ||
         jv_int(o, "cpus", 1, d->cfg.max_cpus, 2 > d->cfg.max_cpus ? d->cfg.max_cpus : 2, &cpus,
-               msg) < 0 ||
-        jv_int(o, "memory_mib", 128, 65536, 4096, &mem, msg) < 0 ||
-        jv_int(o, "disk_mib", 64, 1048576, d->cfg.default_disk_mib, &disk, msg) < 0 ||
-        jv_int(o, "timeout_seconds", 1, d->cfg.max_timeout, d->cfg.default_timeout, &timeout, msg) <
-            0 ||
-        jv_string(o, "on_lease_end", 16, &ole, msg) < 0 ||
-        jv_string_map(o, "env", 256, 256, 32768, 1, &env, msg) < 0 ||
-        jv_string_map(o, "metadata", 64, 128, 1024, 0, &md, msg) < 0)
+               &err) < 0 ||
+        jv_int(o, "memory_mib", 128, 65536, 4096, &mem, &err) < 0 ||
+        jv_int(o, "disk_mib", 64, 1048576, d->cfg.default_disk_mib, &disk, &err) < 0 ||
+        jv_int(o, "timeout_seconds", 1, d->cfg.max_timeout, d->cfg.default_timeout, &timeout,
+               &err) < 0 ||
+        jv_string(o, "on_lease_end", 16, &ole, &err) < 0 ||
+        jv_string_map(o, "env", 256, 256, 32768, 1, &env, &err) < 0 ||
+        jv_string_map(o, "metadata", 64, 128, 1024, 0, &md, &err) < 0)
         goto bad;
     if (strcmp(ole, "stop") != 0 && strcmp(ole, "delete") != 0) {
-        snprintf(msg, sizeof(msg), "on_lease_end: must be \"stop\" or \"delete\"");
+        wr_err_kind(&err, WR_E_INVALID, 0, "on_lease_end: must be \"stop\" or \"delete\"");
         goto bad;
     }
-    net = parse_network(json_object_get(o, "network"), msg);
+    net = parse_network(json_object_get(o, "network"), &err);
     if (!net)
         goto bad;
     struct sandbox_opts opts = {
@@ -96,7 +96,7 @@ void api_sandboxes_create(struct daemon *d, struct http_req *req, struct route_m
     return;
 bad:
     json_decref(o);
-    api_reply_invalid(req, msg);
+    api_reply_err(req, &err);
 }
 
 void api_sandboxes_list(struct daemon *d, struct http_req *req, struct route_match *m)
@@ -131,14 +131,14 @@ void api_sandboxes_timeout(struct daemon *d, struct http_req *req, struct route_
     json_t *o = api_json_body(d, req, 0);
     if (!o)
         return;
-    char msg[JV_MSG];
+    struct wr_err err = {0};
     long long t;
-    int bad = jv_only(o, timeout_fields, msg) < 0 ||
-              jv_int(o, "timeout_seconds", 1, d->cfg.max_timeout, -1, &t, msg) < 0 ||
-              (t < 0 && snprintf(msg, sizeof(msg), "timeout_seconds: required") > 0);
+    int bad = jv_only(o, timeout_fields, &err) < 0 ||
+              jv_int(o, "timeout_seconds", 1, d->cfg.max_timeout, -1, &t, &err) < 0 ||
+              (t < 0 && wr_err_kind(&err, WR_E_INVALID, 0, "timeout_seconds: required") < 0);
     json_decref(o);
     if (bad)
-        api_reply_invalid(req, msg);
+        api_reply_err(req, &err);
     else
         svc_sandbox_set_timeout(d, m->params[0], (int)t, api_sink_new(req));
 }

@@ -20,8 +20,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     memcpy(body, data, size);
     body[size] = '\0';
-    char msg[JV_MSG];
-    json_t *o = jv_parse_object(body, msg);
+    struct wr_err e = {0};
+    json_t *o = jv_parse_object(body, &e);
     if (o) {
         static const char *const allowed[] = {"command",         "argv",  "env",  "cpus",
                                               "timeout_seconds", "stdin", "mode", NULL};
@@ -30,15 +30,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         int b;
         const char *s = NULL;
         json_t *m = NULL;
-        jv_only(o, allowed, msg);
-        jv_int(o, "cpus", 1, 64, 2, &v, msg);
-        jv_number(o, "timeout_seconds", 0, 86400, 300, &d, msg);
-        jv_bool(o, "stream", 0, &b, msg);
-        jv_string(o, "command", 1 << 20, &s, msg);
-        jv_string_map(o, "env", 256, 256, 32768, 1, &m, msg);
-        jv_string_array(o, "argv", 4096, 1 << 20, &m, msg);
+        jv_only(o, allowed, &e);
+        jv_int(o, "cpus", 1, 64, 2, &v, &e);
+        jv_number(o, "timeout_seconds", 0, 86400, 300, &d, &e);
+        jv_bool(o, "stream", 0, &b, &e);
+        jv_string(o, "command", 1 << 20, &s, &e);
+        jv_string_map(o, "env", 256, 256, 32768, 1, &m, &e);
+        jv_string_array(o, "argv", 4096, 1 << 20, &m, &e);
         unsigned mode;
-        if (jv_string(o, "mode", 8, &s, msg) == 0 && s)
+        if (jv_string(o, "mode", 8, &s, &e) == 0 && s)
             jv_parse_mode(s, &mode);
         json_decref(o);
     }

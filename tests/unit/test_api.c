@@ -50,31 +50,31 @@ static void test_router(void)
 
 static void test_jsonv(void)
 {
-    char msg[JV_MSG];
-    ok(jv_parse_object("[1]", msg) == NULL && strstr(msg, "object"), "array body rejected");
-    ok(jv_parse_object("{\"a\":", msg) == NULL && strstr(msg, "not valid JSON"), "bad JSON: %s",
+    struct wr_err e = {0};
+    const char *msg = e.msg;
+    ok(jv_parse_object("[1]", &e) == NULL && strstr(msg, "object"), "array body rejected");
+    ok(jv_parse_object("{\"a\":", &e) == NULL && strstr(msg, "not valid JSON"), "bad JSON: %s",
        msg);
-    ok(jv_parse_object("{\"a\":1,\"a\":2}", msg) == NULL, "duplicate keys rejected");
-    json_t *o =
-        jv_parse_object("{\"cpus\":\"two\",\"x\":1,\"env\":{\"A\":\"b\"},\"argv\":[]}", msg);
+    ok(jv_parse_object("{\"a\":1,\"a\":2}", &e) == NULL, "duplicate keys rejected");
+    json_t *o = jv_parse_object("{\"cpus\":\"two\",\"x\":1,\"env\":{\"A\":\"b\"},\"argv\":[]}", &e);
     ok(o != NULL, "object parsed");
     long long v;
-    ok(jv_int(o, "cpus", 1, 2, 2, &v, msg) < 0 && strncmp(msg, "cpus:", 5) == 0,
+    ok(jv_int(o, "cpus", 1, 2, 2, &v, &e) < 0 && strncmp(msg, "cpus:", 5) == 0,
        "wrong type names the field: %s", msg);
-    ok(jv_int(o, "memory_mib", 1, 2, 2, &v, msg) == 0 && v == 2, "absent takes the default");
+    ok(jv_int(o, "memory_mib", 1, 2, 2, &v, &e) == 0 && v == 2, "absent takes the default");
     static const char *const allowed[] = {"cpus", "env", "argv", NULL};
-    ok(jv_only(o, allowed, msg) < 0 && strncmp(msg, "x:", 2) == 0, "unknown field named: %s", msg);
+    ok(jv_only(o, allowed, &e) < 0 && strncmp(msg, "x:", 2) == 0, "unknown field named: %s", msg);
     json_t *m = NULL;
-    ok(jv_string_map(o, "env", 10, 10, 10, 1, &m, msg) == 0 && m, "string map accepted");
-    ok(jv_string_array(o, "argv", 10, 10, &m, msg) < 0, "empty argv rejected");
+    ok(jv_string_map(o, "env", 10, 10, 10, 1, &m, &e) == 0 && m, "string map accepted");
+    ok(jv_string_array(o, "argv", 10, 10, &m, &e) < 0, "empty argv rejected");
     json_decref(o);
-    ok(jv_parse_object("{\"s\":\"a\\u0000b\"}", msg) == NULL, "string with NUL rejected");
-    o = jv_parse_object("{\"env\":{\"A=B\":\"c\"},\"t\":0,\"s\":7}", msg);
-    ok(jv_string_map(o, "env", 10, 10, 10, 1, &m, msg) < 0, "env key with = rejected");
+    ok(jv_parse_object("{\"s\":\"a\\u0000b\"}", &e) == NULL, "string with NUL rejected");
+    o = jv_parse_object("{\"env\":{\"A=B\":\"c\"},\"t\":0,\"s\":7}", &e);
+    ok(jv_string_map(o, "env", 10, 10, 10, 1, &m, &e) < 0, "env key with = rejected");
     double d;
-    ok(jv_number(o, "t", 0, 10, 1, &d, msg) < 0, "zero timeout rejected");
+    ok(jv_number(o, "t", 0, 10, 1, &d, &e) < 0, "zero timeout rejected");
     const char *s = NULL;
-    ok(jv_string(o, "s", 100, &s, msg) < 0 && strncmp(msg, "s:", 2) == 0,
+    ok(jv_string(o, "s", 100, &s, &e) < 0 && strncmp(msg, "s:", 2) == 0,
        "number as string rejected");
     json_decref(o);
     unsigned mode;
