@@ -29,10 +29,11 @@ static off_t file_size;
 static const struct {
     const char *name;
     int err;
-} errnames[] = {{"EIO", EIO},       {"ENOSPC", ENOSPC}, {"EBUSY", EBUSY},   {"ENOMEM", ENOMEM},
-                {"EACCES", EACCES}, {"EPERM", EPERM},   {"ENOENT", ENOENT}, {"EAGAIN", EAGAIN},
-                {"EEXIST", EEXIST}, {"EINVAL", EINVAL}, {"ETIMEDOUT", ETIMEDOUT},
-                {"EMFILE", EMFILE}, {"EPIPE", EPIPE}};
+} errnames[] = {{"EIO", EIO},       {"ENOSPC", ENOSPC},       {"EBUSY", EBUSY},
+                {"ENOMEM", ENOMEM}, {"EACCES", EACCES},       {"EPERM", EPERM},
+                {"ENOENT", ENOENT}, {"EAGAIN", EAGAIN},       {"EEXIST", EEXIST},
+                {"EINVAL", EINVAL}, {"ETIMEDOUT", ETIMEDOUT}, {"EMFILE", EMFILE},
+                {"EPIPE", EPIPE}};
 
 static int parse_errno(const char *s)
 {
