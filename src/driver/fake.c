@@ -210,8 +210,7 @@ static int kill_init(const struct driver_spec *spec, const struct fk_paths *p, s
         for (;;) {
             char state;
             unsigned long long s;
-            if (proc_stat(pid, &state, NULL, &s) < 0 || s != start || state == 'Z' ||
-                state == 'X')
+            if (proc_stat(pid, &state, NULL, &s) < 0 || s != start || state == 'Z' || state == 'X')
                 break;
             if (now_ms_monotonic() > deadline)
                 return wr_err_set(err, EBUSY, "the agent (pid %d) did not die after SIGKILL",
@@ -277,8 +276,8 @@ static int prepare_root(const struct fk_paths *p, struct wr_err *err)
     static const struct {
         const char *name;
         mode_t mode;
-    } dirs[] = {{"proc", 0555}, {"dev", 0755}, {"workspace", 0755}, {"tmp", 01777},
-                {".withruntime", 0755}};
+    } dirs[] = {
+        {"proc", 0555}, {"dev", 0755}, {"workspace", 0755}, {"tmp", 01777}, {".withruntime", 0755}};
     for (size_t i = 0; i < WR_ARRAY_LEN(dirs); i++)
         if (mkdirat(root, dirs[i].name, dirs[i].mode) < 0 && errno != EEXIST)
             return wr_err_sys(err, errno, "creating /%s in the overlay", dirs[i].name);
@@ -381,7 +380,7 @@ static int make_dev(const char *dev)
     static const struct {
         const char *name;
         unsigned maj, min;
-    } nodes[] = {{"null", 1, 3}, {"zero", 1, 5},    {"full", 1, 7},
+    } nodes[] = {{"null", 1, 3},   {"zero", 1, 5},    {"full", 1, 7},
                  {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}};
     static const struct {
         const char *name, *target;
