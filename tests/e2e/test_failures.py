@@ -535,5 +535,10 @@ def test_hostile_million_directory_entries(hs):
     sid = hostile_sandbox(hs, "million_entries")
     r = hs.req("GET", f"/v1/sandboxes/{sid}/files/list", query={"path": "/"}, timeout=120,
                validate=False)
-    # Answered either way; a listing the daemon builds in memory must be bounded.
-    assert r.status != 200 or len(r.json()["entries"]) < 1_000_000, r.status
+    # A listing the daemon builds in memory must be bounded: a short listing or a clear error
+    # about its size. (A sandbox failed by the watchdog, because taking in the flood stalled
+    # the event loop past 20 s, is no bound: it depends on the machine's speed.)
+    if r.status == 200:
+        assert len(r.json()["entries"]) < 1_000_000, "all 1,000,000 entries were returned"
+    else:
+        assert r.error[0] != "sandbox_failed", r
