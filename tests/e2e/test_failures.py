@@ -31,6 +31,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 T = 30  # client timeout for anything that should be quick: a hang fails, never blocks the run
 
 
+class DaemonBroken(Exception):
+    """What the fixtures raise when the daemon died, hung or left something behind. Not an
+    AssertionError: pytest's xfail(raises=...) would take a teardown failure of that type, in
+    an xfail test's teardown, for the expected failure and hide it."""
+
+
 class FakeDaemon(Daemon):
     """A daemon with the fake driver, its own state directory and a fault file."""
 
@@ -143,13 +149,28 @@ class FakeDaemon(Daemon):
 
 def _daemon(agent):
     d = FakeDaemon(agent)
-    d.start()
+    try:
+        d.start()
+    except Exception:
+        d.stop()
+        raise
     yield d
     problems = d.finish()
-    if not problems:
-        shutil.rmtree(d.tmp, ignore_errors=True)
-        shutil.rmtree(d.logdir, ignore_errors=True)
-    assert not problems, "\n".join(problems)
+    if problems:
+        raise DaemonBroken("\n".join(problems))
+    shutil.rmtree(d.tmp, ignore_errors=True)
+    shutil.rmtree(d.logdir, ignore_errors=True)
+
+
+def after_test(d):
+    """Per-test checks: alive, answering, and (once the test's sandboxes are deleted) nothing
+    left behind."""
+    try:
+        d.assert_alive()
+        d.delete_all()
+        d.assert_nothing_left()
+    except AssertionError as e:
+        raise DaemonBroken(f"after the test: {e}\n{d.log_tail(30)}") from e
 
 
 @pytest.fixture(scope="module")
@@ -178,9 +199,7 @@ def fk(fake):
     fake.set_faults("")
     yield fake
     fake.set_faults("")
-    fake.assert_alive()
-    fake.delete_all()
-    fake.assert_nothing_left()
+    after_test(fake)
 
 
 @pytest.fixture
@@ -193,9 +212,34 @@ def hs(hostile):
     hostile.set_faults("")
     set_mode("good")
     yield hostile
-    hostile.assert_alive()
-    hostile.delete_all()
-    hostile.assert_nothing_left()
+    after_test(hostile)
+
+
+@pytest.fixture
+def lone_hostile():
+    """Makes a hostile daemon of the test's own, which the test itself stops and checks (for a
+    test whose daemon is expected to be left in a bad state)."""
+    made = []
+
+    def make(mode):
+        tmp = tempfile.mkdtemp(prefix="wr-hostile-")
+        agent = os.path.join(tmp, "hostile_agent.py")
+        shutil.copy(os.path.join(HERE, "hostile_agent.py"), agent)
+        os.chmod(agent, 0o755)
+        with open(os.path.join(tmp, "hostile.mode"), "w") as f:
+            f.write(mode)
+        d = FakeDaemon(agent)
+        made.append((d, tmp))
+        d.start()
+        return d
+
+    yield make
+    for d, tmp in made:
+        if d.proc is not None and d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
+        for path in (tmp, d.tmp, d.logdir):  # the failure message carries the log's tail
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def create(d, expect=201, **fields):
@@ -491,30 +535,40 @@ def test_hostile_silence_after_hello(hs):
     assert sb.get("reason") in (None, "agent_unresponsive"), sb
 
 
-@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception,
-                   reason="daemon bug: a terminal frame of the wrong type for the "
-                   "operation (OK for an EXEC) ends the request in agentconn but api/exec.c "
-                   "ignores it, so the HTTP request is never answered")
-def test_hostile_wrong_terminal_frame_for_exec(hs):
-    sid = hostile_sandbox(hs, "wrong_type")
+def wrong_terminal_frame(make, method, path, query=None, body=None):
+    """Sends one request to a wrong_type agent on a daemon of its own, then stops that daemon:
+    fails with every problem seen (no answer, an answer that is not an error, a sanitizer
+    report or an unclean exit at shutdown)."""
+    d = make("wrong_type")
+    sid = create(d).json()["id"]
+    problems = []
     try:
-        r = hs.req("POST", f"/v1/sandboxes/{sid}/exec", {"argv": ["x"]}, timeout=10)
+        r = d.req(method, f"/v1/sandboxes/{sid}/{path}", body, query=query, timeout=10)
+        if r.status < 400:
+            problems.append(f"answered {r.status}, not an error")
     except TimeoutError:
-        pytest.fail("the exec was never answered")
-    assert r.status >= 400, r
+        problems.append("the request was never answered")
+    problems += d.finish()
+    if problems:
+        pytest.fail("\n".join(problems))
 
 
 @pytest.mark.xfail(strict=True, raises=pytest.fail.Exception,
-                   reason="daemon bug: EXIT answering a file request ends it in "
-                   "agentconn, but api/files.c ignores the frame: the HTTP request hangs")
+                   reason="daemon bug: a terminal frame of the wrong type for the operation (OK "
+                   "for an EXEC) ends the request in agentconn, but api/exec.c ignores it: the "
+                   "HTTP request is never answered, and under ASan the daemon then reads freed "
+                   "memory at shutdown (on_client_gone -> agentconn_alive on the deleted "
+                   "sandbox's connection)")
+def test_hostile_wrong_terminal_frame_for_exec(lone_hostile):
+    wrong_terminal_frame(lone_hostile, "POST", "exec", body={"argv": ["x"]})
+
+
+@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception,
+                   reason="daemon bug: EXIT answering a file request ends it in agentconn, but "
+                   "api/files.c ignores the frame: the HTTP request is never answered")
 @pytest.mark.parametrize("op", ["content", "list"])
-def test_hostile_wrong_terminal_frame_for_files(hs, op):
-    sid = hostile_sandbox(hs, "wrong_type")
-    try:
-        r = hs.req("GET", f"/v1/sandboxes/{sid}/files/{op}", query={"path": "/x"}, timeout=10)
-    except TimeoutError:
-        pytest.fail("the file request was never answered")
-    assert r.status >= 400, r
+def test_hostile_wrong_terminal_frame_for_files(lone_hostile, op):
+    wrong_terminal_frame(lone_hostile, "GET", f"files/{op}", query={"path": "/x"})
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError,
