@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #define FAULT_MAX 32
 #define FAULT_NAME_MAX 96
@@ -15,7 +16,8 @@
 struct fault {
     char point[FAULT_NAME_MAX];
     int err;
-    long left; /* < 0: every hit */
+    int delay_ms; /* > 0: the hit sleeps this long and succeeds instead of failing */
+    long left;    /* < 0: every hit */
 };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -65,7 +67,13 @@ static void parse(const char *spec)
         f->left = colon ? strtol(colon + 1, NULL, 10) : -1;
         if (colon)
             *colon = '\0';
-        f->err = parse_errno(eq + 1);
+        if (!strncmp(eq + 1, "delay", 5)) {
+            f->delay_ms = atoi(eq + 6);
+            f->err = 0;
+        } else {
+            f->delay_ms = 0;
+            f->err = parse_errno(eq + 1);
+        }
     }
 }
 
@@ -119,17 +127,25 @@ int fault_hit(const char *point, struct wr_err *err)
     }
     if (file[0])
         reload_file();
-    int rc = 0;
+    int rc = 0, delay_ms = 0;
     for (int i = 0; i < nfaults; i++) {
         struct fault *f = &faults[i];
         if (!matches(f, point) || f->left == 0)
             continue;
         if (f->left > 0)
             f->left--;
-        rc = wr_err_set(err, f->err, "fault injected at %s: %s", point, strerror(f->err));
+        if (f->delay_ms > 0)
+            delay_ms = f->delay_ms;
+        else
+            rc = wr_err_set(err, f->err, "fault injected at %s: %s", point, strerror(f->err));
         break;
     }
     pthread_mutex_unlock(&lock);
+    if (delay_ms > 0) {
+        struct timespec ts = {delay_ms / 1000, (long)(delay_ms % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+            ;
+    }
     if (rc < 0)
         errno = err ? err->code : EIO;
     return rc;

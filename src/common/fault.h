@@ -10,7 +10,9 @@
  * entries `point=ERRNO[:count]`, e.g. `store.put=EIO:1,gvisor.start.mount=ENOSPC`.
  * ERRNO is a name (EIO, ENOSPC, EBUSY, ...) or a number; count is how many
  * hits fail (default: every hit). A point named `prefix*` arms every point
- * starting with prefix.
+ * starting with prefix. Instead of an errno, `delayMS` (e.g. `fake.stop=delay1500:1`) makes
+ * the hit sleep MS milliseconds and then succeed: an operation that is slow, not failing, so
+ * tests can act while it is in flight.
  */
 #ifndef WR_COMMON_FAULT_H
 #define WR_COMMON_FAULT_H
@@ -19,7 +21,8 @@
 
 /**
  * Returns 0 if point is not armed. If it is, uses up one of its count, fills err with its
- * errno and "fault injected at POINT", and returns -1. Thread-safe.
+ * errno and "fault injected at POINT", and returns -1 (a delay entry sleeps, then returns 0).
+ * Thread-safe.
  */
 int fault_hit(const char *point, struct wr_err *err);
 

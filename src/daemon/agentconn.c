@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/fault.h"
 #include "common/log.h"
 #include "common/util.h"
 
@@ -237,6 +238,8 @@ static int send_frame(struct agentconn *c, uint32_t id, uint16_t type, uint16_t 
                       const void *payload, size_t len)
 {
     if (c->dead || len > PROTO_MAX_PAYLOAD)
+        return -1;
+    if (fault_hit("agentconn.send", NULL) < 0) /* tests: a send that fails */
         return -1;
     uint8_t hb[PROTO_HEADER_LEN];
     struct proto_header h = {.len = (uint32_t)len, .id = id, .type = type, .flags = flags};

@@ -12,10 +12,11 @@
 #include <string.h>
 
 #include "common/util.h"
+#include "driver/fake.h"
 #include "driver/gvisor.h"
 
 /* Production drivers first, in order of preference; test drivers are chosen only by name. */
-static const struct driver_ops *const drivers[] = {&driver_gvisor};
+static const struct driver_ops *const drivers[] = {&driver_gvisor, &driver_fake};
 
 static int is_test_driver(const struct driver_ops *drv)
 {

@@ -2,14 +2,18 @@
  * SQLite-backed state. Sandboxes are stored as one JSON document per row
  * (the same object the API returns), so adding an option needs no
  * migration; the state column is kept beside it for queries at start-up.
+ * Fault points (common/fault.h), one per operation: store.open, store.put, store.delete,
+ * store.list, store.event, store.events.
  */
 #include "store/store.h"
 
 #include <errno.h>
 #include <sqlite3.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/fault.h"
 #include "common/util.h"
 
 struct store {
@@ -44,8 +48,27 @@ static int db_err(struct store *s, struct wr_err *err, const char *what)
     return wr_err_set(err, EIO, "%s: %s", what, sqlite3_errmsg(s->db));
 }
 
+/*
+ * Fault point for tests: fails the operation the way SQLite would (EBUSY reads "database is
+ * locked", ENOSPC "database or disk is full"), naming the point. Returns 0 if not armed.
+ */
+static int db_fault(const char *point, const char *what, struct wr_err *err)
+{
+    struct wr_err e = {0};
+    if (fault_hit(point, &e) == 0)
+        return 0;
+    const char *as = e.code == EBUSY    ? sqlite3_errstr(SQLITE_BUSY)
+                     : e.code == ENOSPC ? sqlite3_errstr(SQLITE_FULL)
+                                        : sqlite3_errstr(SQLITE_IOERR);
+    return wr_err_set(err, e.code, "%s: %s (%s)", what, as, e.msg);
+}
+
 struct store *store_open(const char *path, struct wr_err *err)
 {
+    char what[64 + 4096];
+    snprintf(what, sizeof(what), "open database %s", path);
+    if (db_fault("store.open", what, err) < 0)
+        return NULL;
     struct store *s = xcalloc(1, sizeof(*s));
     if (sqlite3_open_v2(path, &s->db,
                         SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
@@ -82,6 +105,8 @@ int store_sandbox_put(struct store *s, const char *id, const char *state, const 
         "VALUES (?1, ?2, ?3, (SELECT COALESCE(MAX(created_seq), 0) + 1 FROM sandboxes), ?4) "
         "ON CONFLICT(id) DO UPDATE SET state = ?2, doc = ?3, updated_at = ?4";
     sqlite3_stmt *st;
+    if (db_fault("store.put", "store sandbox", err) < 0)
+        return -1;
     if (sqlite3_prepare_v2(s->db, sql, -1, &st, NULL) != SQLITE_OK)
         return db_err(s, err, "store sandbox");
     sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
@@ -98,6 +123,8 @@ int store_sandbox_put(struct store *s, const char *id, const char *state, const 
 int store_sandbox_delete(struct store *s, const char *id, struct wr_err *err)
 {
     sqlite3_stmt *st;
+    if (db_fault("store.delete", "delete sandbox", err) < 0)
+        return -1;
     if (sqlite3_prepare_v2(s->db, "DELETE FROM sandboxes WHERE id = ?1", -1, &st, NULL) !=
         SQLITE_OK)
         return db_err(s, err, "delete sandbox");
@@ -114,6 +141,8 @@ int store_sandbox_foreach(struct store *s,
                           void *arg, struct wr_err *err)
 {
     sqlite3_stmt *st;
+    if (db_fault("store.list", "list sandboxes", err) < 0)
+        return -1;
     if (sqlite3_prepare_v2(s->db, "SELECT id, state, doc FROM sandboxes ORDER BY created_seq", -1,
                            &st, NULL) != SQLITE_OK)
         return db_err(s, err, "list sandboxes");
@@ -133,6 +162,8 @@ int store_event_add(struct store *s, const char *sandbox_id, const char *type, c
                     const char *reason, struct wr_err *err)
 {
     sqlite3_stmt *st;
+    if (db_fault("store.event", "add event", err) < 0)
+        return -1;
     if (sqlite3_prepare_v2(s->db,
                            "INSERT INTO events (sandbox_id, at, type, state, reason) "
                            "VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -156,6 +187,8 @@ int store_event_foreach(struct store *s, const char *sandbox_id, int limit,
                         void *arg, struct wr_err *err)
 {
     sqlite3_stmt *st;
+    if (db_fault("store.events", "list events", err) < 0)
+        return -1;
     if (sqlite3_prepare_v2(s->db,
                            "SELECT at, type, state, reason FROM events WHERE sandbox_id = ?1 "
                            "ORDER BY seq LIMIT ?2",

@@ -1,0 +1,598 @@
+"""Failure paths, driven by the fake driver, fault points and a hostile agent.
+
+These tests run daemons of their own (`serve --driver fake`) in temporary state directories,
+with WR_FAULTS_FILE pointing at a file the tests write (src/common/fault.h), so that every
+error branch the real world rarely takes runs here: a start that fails at each driver step, a
+cleanup that fails, an operation deferred while a failed sandbox is cleaned up, a busy or full
+database, and an agent that lies (tests/e2e/hostile_agent.py). After every test the daemon must
+still be alive and answer /v1/health; at the end it must exit cleanly on SIGTERM with no
+sanitizer report in its log (WR_BIN may be the ASan/UBSan build).
+
+The image is the session's (WR_TEST_STATE_DIR, built if missing), shared by a symlink: sandboxes
+only read it.
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from conftest import SANITIZER_MARKS, STATE_DIR, WR_AGENT, Daemon  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+T = 30  # client timeout for anything that should be quick: a hang fails, never blocks the run
+
+
+class DaemonBroken(Exception):
+    """What the fixtures raise when the daemon died, hung or left something behind. Not an
+    AssertionError: pytest's xfail(raises=...) would take a teardown failure of that type, in
+    an xfail test's teardown, for the expected failure and hide it."""
+
+
+class FakeDaemon(Daemon):
+    """A daemon with the fake driver, its own state directory and a fault file."""
+
+    def __init__(self, agent):
+        self.tmp = tempfile.mkdtemp(prefix="wr-fail-")
+        state = os.path.join(self.tmp, "state")
+        os.makedirs(os.path.join(state, "sandboxes"))
+        super().__init__(state_dir=state)
+        self.agent = agent
+        self.faults_path = os.path.join(self.tmp, "faults")
+        self.set_faults("")
+        images = os.path.join(STATE_DIR, "images")
+        if not os.path.isdir(os.path.join(images, "default")):
+            Daemon(STATE_DIR).build_image()
+        os.symlink(images, os.path.join(state, "images"))
+
+    def build_image(self):
+        pass  # shared with the session's state directory (see __init__)
+
+    def set_faults(self, spec):
+        """Arms fault points (fault.h syntax); the daemon re-reads the file when it changes. The
+        file is replaced whole, with a fresh mtime, so the change is always seen."""
+        tmp = self.faults_path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(spec + "\n")
+        os.rename(tmp, self.faults_path)
+        time.sleep(0.02)  # the mtime check has nanosecond resolution, but be safe on coarse fs
+
+    def start(self, clean=True):
+        log = open(self.log_path, "ab")
+        env = dict(os.environ, WR_FAULTS_FILE=self.faults_path)
+        env.pop("WR_FAULTS", None)
+        self.proc = subprocess.Popen(
+            [self.bin, "serve", "--state-dir", self.state_dir, "--driver", "fake",
+             "--listen", f"127.0.0.1:{self.port}", "--socket", self.socket_path,
+             "--agent", self.agent],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
+        log.close()
+        deadline = time.monotonic() + 30
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                r = self.client.request("GET", "/v1/health", timeout=2, validate=False)
+                if r.status == 200:
+                    return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"daemon did not answer /v1/health:\n{self.log_tail()}")
+            time.sleep(0.05)
+
+    # ---- what a test checks ----
+
+    def req(self, method, path, body=None, **kw):
+        kw.setdefault("timeout", T)
+        return self.client.request(method, path, body, **kw)
+
+    def sandbox(self, sid):
+        r = self.req("GET", f"/v1/sandboxes/{sid}")
+        return r.json() if r.status == 200 else None
+
+    def wait_state(self, sid, state, timeout=15):
+        deadline = time.monotonic() + timeout
+        while True:
+            sb = self.sandbox(sid)
+            if sb and sb["state"] == state:
+                return sb
+            assert time.monotonic() < deadline, f"{sid} never became {state}: {sb}"
+            time.sleep(0.02)
+
+    def mounts(self):
+        with open("/proc/self/mountinfo") as f:
+            return [line for line in f if self.tmp in line]
+
+    def assert_alive(self):
+        assert self.proc.poll() is None, f"the daemon died:\n{self.log_tail()}"
+        # Not checked against the spec: its enum of drivers does not list "fake".
+        r = self.req("GET", "/v1/health", validate=False)
+        assert r.status == 200 and r.json()["driver"] == "fake", r
+
+    def assert_nothing_left(self):
+        """No sandbox, no sandbox directory, no mount, no process below the daemon (the agent's
+        namespace is reaped by the daemon within moments of its kill)."""
+        r = self.req("GET", "/v1/sandboxes")
+        assert r.json()["sandboxes"] == [], r
+        assert os.listdir(os.path.join(self.state_dir, "sandboxes")) == []
+        assert self.mounts() == []
+        deadline = time.monotonic() + 5
+        while self.descendants():
+            assert time.monotonic() < deadline, f"processes left: {self.descendants()}"
+            time.sleep(0.02)
+
+    def finish(self):
+        """Stops the daemon; returns the problems found (sanitizer reports, unclean exit)."""
+        problems = []
+        leftovers, status = self.stop()
+        if leftovers:
+            problems.append(f"sandboxes left by the tests: {leftovers}")
+        log = self.log_bytes()
+        bad = [m.decode() for m in SANITIZER_MARKS if m in log]
+        if bad:
+            problems.append(f"sanitizer reports {bad} in {self.log_path}:\n{self.log_tail(200)}")
+        if status != 0:
+            problems.append(f"daemon did not exit cleanly on SIGTERM: {status}\n{self.log_tail()}")
+        if self.mounts():
+            problems.append(f"mounts left: {self.mounts()}")
+        return problems
+
+
+def _daemon(agent):
+    d = FakeDaemon(agent)
+    try:
+        d.start()
+    except Exception:
+        d.stop()
+        raise
+    yield d
+    problems = d.finish()
+    if problems:
+        raise DaemonBroken("\n".join(problems))
+    shutil.rmtree(d.tmp, ignore_errors=True)
+    shutil.rmtree(d.logdir, ignore_errors=True)
+
+
+def after_test(d):
+    """Per-test checks: alive, answering, and (once the test's sandboxes are deleted) nothing
+    left behind."""
+    try:
+        d.assert_alive()
+        d.delete_all()
+        d.assert_nothing_left()
+    except AssertionError as e:
+        raise DaemonBroken(f"after the test: {e}\n{d.log_tail(30)}") from e
+
+
+@pytest.fixture(scope="module")
+def fake():
+    """A fake-driver daemon running the real withruntime-agent."""
+    yield from _daemon(WR_AGENT)
+
+
+@pytest.fixture(scope="module")
+def hostile():
+    """A fake-driver daemon whose 'agent' is hostile_agent.py (its mode: set_mode)."""
+    tmp = tempfile.mkdtemp(prefix="wr-hostile-")
+    agent = os.path.join(tmp, "hostile_agent.py")
+    shutil.copy(os.path.join(HERE, "hostile_agent.py"), agent)
+    os.chmod(agent, 0o755)
+    for d in _daemon(agent):
+        d.mode_path = os.path.join(tmp, "hostile.mode")
+        yield d
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture
+def fk(fake):
+    """The fake daemon, checked after the test: alive, answering, faults cleared, and (once the
+    test's sandboxes are deleted) nothing left behind."""
+    fake.set_faults("")
+    yield fake
+    fake.set_faults("")
+    after_test(fake)
+
+
+@pytest.fixture
+def hs(hostile):
+    def set_mode(mode):
+        with open(hostile.mode_path, "w") as f:
+            f.write(mode)
+
+    hostile.set_mode = set_mode
+    hostile.set_faults("")
+    set_mode("good")
+    yield hostile
+    after_test(hostile)
+
+
+@pytest.fixture
+def lone_hostile():
+    """Makes a hostile daemon of the test's own, which the test itself stops and checks (for a
+    test whose daemon is expected to be left in a bad state)."""
+    made = []
+
+    def make(mode):
+        tmp = tempfile.mkdtemp(prefix="wr-hostile-")
+        agent = os.path.join(tmp, "hostile_agent.py")
+        shutil.copy(os.path.join(HERE, "hostile_agent.py"), agent)
+        os.chmod(agent, 0o755)
+        with open(os.path.join(tmp, "hostile.mode"), "w") as f:
+            f.write(mode)
+        d = FakeDaemon(agent)
+        made.append((d, tmp))
+        d.start()
+        return d
+
+    yield make
+    for d, tmp in made:
+        if d.proc is not None and d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
+        for path in (tmp, d.tmp, d.logdir):  # the failure message carries the log's tail
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def create(d, expect=201, **fields):
+    r = d.req("POST", "/v1/sandboxes", fields or {})
+    assert r.status == expect, r
+    return r
+
+
+def exec_ok(d, sid, *argv):
+    r = d.req("POST", f"/v1/sandboxes/{sid}/exec", {"argv": list(argv)})
+    assert r.status == 200, r
+    return r.json()
+
+
+def agent_pid(d, sid):
+    with open(os.path.join(d.state_dir, "sandboxes", sid, "fake.pid")) as f:
+        return int(f.read().split()[0])
+
+
+def gone(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+# ---- the fake driver itself (positive controls for everything below) ----
+
+
+def test_fake_driver_runs_the_real_agent(fk):
+    sid = create(fk).json()["id"]
+    res = exec_ok(fk, sid, "sh", "-c", "echo hi > f.txt && pwd && cat f.txt && cat /proc/1/comm")
+    # The commands run in the agent's nested pid namespace, whose init is its holder.
+    assert res["stdout"] == "/workspace\nhi\nwr-ns-init\n", res
+    r = fk.req("GET", f"/v1/sandboxes/{sid}/files/content", query={"path": "/workspace/f.txt"})
+    assert (r.status, r.body) == (200, b"hi\n")
+    # Writes land in the sandbox's own upper layer, nowhere else.
+    upper = os.path.join(fk.state_dir, "sandboxes", sid, "upper", "workspace", "f.txt")
+    assert open(upper, "rb").read() == b"hi\n"
+    st = fk.req("GET", f"/v1/sandboxes/{sid}/stats").json()
+    assert st["pids"] >= 2 and st["memory_bytes"] > 0 and st["oom_kills"] == 0, st
+    # stop and start keep the files; the old agent's namespace is gone.
+    pid = agent_pid(fk, sid)
+    assert fk.req("POST", f"/v1/sandboxes/{sid}/stop", {}).json()["state"] == "stopped"
+    assert gone(pid), f"the agent {pid} outlived stop"
+    assert fk.mounts() == []
+    assert fk.req("POST", f"/v1/sandboxes/{sid}/start", {}).json()["state"] == "running"
+    assert exec_ok(fk, sid, "cat", "f.txt")["stdout"] == "hi\n"
+    assert fk.req("DELETE", f"/v1/sandboxes/{sid}").status == 200
+
+
+# ---- a start that fails at each step ----
+
+
+@pytest.mark.parametrize("step", ["dir", "overlay", "socketpair", "spawn"])
+def test_create_fails_at_each_driver_step(fk, step):
+    fk.set_faults(f"fake.start.{step}=EIO:1")
+    r = create(fk, expect=500)
+    code, msg, _ = r.error
+    assert code == "internal", r
+    assert f"fault injected at fake.start.{step}" in msg and f"(step {step})" in msg, msg
+    # Nothing is left: no sandbox, no directory, no mount, no process.
+    fk.assert_nothing_left()
+    # The point fired once: the next create works, and its sandbox runs commands.
+    sid = create(fk).json()["id"]
+    assert exec_ok(fk, sid, "echo", "ok")["stdout"] == "ok\n"
+
+
+def test_create_fails_on_a_full_disk(fk):
+    fk.set_faults("fake.start.dir=ENOSPC:1")
+    _, msg, _ = create(fk, expect=500).error
+    assert "No space left on device" in msg, msg
+    fk.assert_nothing_left()
+
+
+def test_start_fails_and_keeps_the_files(fk):
+    sid = create(fk).json()["id"]
+    exec_ok(fk, sid, "sh", "-c", "echo kept > k.txt")
+    assert fk.req("POST", f"/v1/sandboxes/{sid}/stop", {}).status == 200
+    fk.set_faults("fake.start.spawn=EIO:1")
+    r = fk.req("POST", f"/v1/sandboxes/{sid}/start", {})
+    assert r.status == 500 and "fake.start.spawn" in r.error[1], r
+    fk.wait_state(sid, "failed")
+    assert fk.mounts() == []
+    r = fk.req("POST", f"/v1/sandboxes/{sid}/start", {})
+    assert r.status == 200, r
+    assert exec_ok(fk, sid, "cat", "k.txt")["stdout"] == "kept\n"
+
+
+# ---- cleanups that fail ----
+
+
+def test_stop_fails_then_delete_works(fk):
+    sid = create(fk).json()["id"]
+    fk.set_faults("fake.stop=EIO")
+    r = fk.req("POST", f"/v1/sandboxes/{sid}/stop", {})
+    assert r.status == 500 and "stop failed" in r.error[1] and "fake.stop" in r.error[1], r
+    assert fk.sandbox(sid)["state"] == "failed"
+    fk.set_faults("")
+    assert fk.req("DELETE", f"/v1/sandboxes/{sid}").status == 200
+    fk.assert_nothing_left()
+
+
+def test_delete_fails_then_delete_works(fk):
+    sid = create(fk).json()["id"]
+    fk.set_faults("fake.destroy=EIO")
+    r = fk.req("DELETE", f"/v1/sandboxes/{sid}")
+    assert r.status == 500 and "delete failed" in r.error[1] and "fake.destroy" in r.error[1], r
+    assert fk.sandbox(sid)["state"] == "failed"
+    fk.set_faults("")
+    assert fk.req("DELETE", f"/v1/sandboxes/{sid}").status == 200
+    fk.assert_nothing_left()
+
+
+def test_create_fails_and_its_cleanup_fails(fk):
+    fk.set_faults("fake.start.spawn=EIO:1,fake.destroy=EIO:1")
+    r = create(fk, expect=500)
+    assert "fake.start.spawn" in r.error[1], r
+    # The sandbox could not be removed: it stays, failed, for a later delete.
+    sbs = fk.req("GET", "/v1/sandboxes").json()["sandboxes"]
+    assert [s["state"] for s in sbs] == ["failed"], sbs
+    assert fk.req("DELETE", f"/v1/sandboxes/{sbs[0]['id']}").status == 200
+    fk.assert_nothing_left()
+
+
+# ---- operations deferred while a failed sandbox is cleaned up ----
+
+
+def lose_agent(d, sid, slow_cleanup_ms=1500):
+    """Kills the sandbox's agent from outside, with the cleanup that follows made slow; returns
+    once the daemon has marked the sandbox failed (its cleanup is then in flight)."""
+    d.set_faults(f"fake.stop=delay{slow_cleanup_ms}:1")
+    os.kill(agent_pid(d, sid), signal.SIGKILL)
+    sb = d.wait_state(sid, "failed", timeout=5)
+    assert sb.get("reason") in (None, "agent_died"), sb
+
+
+def test_delete_deferred_during_cleanup(fk):
+    sid = create(fk).json()["id"]
+    lose_agent(fk, sid)
+    # Without the deferral this would be 409 (busy); with it, it waits for the cleanup.
+    t0 = time.monotonic()
+    r = fk.req("DELETE", f"/v1/sandboxes/{sid}")
+    assert r.status == 200, r
+    assert time.monotonic() - t0 > 0.5, "the delete did not wait for the cleanup"
+    fk.assert_nothing_left()
+
+
+def test_start_deferred_during_cleanup(fk):
+    sid = create(fk).json()["id"]
+    exec_ok(fk, sid, "sh", "-c", "echo still > s.txt")
+    lose_agent(fk, sid)
+    t0 = time.monotonic()
+    r = fk.req("POST", f"/v1/sandboxes/{sid}/start", {})
+    assert r.status == 200 and r.json()["state"] == "running", r
+    assert time.monotonic() - t0 > 0.5, "the start did not wait for the cleanup"
+    assert exec_ok(fk, sid, "cat", "s.txt")["stdout"] == "still\n"
+
+
+def test_deferred_start_that_fails(fk):
+    sid = create(fk).json()["id"]
+    lose_agent(fk, sid)
+    fk.set_faults("fake.stop=delay1000:1,fake.start.overlay=EIO:1")
+    r = fk.req("POST", f"/v1/sandboxes/{sid}/start", {})
+    assert r.status == 500 and "fake.start.overlay" in r.error[1], r
+    assert fk.sandbox(sid)["state"] == "failed"
+    assert fk.mounts() == []
+
+
+def test_second_deferral_is_refused(fk):
+    sid = create(fk).json()["id"]
+    lose_agent(fk, sid, slow_cleanup_ms=2500)
+
+    first = {}
+    t = threading.Thread(target=lambda: first.update(r=fk.req("DELETE", f"/v1/sandboxes/{sid}")))
+    t.start()
+    time.sleep(0.3)
+    r = fk.req("POST", f"/v1/sandboxes/{sid}/start", {})
+    assert r.status == 409, r
+    t.join(T)
+    assert first["r"].status == 200, first
+
+
+# ---- the database ----
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="daemon bug: sandbox_persist only logs a failed store.put, so create "
+                   "answers 201 for a sandbox that is not in the database (gone after a restart)")
+@pytest.mark.parametrize("fault", ["store.put=EBUSY", "store.put=ENOSPC"])
+def test_create_with_a_failing_database(fk, fault):
+    fk.set_faults(fault)
+    r = fk.req("POST", "/v1/sandboxes", {})
+    # A sandbox the daemon cannot record would be lost at the next restart: refuse it clearly.
+    assert r.status >= 500, r
+    msg = r.error[1]
+    assert "database is locked" in msg or "database or disk is full" in msg, msg
+    fk.set_faults("")
+    fk.assert_alive()
+
+
+def test_event_history_failing_does_not_break_create(fk):
+    fk.set_faults("store.event=EBUSY")
+    sid = create(fk).json()["id"]
+    r = fk.req("GET", f"/v1/sandboxes/{sid}/events")
+    fk.set_faults("")
+    assert r.status in (200, 500), r
+    assert exec_ok(fk, sid, "true")["exit_code"] == 0
+
+
+def test_events_listing_fails_cleanly(fk):
+    sid = create(fk).json()["id"]
+    fk.set_faults("store.events=EBUSY")
+    r = fk.req("GET", f"/v1/sandboxes/{sid}/events")
+    assert r.status == 500 and "database is locked" in r.error[1], r
+
+
+def test_a_failed_send_to_the_agent_is_answered(fk):
+    sid = create(fk).json()["id"]
+    fk.set_faults("agentconn.send=EIO:1")
+    r = fk.req("POST", f"/v1/sandboxes/{sid}/exec", {"argv": ["true"]})
+    assert r.status in (409, 500, 503), r
+    fk.set_faults("")
+    assert exec_ok(fk, sid, "true")["exit_code"] == 0
+
+
+# ---- a hostile agent ----
+
+
+def hostile_sandbox(d, mode):
+    d.set_mode(mode)
+    return create(d).json()["id"]
+
+
+def test_hostile_good_mode_is_a_control(hs):
+    sid = hostile_sandbox(hs, "good")
+    assert exec_ok(hs, sid, "anything")["exit_code"] == 0
+
+
+@pytest.mark.parametrize("mode,why", [("bad_version", "version"), ("hello_twice", "HELLO")])
+def test_hostile_hello(hs, mode, why):
+    hs.set_mode(mode)
+    r = hs.req("POST", "/v1/sandboxes", {})
+    if mode == "bad_version":
+        assert r.status == 500 and why in r.error[1], r
+        hs.assert_nothing_left()
+    else:
+        # The second HELLO may arrive after the first was taken: either the create fails, or
+        # the sandbox is failed right after.
+        if r.status == 201:
+            sid = r.json()["id"]
+            hs.wait_state(sid, "failed")
+        else:
+            assert r.status == 500 and why in r.error[1], r
+
+
+@pytest.mark.parametrize("mode,reason", [
+    ("oversized", "malformed frame header"),
+    ("garbage", "malformed frame header"),
+    ("daemon_type", "only the daemon sends"),
+    ("close_mid", "closed the control channel"),
+])
+def test_hostile_frames_fail_the_sandbox(hs, mode, reason):
+    sid = hostile_sandbox(hs, mode)
+    r = hs.req("POST", f"/v1/sandboxes/{sid}/exec", {"argv": ["x"]})
+    assert r.status == 500 and r.error[0] == "sandbox_failed", r
+    assert reason in r.error[1], r
+    sb = hs.wait_state(sid, "failed")
+    assert sb.get("reason") in (None, "agent_died"), sb
+    # A failed sandbox is refused, not hung on.
+    r = hs.req("POST", f"/v1/sandboxes/{sid}/exec", {"argv": ["x"]})
+    assert r.status == 409, r
+
+
+def test_hostile_exit_after_hello(hs):
+    sid = hostile_sandbox(hs, "exit_after_hello")
+    hs.wait_state(sid, "failed", timeout=10)
+    r = hs.req("GET", f"/v1/sandboxes/{sid}/files/list", query={"path": "/"})
+    assert r.status == 409, r
+
+
+@pytest.mark.slow
+def test_hostile_silence_after_hello(hs):
+    """No answer to anything, not even PING: the watchdog fails the sandbox (20 s) and the
+    request in flight is answered then."""
+    sid = hostile_sandbox(hs, "silent")
+    t0 = time.monotonic()
+    r = hs.req("POST", f"/v1/sandboxes/{sid}/exec", {"argv": ["x"]}, timeout=60)
+    assert r.status == 500 and r.error[0] == "sandbox_failed", r
+    assert time.monotonic() - t0 < 45
+    sb = hs.wait_state(sid, "failed")
+    assert sb.get("reason") in (None, "agent_unresponsive"), sb
+
+
+def wrong_terminal_frame(make, method, path, query=None, body=None):
+    """Sends one request to a wrong_type agent on a daemon of its own, then stops that daemon:
+    fails with every problem seen (no answer, an answer that is not an error, a sanitizer
+    report or an unclean exit at shutdown)."""
+    d = make("wrong_type")
+    sid = create(d).json()["id"]
+    problems = []
+    try:
+        r = d.req(method, f"/v1/sandboxes/{sid}/{path}", body, query=query, timeout=10)
+        if r.status < 400:
+            problems.append(f"answered {r.status}, not an error")
+    except TimeoutError:
+        problems.append("the request was never answered")
+    problems += d.finish()
+    if problems:
+        pytest.fail("\n".join(problems))
+
+
+@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception,
+                   reason="daemon bug: a terminal frame of the wrong type for the operation (OK "
+                   "for an EXEC) ends the request in agentconn, but api/exec.c ignores it: the "
+                   "HTTP request is never answered, and under ASan the daemon then reads freed "
+                   "memory at shutdown (on_client_gone -> agentconn_alive on the deleted "
+                   "sandbox's connection)")
+def test_hostile_wrong_terminal_frame_for_exec(lone_hostile):
+    wrong_terminal_frame(lone_hostile, "POST", "exec", body={"argv": ["x"]})
+
+
+@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception,
+                   reason="daemon bug: EXIT answering a file request ends it in agentconn, but "
+                   "api/files.c ignores the frame: the HTTP request is never answered")
+@pytest.mark.parametrize("op", ["content", "list"])
+def test_hostile_wrong_terminal_frame_for_files(lone_hostile, op):
+    wrong_terminal_frame(lone_hostile, "GET", f"files/{op}", query={"path": "/x"})
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="daemon bug: api/files.c streams every DATA frame of a read, past the "
+                   "requested length and the announced size")
+def test_hostile_data_beyond_the_requested_length(hs):
+    sid = hostile_sandbox(hs, "data_overrun")
+    r = hs.req("GET", f"/v1/sandboxes/{sid}/files/content",
+               query={"path": "/f", "length": 10})
+    # The agent announced 10 bytes and sent 4 MiB: the user asked for 10 and gets no more.
+    assert r.status != 200 or len(r.body) <= 10, (r.status, len(r.body))
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="daemon bug: api/files.c appends every DIR_ENTRIES entry to one JSON "
+                   "array with no cap: an agent decides how much memory the daemon uses")
+def test_hostile_million_directory_entries(hs):
+    sid = hostile_sandbox(hs, "million_entries")
+    r = hs.req("GET", f"/v1/sandboxes/{sid}/files/list", query={"path": "/"}, timeout=120,
+               validate=False)
+    # A listing the daemon builds in memory must be bounded: a short listing or a clear error
+    # about its size. (A sandbox failed by the watchdog, because taking in the flood stalled
+    # the event loop past 20 s, is no bound: it depends on the machine's speed.)
+    if r.status == 200:
+        assert len(r.json()["entries"]) < 1_000_000, "all 1,000,000 entries were returned"
+    else:
+        assert r.error[0] != "sandbox_failed", r

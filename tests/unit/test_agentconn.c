@@ -1,0 +1,386 @@
+/*
+ * Unit tests for the daemon's end of the agent channel (src/daemon/agentconn.c), the parser of
+ * what an untrusted agent sends: frames are written into the other end of a socketpair and the
+ * event loop is turned until they are handled. Every way an agent can break the protocol must
+ * kill the connection (never the process), and the death must answer each open request once.
+ */
+#include <errno.h>
+#include <event2/event.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/fault.h"
+#include "common/util.h"
+#include "daemon/agentconn.h"
+#include "proto/proto.h"
+#include "tap.h"
+
+static struct event_base *base;
+
+struct state {
+    int ready, dead;
+    char reason[256];
+};
+
+struct calls {
+    int frames, deaths, terminal;
+    uint16_t last_type;
+    char reason[256];
+};
+
+static void on_state(void *arg, int ok_, const char *reason)
+{
+    struct state *s = arg;
+    if (ok_)
+        s->ready++;
+    else {
+        s->dead++;
+        snprintf(s->reason, sizeof(s->reason), "%s", reason ? reason : "");
+    }
+}
+
+static void on_frame(void *arg, const struct proto_header *h, const uint8_t *payload)
+{
+    struct calls *c = arg;
+    if (!h) {
+        c->deaths++;
+        snprintf(c->reason, sizeof(c->reason), "%s", (const char *)payload);
+        return;
+    }
+    c->frames++;
+    c->last_type = h->type;
+}
+
+/* Turns the loop until nothing is left to do right now (bounded). */
+static void pump(void)
+{
+    for (int i = 0; i < 20; i++) {
+        usleep(1000);
+        event_base_loop(base, EVLOOP_NONBLOCK);
+    }
+}
+
+static void put_frame(int fd, uint32_t id, uint16_t type, uint16_t flags, const void *p,
+                      size_t len)
+{
+    struct proto_buf b = {0};
+    proto_frame_build(&b, id, type, flags, p, len);
+    (void)!write_all(fd, b.data, b.len);
+    proto_buf_free(&b);
+}
+
+static void put_hello(int fd, uint32_t version)
+{
+    struct proto_buf f = {0};
+    proto_put_u32(&f, PT_VERSION, version);
+    proto_put_u32(&f, PT_PID, 1);
+    put_frame(fd, 0, PROTO_HELLO, 0, f.data, f.len);
+    proto_buf_free(&f);
+}
+
+/* Reads one frame the daemon side sent; returns its header. */
+static struct proto_header take_frame(int fd)
+{
+    uint8_t hb[PROTO_HEADER_LEN];
+    struct proto_header h = {0};
+    if (read_full(fd, hb, sizeof(hb)) != (ssize_t)sizeof(hb) || proto_header_decode(hb, &h) < 0)
+        return h;
+    uint8_t *p = xmalloc(h.len + 1);
+    (void)!read_full(fd, p, h.len);
+    free(p);
+    return h;
+}
+
+struct pair {
+    struct agentconn *c;
+    int agent; /* the agent's end */
+    struct state st;
+};
+
+static void open_pair(struct pair *p, int hello_ms)
+{
+    int sv[2];
+    memset(p, 0, sizeof(*p));
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+        abort();
+    p->agent = sv[1];
+    p->c = agentconn_new(base, sv[0], hello_ms, on_state, &p->st);
+}
+
+static void close_pair(struct pair *p)
+{
+    agentconn_close(p->c, "test over");
+    close(p->agent);
+}
+
+static void test_hello_and_request(void)
+{
+    struct pair p;
+    open_pair(&p, 5000);
+    struct calls c = {0};
+    ok(agentconn_request(p.c, PROTO_PING, NULL, 0, on_frame, &c) == 0,
+       "no request before HELLO");
+    put_hello(p.agent, PROTO_VERSION);
+    pump();
+    ok(p.st.ready == 1 && p.st.dead == 0, "HELLO makes the connection ready");
+    uint32_t id = agentconn_request(p.c, PROTO_PING, NULL, 0, on_frame, &c);
+    pump();
+    struct proto_header h = take_frame(p.agent);
+    ok(id != 0 && h.type == PROTO_PING && h.id == id, "the request goes out with its id");
+    /* A header split over two writes is handled once complete. */
+    uint8_t hb[PROTO_HEADER_LEN];
+    struct proto_header pong = {.len = 0, .id = id, .type = PROTO_PONG};
+    proto_header_encode(&pong, hb);
+    (void)!write(p.agent, hb, 5);
+    pump();
+    ok(c.frames == 0, "half a header is not a frame");
+    (void)!write(p.agent, hb + 5, sizeof(hb) - 5);
+    pump();
+    ok(c.frames == 1 && c.last_type == PROTO_PONG, "the rest completes it");
+    put_frame(p.agent, id, PROTO_PONG, 0, NULL, 0);
+    pump();
+    ok(c.frames == 1 && p.st.dead == 0, "a late frame for a finished request is dropped");
+    put_frame(p.agent, 999, PROTO_STDOUT, 0, "x", 1);
+    pump();
+    ok(p.st.dead == 0, "a frame for an unknown id is dropped, not fatal");
+    ok(agentconn_alive(p.c), "still alive");
+    close_pair(&p);
+    ok(c.deaths == 0, "a finished request gets no death notice on close");
+}
+
+static void expect_death(const char *name, void (*send)(int fd), int after_hello,
+                         const char *reason)
+{
+    struct pair p;
+    open_pair(&p, 5000);
+    if (after_hello) {
+        put_hello(p.agent, PROTO_VERSION);
+        pump();
+    }
+    struct calls c = {0};
+    uint32_t id = after_hello ? agentconn_request(p.c, PROTO_EXEC, NULL, 0, on_frame, &c) : 0;
+    send(p.agent);
+    pump();
+    ok(p.st.dead == 1 && strstr(p.st.reason, reason), "%s: dead (%s)", name, p.st.reason);
+    ok(!agentconn_alive(p.c), "%s: not alive", name);
+    if (after_hello)
+        ok(id && c.deaths == 1 && c.frames == 0, "%s: the open request is answered once", name);
+    ok(agentconn_request(p.c, PROTO_PING, NULL, 0, on_frame, &c) == 0 &&
+           agentconn_send(p.c, id, PROTO_STDIN, 0, "x", 1) < 0,
+       "%s: nothing more goes out", name);
+    close_pair(&p);
+    ok(p.st.dead == 1 && c.deaths == (after_hello ? 1 : 0), "%s: close adds no second notice",
+       name);
+}
+
+static void send_garbage(int fd)
+{
+    (void)!write(fd, "\xde\xad\xbe\xef\xde\xad\xbe\xef\xde\xad\xbe\xef", 12);
+}
+
+static void send_oversized(int fd)
+{
+    uint8_t hb[PROTO_HEADER_LEN];
+    struct proto_header h = {.len = PROTO_MAX_PAYLOAD + 1, .id = 1, .type = PROTO_STDOUT};
+    /* proto_header_encode does not check; the reader must. */
+    proto_header_encode(&h, hb);
+    (void)!write(fd, hb, sizeof(hb));
+}
+
+static void send_bad_flags(int fd)
+{
+    uint8_t hb[PROTO_HEADER_LEN];
+    struct proto_header h = {.len = 0, .id = 1, .type = PROTO_STDOUT, .flags = 0x8000};
+    proto_header_encode(&h, hb);
+    (void)!write(fd, hb, sizeof(hb));
+}
+
+static void send_stdout(int fd)
+{
+    put_frame(fd, 1, PROTO_STDOUT, 0, "x", 1);
+}
+
+static void send_bad_version(int fd)
+{
+    put_hello(fd, PROTO_VERSION + 1);
+}
+
+static void send_empty_hello(int fd)
+{
+    put_frame(fd, 0, PROTO_HELLO, 0, NULL, 0);
+}
+
+static void send_hello(int fd)
+{
+    put_hello(fd, PROTO_VERSION);
+}
+
+static void send_exec(int fd)
+{
+    put_frame(fd, 1, PROTO_EXEC, 0, NULL, 0);
+}
+
+static void send_stdin(int fd)
+{
+    put_frame(fd, 1, PROTO_STDIN, 0, "x", 1);
+}
+
+static void send_eof(int fd)
+{
+    shutdown(fd, SHUT_WR);
+}
+
+static void send_half_frame_then_eof(int fd)
+{
+    uint8_t hb[PROTO_HEADER_LEN];
+    struct proto_header h = {.len = 100, .id = 1, .type = PROTO_STDOUT};
+    proto_header_encode(&h, hb);
+    (void)!write(fd, hb, sizeof(hb));
+    (void)!write(fd, "abc", 3);
+    shutdown(fd, SHUT_WR);
+}
+
+static void test_hostile(void)
+{
+    expect_death("malformed header", send_garbage, 0, "malformed frame header");
+    expect_death("malformed header after HELLO", send_garbage, 1, "malformed frame header");
+    expect_death("len over the maximum", send_oversized, 1, "malformed frame header");
+    expect_death("unknown flag bits", send_bad_flags, 1, "malformed frame header");
+    expect_death("frame before HELLO", send_stdout, 0, "before HELLO");
+    expect_death("wrong version", send_bad_version, 0, "version");
+    expect_death("HELLO without fields", send_empty_hello, 0, "version");
+    expect_death("second HELLO", send_hello, 1, "second HELLO");
+    expect_death("EXEC from the agent", send_exec, 1, "only the daemon sends");
+    expect_death("STDIN from the agent", send_stdin, 1, "only the daemon sends");
+    expect_death("EOF", send_eof, 1, "closed the control channel");
+    expect_death("EOF mid-frame", send_half_frame_then_eof, 1, "closed the control channel");
+}
+
+static void test_hello_timeout(void)
+{
+    struct pair p;
+    open_pair(&p, 30);
+    struct timeval tv = {0, 150 * 1000};
+    event_base_loopexit(base, &tv);
+    event_base_dispatch(base);
+    ok(p.st.dead == 1 && strstr(p.st.reason, "did not say HELLO"), "silence: HELLO timeout (%s)",
+       p.st.reason);
+    close_pair(&p);
+}
+
+static void test_death_answers_each_request_once(void)
+{
+    struct pair p;
+    open_pair(&p, 5000);
+    put_hello(p.agent, PROTO_VERSION);
+    pump();
+    struct calls a = {0}, b = {0}, cancelled = {0};
+    uint32_t ia = agentconn_request(p.c, PROTO_EXEC, NULL, 0, on_frame, &a);
+    uint32_t ib = agentconn_request(p.c, PROTO_FILE_READ, NULL, 0, on_frame, &b);
+    uint32_t ic = agentconn_request(p.c, PROTO_FILE_LIST, NULL, 0, on_frame, &cancelled);
+    agentconn_cancel(p.c, ic);
+    ok(ia && ib && ic && ia != ib && ib != ic, "distinct ids");
+    put_frame(p.agent, ia, PROTO_STDOUT, 0, "out", 3);
+    pump();
+    ok(a.frames == 1 && a.last_type == PROTO_STDOUT, "a non-terminal frame reaches its request");
+    close(p.agent);
+    pump();
+    ok(a.deaths == 1 && b.deaths == 1 && cancelled.deaths == 0,
+       "death answers each open request once, a cancelled one never");
+    ok(strstr(a.reason, "control channel") != NULL, "with the reason: %s", a.reason);
+    ok(p.st.dead == 1, "the owner hears of it once");
+    agentconn_close(p.c, "over");
+    ok(a.deaths == 1 && b.deaths == 1 && p.st.dead == 1, "close after death adds nothing");
+}
+
+static void test_close_answers_open_requests(void)
+{
+    struct pair p;
+    open_pair(&p, 5000);
+    put_hello(p.agent, PROTO_VERSION);
+    pump();
+    struct calls a = {0};
+    agentconn_request(p.c, PROTO_EXEC, NULL, 0, on_frame, &a);
+    agentconn_close(p.c, "the sandbox is being deleted");
+    ok(a.deaths == 1 && !strcmp(a.reason, "the sandbox is being deleted"),
+       "close answers open requests with its reason");
+    ok(p.st.dead == 0, "the owner, who closed it, gets no death notice");
+    close(p.agent);
+}
+
+/* Closing the connection from inside one of its own callbacks (the daemon does this when a
+ * request's answer makes it give up on the sandbox) must not free it under the caller. */
+struct closer {
+    struct agentconn *c;
+    int calls;
+};
+
+static void close_from_frame(void *arg, const struct proto_header *h, const uint8_t *payload)
+{
+    struct closer *cl = arg;
+    cl->calls++;
+    if (h && cl->c) {
+        struct agentconn *c = cl->c;
+        cl->c = NULL;
+        agentconn_close(c, "closed from a callback");
+    }
+}
+
+static void test_close_inside_callback(void)
+{
+    struct pair p;
+    open_pair(&p, 5000);
+    put_hello(p.agent, PROTO_VERSION);
+    pump();
+    struct closer cl = {.c = p.c};
+    uint32_t id = agentconn_request(p.c, PROTO_EXEC, NULL, 0, close_from_frame, &cl);
+    put_frame(p.agent, id, PROTO_STDOUT, 0, "a", 1);
+    put_frame(p.agent, id, PROTO_STDOUT, 0, "b", 1);
+    pump();
+    ok(cl.calls == 2, "the request hears its frame, then its death, and nothing after (%d)",
+       cl.calls);
+    close(p.agent);
+}
+
+static void test_send_fault(void)
+{
+    struct pair p;
+    open_pair(&p, 5000);
+    put_hello(p.agent, PROTO_VERSION);
+    pump();
+    struct calls c = {0};
+    uint32_t id = agentconn_request(p.c, PROTO_EXEC, NULL, 0, on_frame, &c);
+    setenv("WR_FAULTS", "agentconn.send=EIO:1", 1);
+    fault_reset();
+    ok(agentconn_send(p.c, id, PROTO_STDIN, 0, "x", 1) < 0, "agentconn.send fault fails a send");
+    ok(agentconn_send(p.c, id, PROTO_STDIN, 0, "x", 1) == 0, "the next send works");
+    setenv("WR_FAULTS", "agentconn.send=EIO:1", 1);
+    fault_reset();
+    ok(agentconn_request(p.c, PROTO_PING, NULL, 0, on_frame, &c) == 0,
+       "a request whose send fails gets no id");
+    unsetenv("WR_FAULTS");
+    fault_reset();
+    ok(agentconn_send(p.c, id, PROTO_STDIN, 0, NULL, PROTO_MAX_PAYLOAD + 1) < 0,
+       "a payload over the maximum is refused");
+    close_pair(&p);
+}
+
+int main(void)
+{
+    unsetenv("WR_FAULTS");
+    unsetenv("WR_FAULTS_FILE");
+    base = event_base_new();
+    test_hello_and_request();
+    test_hostile();
+    test_hello_timeout();
+    test_death_answers_each_request_once();
+    test_close_answers_open_requests();
+    test_close_inside_callback();
+    test_send_fault();
+    event_base_free(base);
+    return tap_done();
+}

@@ -1,0 +1,138 @@
+/*
+ * Unit tests for the SQLite store (src/store): sandbox rows and their event history survive a
+ * reopen, walks stop when asked, and the fault points fail the way SQLite would.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/fault.h"
+#include "store/store.h"
+#include "tap.h"
+
+struct rows {
+    int n;
+    char ids[8][32];
+    char states[8][16];
+    char docs[8][64];
+    int stop_after;
+};
+
+static int collect(void *arg, const char *id, const char *state, const char *doc)
+{
+    struct rows *r = arg;
+    if (r->n < 8) {
+        snprintf(r->ids[r->n], sizeof(r->ids[0]), "%s", id);
+        snprintf(r->states[r->n], sizeof(r->states[0]), "%s", state);
+        snprintf(r->docs[r->n], sizeof(r->docs[0]), "%s", doc);
+    }
+    r->n++;
+    return r->stop_after && r->n >= r->stop_after;
+}
+
+struct events {
+    int n;
+    char last_type[16], last_state[16], last_reason[32];
+    int null_reason;
+};
+
+static int collect_event(void *arg, int64_t at, const char *type, const char *state,
+                         const char *reason)
+{
+    struct events *e = arg;
+    e->n++;
+    snprintf(e->last_type, sizeof(e->last_type), "%s", type);
+    snprintf(e->last_state, sizeof(e->last_state), "%s", state ? state : "(null)");
+    snprintf(e->last_reason, sizeof(e->last_reason), "%s", reason ? reason : "(null)");
+    e->null_reason += !reason;
+    return 0;
+}
+
+static void arm(const char *spec)
+{
+    setenv("WR_FAULTS", spec, 1);
+    fault_reset();
+}
+
+int main(void)
+{
+    char dir[] = "/tmp/wr-test-store-XXXXXX";
+    if (!mkdtemp(dir))
+        return 1;
+    char path[128];
+    snprintf(path, sizeof(path), "%s/wr.db", dir);
+    struct wr_err err = {0};
+    unsetenv("WR_FAULTS_FILE");
+    arm("");
+
+    struct store *s = store_open(path, &err);
+    ok(s != NULL, "open creates the database (%s)", err.msg);
+    if (!s)
+        return tap_done();
+    ok(store_sandbox_put(s, "sb-b", "running", "{\"v\":1}", &err) == 0, "put");
+    ok(store_sandbox_put(s, "sb-a", "creating", "{\"v\":2}", &err) == 0, "put another");
+    ok(store_sandbox_put(s, "sb-b", "stopped", "{\"v\":3}", &err) == 0, "put replaces");
+    struct rows r = {0};
+    ok(store_sandbox_foreach(s, collect, &r, &err) == 0 && r.n == 2, "two rows");
+    ok(!strcmp(r.ids[0], "sb-b") && !strcmp(r.ids[1], "sb-a"),
+       "oldest first, and a replace keeps its place");
+    ok(!strcmp(r.states[0], "stopped") && !strcmp(r.docs[0], "{\"v\":3}"),
+       "a replace updates state and doc");
+    struct rows r1 = {.stop_after = 1};
+    ok(store_sandbox_foreach(s, collect, &r1, &err) == 0 && r1.n == 1, "a walk stops when asked");
+
+    ok(store_event_add(s, "sb-a", "state", "running", "created", &err) == 0, "event");
+    ok(store_event_add(s, "sb-a", "deleted", NULL, NULL, &err) == 0, "event with NULLs");
+    ok(store_event_add(s, "sb-b", "state", "failed", "x", &err) == 0, "other sandbox's event");
+    struct events e = {0};
+    ok(store_event_foreach(s, "sb-a", 100, collect_event, &e, &err) == 0 && e.n == 2,
+       "events of one sandbox");
+    ok(!strcmp(e.last_type, "deleted") && e.null_reason == 1, "in order, NULLs kept");
+    struct events e1 = {0};
+    ok(store_event_foreach(s, "sb-a", 1, collect_event, &e1, &err) == 0 && e1.n == 1 &&
+           !strcmp(e1.last_reason, "created"),
+       "limit");
+
+    ok(store_sandbox_delete(s, "sb-a", &err) == 0, "delete");
+    ok(store_sandbox_delete(s, "sb-missing", &err) == 0, "deleting a missing row succeeds");
+    struct events e2 = {0};
+    store_event_foreach(s, "sb-a", 100, collect_event, &e2, &err);
+    ok(e2.n == 2, "a deleted sandbox's events stay");
+
+    /* Fault points: the errors SQLite would give. */
+    arm("store.put=EBUSY:1,store.event=ENOSPC:1,store.delete=EIO:1,store.list=EBUSY:1");
+    wr_err_clear(&err);
+    ok(store_sandbox_put(s, "sb-c", "running", "{}", &err) < 0 && err.code == EBUSY &&
+           strstr(err.msg, "database is locked") && strstr(err.msg, "store.put"),
+       "store.put: %s", err.msg);
+    ok(store_event_add(s, "sb-c", "state", "running", "r", &err) < 0 &&
+           strstr(err.msg, "database or disk is full"),
+       "store.event: %s", err.msg);
+    ok(store_sandbox_delete(s, "sb-b", &err) < 0 && err.code == EIO, "store.delete: %s", err.msg);
+    struct rows r2 = {0};
+    ok(store_sandbox_foreach(s, collect, &r2, &err) < 0 && r2.n == 0, "store.list");
+    struct rows r3 = {0};
+    ok(store_sandbox_foreach(s, collect, &r3, &err) == 0 && r3.n == 1 &&
+           !strcmp(r3.ids[0], "sb-b"),
+       "after the faults: nothing changed by the failed operations");
+    store_close(s);
+
+    arm("store.open=EBUSY:1");
+    ok(store_open(path, &err) == NULL && strstr(err.msg, "database is locked"), "store.open: %s",
+       err.msg);
+    arm("");
+    s = store_open(path, &err);
+    struct rows r4 = {0};
+    ok(s && store_sandbox_foreach(s, collect, &r4, &err) == 0 && r4.n == 1,
+       "a reopen sees what was stored");
+    store_close(s);
+    store_close(NULL);
+
+    char cmd[160];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    ok(system(cmd) == 0, "cleanup");
+    unsetenv("WR_FAULTS");
+    return tap_done();
+}
