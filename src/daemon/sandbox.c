@@ -598,6 +598,14 @@ void sandbox_delete_reason(struct sandbox *sb, const char *reason, sandbox_done_
 
 /* ---- start-up and shutdown ---- */
 
+static int reason_known(const char *reason)
+{
+    for (const char *const *p = sandbox_reason_names; *p; p++)
+        if (!strcmp(*p, reason))
+            return 1;
+    return 0;
+}
+
 /* Fills sb from its stored document. Returns 0, or -1 if the row is unusable. */
 static int load_doc(struct sandbox *sb, const char *id, const char *state, const char *doc)
 {
@@ -629,10 +637,16 @@ static int load_doc(struct sandbox *sb, const char *id, const char *state, const
         json_decref(sb->network);
         sb->network = json_incref(net);
     }
-    if (reason)
-        snprintf(sb->reason, sizeof(sb->reason), "%s", reason);
     if (detail)
         snprintf(sb->detail, sizeof(sb->detail), "%s", detail);
+    if (reason && reason_known(reason)) {
+        snprintf(sb->reason, sizeof(sb->reason), "%s", reason);
+    } else if (reason && reason[0]) {
+        /* Recorded before reasons were codes: the words become the detail. */
+        snprintf(sb->detail, sizeof(sb->detail), "%s", reason);
+        snprintf(sb->reason, sizeof(sb->reason), "%s",
+                 !strcmp(state, "failed") ? "agent_died" : "daemon_restart");
+    }
     if (rootfs)
         snprintf(sb->rootfs, sizeof(sb->rootfs), "%s", rootfs);
     sb->created_at = created;
