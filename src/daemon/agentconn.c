@@ -96,7 +96,7 @@ static void die(struct agentconn *c, const char *reason)
     c->in_callback--;
 }
 
-static int is_terminal(uint16_t type)
+int agentconn_frame_ends(uint16_t type)
 {
     return type == PROTO_EXIT || type == PROTO_OK || type == PROTO_ERROR || type == PROTO_PONG;
 }
@@ -145,7 +145,7 @@ static void dispatch(struct agentconn *c, const struct proto_header *h, const ui
     struct req *r = *p;
     if (!r)
         return; /* a cancelled request: late frames are expected */
-    if (is_terminal(h->type)) {
+    if (agentconn_frame_ends(h->type)) {
         *p = r->next;
         r->cb(r->arg, h, payload);
         free(r);

@@ -50,6 +50,13 @@ int agentconn_send(struct agentconn *c, uint32_t id, uint16_t type, uint16_t fla
  */
 int agentconn_send_stdin(struct agentconn *c, uint32_t id, const void *data, size_t len);
 
+/**
+ * Returns 1 if a frame of this type ends its request (EXIT, OK, ERROR, PONG): the request's
+ * callback is not called again. A callback that gets one it does not expect for its
+ * operation must still finish, or its caller waits forever.
+ */
+int agentconn_frame_ends(uint16_t type);
+
 /** Forgets a request: its callback is not called again; late frames for it are dropped. */
 void agentconn_cancel(struct agentconn *c, uint32_t id);
 

@@ -89,7 +89,14 @@ static void on_frame(void *arg, const struct proto_header *h, const uint8_t *pay
         finish(c);
         return;
     }
-    default: return;
+    default:
+        if (agentconn_frame_ends(h->type)) {
+            c->state = CMD_FAILED;
+            snprintf(c->error, sizeof(c->error), "the sandbox's agent answered the command with %s",
+                     proto_type_name(h->type));
+            finish(c);
+        }
+        return;
     }
 }
 

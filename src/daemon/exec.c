@@ -215,7 +215,16 @@ static void on_frame(void *arg, const struct proto_header *h, const uint8_t *pay
         finish_error(op, WR_E_EXEC_FAILED, msg);
         return;
     }
-    default: return; /* nothing else belongs to an exec; ignore rather than guess */
+    default:
+        if (agentconn_frame_ends(h->type)) {
+            /* The agent ended the request with a frame that means nothing for an exec. */
+            char msg[128];
+            snprintf(msg, sizeof(msg), "the sandbox's agent answered the command with %s",
+                     proto_type_name(h->type));
+            op->id = 0;
+            finish_error(op, WR_E_SANDBOX_FAILED, msg);
+        }
+        return; /* anything else does not belong to an exec: ignored */
     }
 }
 

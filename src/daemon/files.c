@@ -19,6 +19,13 @@
 
 #define WRITE_CHUNK (256 * 1024)
 
+/*
+ * A listing is built in memory (sorted, one JSON body): at most this many entries. A directory
+ * with more answers the first ones the agent sent, with "truncated": true; the rest of what the
+ * agent sends is dropped unread. 100,000 entries make a body of ~15 MB.
+ */
+#define LIST_MAX_ENTRIES 100000
+
 enum fop_kind { FOP_READ, FOP_WRITE, FOP_LIST, FOP_STAT, FOP_MKDIR, FOP_REMOVE };
 
 struct file_op {
@@ -29,6 +36,8 @@ struct file_op {
     enum fop_kind kind;
     int started; /* FOP_READ: the stream has begun */
     uint64_t bytes;
+    uint64_t length;                /* FOP_READ: at most this many bytes go to the caller */
+    int truncated;                  /* FOP_LIST: the agent had more than LIST_MAX_ENTRIES */
     json_t *result;                 /* stat entry or entries array */
     char path[PROTO_MAX_PATH + 16]; /* as the user will see it: absolute */
 };
@@ -205,11 +214,16 @@ static void on_ok(struct file_op *op)
             sink_begin(op->sink, "application/octet-stream");
         sink_end(op->sink);
         break;
-    case FOP_LIST:
+    case FOP_LIST: {
+        while (json_array_size(op->result) > LIST_MAX_ENTRIES)
+            json_array_remove(op->result, json_array_size(op->result) - 1);
         sort_entries(op->result);
-        sink_reply(op->sink, SINK_OK,
-                   json_pack("{s:s, s:O}", "path", op->path, "entries", op->result));
+        json_t *o = json_pack("{s:s, s:O}", "path", op->path, "entries", op->result);
+        if (op->truncated)
+            json_object_set_new(o, "truncated", json_true());
+        sink_reply(op->sink, SINK_OK, o);
         break;
+    }
     case FOP_MKDIR:
         if (!op->result) {
             send_stat_request(op); /* answer with the new directory's entry */
@@ -254,13 +268,24 @@ static void on_frame(void *arg, const struct proto_header *h, const uint8_t *pay
         return;
     case PROTO_DATA:
         if (op->kind == FOP_READ && op->started) {
-            op->bytes += h->len;
-            sink_write(op->sink, payload, h->len);
+            /* The agent may send more than was asked for; the caller never gets it. */
+            uint64_t room = op->length - op->bytes;
+            size_t n = h->len < room ? h->len : (size_t)room;
+            op->bytes += n;
+            if (n)
+                sink_write(op->sink, payload, n);
         }
         return;
     case PROTO_DIR_ENTRIES:
-        if (op->kind == FOP_LIST)
+        if (op->kind == FOP_LIST) {
             add_entries(op, payload, h->len);
+            if (json_array_size(op->result) >= LIST_MAX_ENTRIES) {
+                op->truncated = 1;
+                agentconn_cancel(op->sb->conn, op->id);
+                op->id = 0;
+                on_ok(op);
+            }
+        }
         return;
     case PROTO_OK: on_ok(op); return;
     case PROTO_ERROR:
@@ -269,7 +294,14 @@ static void on_frame(void *arg, const struct proto_header *h, const uint8_t *pay
                      (unsigned long long)op->bytes);
         fail_from_agent(op, payload, h->len);
         return;
-    default: return;
+    default:
+        if (agentconn_frame_ends(h->type)) {
+            char msg[128];
+            snprintf(msg, sizeof(msg), "the sandbox's agent answered a file request with %s",
+                     proto_type_name(h->type));
+            fop_fail(op, WR_E_SANDBOX_FAILED, 0, msg);
+        }
+        return;
     }
 }
 
@@ -329,6 +361,7 @@ void svc_file_read(struct daemon *d, const char *id, const char *path, uint64_t 
     struct file_op *op = fop_new(d, id, FOP_READ, path, s);
     if (!op)
         return;
+    op->length = length;
     struct proto_buf b = {0};
     proto_put_str(&b, PT_PATH, op->path);
     proto_put_u64(&b, PT_OFFSET, offset);

@@ -193,34 +193,52 @@ static char *sandbox_doc(const struct sandbox *sb)
     return s;
 }
 
+/* Saves the sandbox's document. Returns 0, or -1 with err set (and logged). */
+static int persist(struct sandbox *sb, struct wr_err *err)
+{
+    char *doc = sandbox_doc(sb);
+    int rc = doc ? store_sandbox_put(sb->d->store, sb->id, sandbox_state_name(sb->state), doc, err)
+                 : wr_err_set(err, ENOMEM, "cannot encode the sandbox's record");
+    if (rc < 0)
+        log_error(sb->id, "store.failed", "error=\"%s\"", err->msg);
+    free(doc);
+    return rc;
+}
+
 void sandbox_persist(struct sandbox *sb)
 {
     struct wr_err err = {0};
-    char *doc = sandbox_doc(sb);
-    if (!doc ||
-        store_sandbox_put(sb->d->store, sb->id, sandbox_state_name(sb->state), doc, &err) < 0)
-        log_error(sb->id, "store.failed", "error=\"%s\"", doc ? err.msg : "encode");
-    free(doc);
+    persist(sb, &err);
 }
 
-void sandbox_set_state(struct sandbox *sb, enum sb_state st, const char *reason)
+/* Sets state, reason and detail, records the event, logs. Does not persist. */
+static void change_state(struct sandbox *sb, enum sb_state st, const char *reason,
+                         const char *detail)
 {
     sb->state = st;
-    sb->detail[0] = '\0';
     snprintf(sb->reason, sizeof(sb->reason), "%s", reason ? reason : "");
+    snprintf(sb->detail, sizeof(sb->detail), "%s", detail ? detail : "");
     struct wr_err err = {0};
     if (store_event_add(sb->d->store, sb->id, "state", sandbox_state_name(st), sb->reason, &err) <
         0)
         log_error(sb->id, "store.failed", "error=\"%s\"", err.msg);
-    log_info(sb->id, "sandbox.state", "state=%s reason=\"%s\"", sandbox_state_name(st), sb->reason);
+    if (st == SB_FAILED)
+        log_error(sb->id, "sandbox.state", "state=failed reason=%s detail=\"%s\"", sb->reason,
+                  sb->detail);
+    else
+        log_info(sb->id, "sandbox.state", "state=%s reason=\"%s\"", sandbox_state_name(st),
+                 sb->reason);
+}
+
+void sandbox_set_state(struct sandbox *sb, enum sb_state st, const char *reason)
+{
+    change_state(sb, st, reason, NULL);
     sandbox_persist(sb);
 }
 
 void sandbox_set_failed(struct sandbox *sb, const char *reason, const char *detail)
 {
-    sandbox_set_state(sb, SB_FAILED, reason);
-    snprintf(sb->detail, sizeof(sb->detail), "%s", detail ? detail : "");
-    log_error(sb->id, "sandbox.failed", "reason=%s detail=\"%s\"", reason, sb->detail);
+    change_state(sb, SB_FAILED, reason, detail);
     sandbox_persist(sb);
 }
 
@@ -522,7 +540,17 @@ void sandbox_create(struct sandbox *sb, sandbox_done_cb done, void *arg)
     sb->lease_ends_ms = now_ms_wall() + (int64_t)sb->timeout_seconds * 1000;
     snprintf(sb->dir, sizeof(sb->dir), "%s/sandboxes/%s", d->cfg.state_dir, sb->id);
     link_sandbox(d, sb);
-    sandbox_set_state(sb, SB_CREATING, "user");
+    /* A sandbox the daemon cannot record would be lost at its next start: refuse it now. */
+    struct wr_err err = {0};
+    sb->state = SB_CREATING;
+    if (persist(sb, &err) < 0) {
+        char why[WR_ERR_MSG_MAX];
+        snprintf(why, sizeof(why), "cannot record it in the state database: %s", err.msg);
+        unlink_sandbox(sb);
+        done(sb, 0, why, arg);
+        return;
+    }
+    change_state(sb, SB_CREATING, "user", NULL);
     start_job(sb, 1, done, arg);
 }
 

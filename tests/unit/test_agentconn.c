@@ -64,8 +64,7 @@ static void pump(void)
     }
 }
 
-static void put_frame(int fd, uint32_t id, uint16_t type, uint16_t flags, const void *p,
-                      size_t len)
+static void put_frame(int fd, uint32_t id, uint16_t type, uint16_t flags, const void *p, size_t len)
 {
     struct proto_buf b = {0};
     proto_frame_build(&b, id, type, flags, p, len);
@@ -122,8 +121,7 @@ static void test_hello_and_request(void)
     struct pair p;
     open_pair(&p, 5000);
     struct calls c = {0};
-    ok(agentconn_request(p.c, PROTO_PING, NULL, 0, on_frame, &c) == 0,
-       "no request before HELLO");
+    ok(agentconn_request(p.c, PROTO_PING, NULL, 0, on_frame, &c) == 0, "no request before HELLO");
     put_hello(p.agent, PROTO_VERSION);
     pump();
     ok(p.st.ready == 1 && p.st.dead == 0, "HELLO makes the connection ready");

@@ -114,8 +114,7 @@ int main(void)
     struct rows r2 = {0};
     ok(store_sandbox_foreach(s, collect, &r2, &err) < 0 && r2.n == 0, "store.list");
     struct rows r3 = {0};
-    ok(store_sandbox_foreach(s, collect, &r3, &err) == 0 && r3.n == 1 &&
-           !strcmp(r3.ids[0], "sb-b"),
+    ok(store_sandbox_foreach(s, collect, &r3, &err) == 0 && r3.n == 1 && !strcmp(r3.ids[0], "sb-b"),
        "after the faults: nothing changed by the failed operations");
     store_close(s);
 
