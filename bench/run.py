@@ -3,12 +3,15 @@
 
 Measures, with the baselines beside each number because these machines are noisy:
   * create-to-first-exec latency through the daemon (POST /v1/sandboxes, then POST exec `true`),
-    one at a time and N at once; against raw `runsc run /bin/true` of the same image rootfs
-    (an OCI bundle generated here) and a plain host subprocess (`/bin/true`);
+    one at a time and N at once; and the same through DELETE, which is the figure compared with
+    the baselines, since both include their teardown: raw `runsc run /bin/true` of the same
+    image rootfs (an OCI bundle generated here; `runsc run` returns once the container is
+    deleted) and a plain host subprocess (`/bin/true`, exited and reaped);
   * exec `true` round trip through the daemon against a host subprocess;
   * 100 MiB write and read through the files API against `dd` to a file on the host.
 
-Writes bench/results/latest.json and latest.png and prints a Markdown table. Starts its own
+Writes bench/results/latest.json (with the commit measured: `git rev-parse HEAD`, and whether
+the work tree had changes) and latest.png and prints a Markdown table. Starts its own
 daemon on a temporary state directory (building the image there, or reusing one with
 --state-dir) unless RUNTIME_URL (or --url) names one. Traffic goes to loopback only.
 """
@@ -215,6 +218,16 @@ class Bench:
         dt = time.perf_counter() - t0
         return dt, sid
 
+    def daemon_create_exec_delete(self, _i=0):
+        """(create -> first exec, create -> first exec -> deleted): the second is the one to
+        put beside `runsc run`, which includes its container's teardown."""
+        t0 = time.perf_counter()
+        sid = self.create()
+        self.exec_true(sid)
+        first = time.perf_counter() - t0
+        self.delete(sid)
+        return first, time.perf_counter() - t0
+
     def cleanup(self):
         for sid in list(self.live):
             try:
@@ -264,14 +277,14 @@ def measure_latency(b, n, par):
     log(f"create-to-first-exec through the daemon, {n} one at a time")
     b.daemon_create_first_exec()  # warm-up, not counted
     b.cleanup()
-    lat, deletes = [], []
+    lat, through, deletes = [], [], []
     for _ in range(n):
-        dt, sid = b.daemon_create_first_exec()
-        lat.append(dt)
-        t0 = time.perf_counter()
-        b.delete(sid)
-        deletes.append(time.perf_counter() - t0)
+        first, whole = b.daemon_create_exec_delete()
+        lat.append(first)
+        through.append(whole)
+        deletes.append(whole - first)
     out["sequential"]["withruntime"] = stats_ms(lat)
+    out["sequential"]["withruntime_through_delete"] = stats_ms(through)
     out["sequential"]["withruntime_delete"] = stats_ms(deletes)
 
     log(f"raw runsc run /bin/true, {n} one at a time")
@@ -283,9 +296,9 @@ def measure_latency(b, n, par):
     out["sequential"]["host_subprocess"] = stats_ms([b.host_true() for _ in range(n)])
 
     log(f"create-to-first-exec through the daemon, {par} at once")
-    res = in_parallel(par, b.daemon_create_first_exec)
-    out[f"parallel_{par}"]["withruntime"] = stats_ms([dt for dt, _ in res])
-    in_parallel(par, lambda i: b.delete(res[i][1]))
+    res = in_parallel(par, b.daemon_create_exec_delete)
+    out[f"parallel_{par}"]["withruntime"] = stats_ms([first for first, _ in res])
+    out[f"parallel_{par}"]["withruntime_through_delete"] = stats_ms([whole for _, whole in res])
 
     log(f"raw runsc run, {par} at once")
     out[f"parallel_{par}"]["runsc_run"] = stats_ms(
@@ -381,6 +394,17 @@ def machine_info(platform_name):
             "runsc_platform": platform_name, "python": platform.python_version()}
 
 
+def git_commit():
+    """The commit measured: {"sha": HEAD, "dirty": the work tree had changes}."""
+    def git(*args):
+        r = subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True,
+                           stdin=subprocess.DEVNULL)
+        return r.stdout.strip() if r.returncode == 0 else None
+    sha = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"sha": sha or "unknown", "dirty": bool(status) if status is not None else None}
+
+
 def ratio(a, b):
     return f"{a / b:.1f}×" if a and b else "n/a"
 
@@ -392,7 +416,8 @@ def fmt3(s):
 def markdown(res):
     m = res["machine"]
     lines = [
-        f"withruntime benchmark, {res['started_at']}",
+        f"withruntime benchmark, {res['started_at']}, commit {res['commit']['sha'][:12]}"
+        + (" (with uncommitted changes)" if res["commit"]["dirty"] else ""),
         "",
         f"Machine: {m['nproc']} CPUs ({m['cpu']}), {m['ram_gib']} GiB RAM, kernel "
         f"{m['kernel']}, {m['runsc']} (platform {m['runsc_platform']})",
@@ -403,10 +428,15 @@ def markdown(res):
     ]
     lat = res["results"]["create_to_first_exec"]
     for mode, d in lat.items():
-        w, rr, h = d["withruntime"], d["runsc_run"], d["host_subprocess"]
-        lines.append(f"| create → first exec, {mode.replace('_', ' ')} (n={w['n']}) | "
+        # beside the baselines (which include their teardown): through DELETE
+        w, rr, h = d["withruntime_through_delete"], d["runsc_run"], d["host_subprocess"]
+        lines.append(f"| create → first exec → delete, {mode.replace('_', ' ')} (n={w['n']}) | "
                      f"{fmt3(w)} | {fmt3(rr)} | {fmt3(h)} | {ratio(w['p50_ms'], rr['p50_ms'])} "
                      f"| {ratio(w['p50_ms'], h['p50_ms'])} |")
+    for mode, d in lat.items():
+        w = d["withruntime"]
+        lines.append(f"| create → first exec (no teardown), {mode.replace('_', ' ')} "
+                     f"(n={w['n']}) | {fmt3(w)} | — | — | — | — |")
     ex = res["results"]["exec_roundtrip"]
     w, h = ex["withruntime"], ex["host_subprocess"]
     lines.append(f"| exec `true` round trip (n={w['n']}) | {fmt3(w)} | — | {fmt3(h)} | — | "
@@ -437,14 +467,17 @@ def chart(res, path):
         return False
     r = res["results"]
     fig, axes = plt.subplots(2, 2, figsize=(13, 9))
-    colors = {"withruntime": "#3b6fb6", "runsc_run": "#e08a2c", "host_subprocess": "#6a9f4a",
-              "host_dd": "#6a9f4a"}
-    labels = {"withruntime": "withruntime", "runsc_run": "raw runsc run",
+    colors = {"withruntime": "#9db7db", "withruntime_through_delete": "#3b6fb6",
+              "runsc_run": "#e08a2c", "host_subprocess": "#6a9f4a", "host_dd": "#6a9f4a"}
+    labels = {"withruntime": "withruntime (to first exec)",
+              "withruntime_through_delete": "withruntime (through delete)",
+              "runsc_run": "raw runsc run (through teardown)",
               "host_subprocess": "host subprocess", "host_dd": "host dd"}
 
     def bars(ax, groups, title):
         qs = ["p50_ms", "p90_ms", "p99_ms"]
-        systems = [s for s in ("withruntime", "runsc_run", "host_subprocess") if s in groups]
+        systems = [s for s in ("withruntime", "withruntime_through_delete", "runsc_run",
+                               "host_subprocess") if s in groups]
         width = 0.8 / len(systems)
         for k, s in enumerate(systems):
             xs = [i + k * width for i in range(len(qs))]
@@ -462,8 +495,9 @@ def chart(res, path):
 
     lat = r["create_to_first_exec"]
     modes = list(lat)
-    bars(axes[0][0], lat[modes[0]], "create → first exec, one at a time")
-    bars(axes[0][1], lat[modes[1]], f"create → first exec, {modes[1].split('_')[1]} at once")
+    bars(axes[0][0], lat[modes[0]], "create → first exec (→ delete), one at a time")
+    bars(axes[0][1], lat[modes[1]],
+         f"create → first exec (→ delete), {modes[1].split('_')[1]} at once")
     bars(axes[1][0], r["exec_roundtrip"], "exec `true` round trip")
     ax = axes[1][1]
     f = r["files_throughput_mib_s"]
@@ -547,6 +581,7 @@ def main():
         }
         res = {
             "started_at": started,
+            "commit": git_commit(),
             "machine": machine_info(args.platform),
             "daemon": {"url": url, "started_here": daemon is not None,
                        "health": api.json("GET", "/v1/health")},

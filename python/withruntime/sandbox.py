@@ -326,8 +326,11 @@ class Sandbox:
             on_lease_end: ``"stop"`` (keep the files) or ``"delete"``, when the lease ends or
                 the ``with`` block is left.
             network: The egress policy, e.g. ``{"internet": True, "allow": ["pypi.org"]}``.
-                Stored and returned as given (sandboxes have no network yet).
-            max_cost_micros: A cost cap in micro-dollars (for daemons that meter cost).
+                Stored and returned normalised (``internet`` always, ``allow`` only when
+                given); sandboxes have no network yet, whatever it says.
+            max_cost_micros: A cost cap in micro-dollars, sent as given. A daemon that does
+                not meter cost (this one, today) refuses it: :class:`InvalidRequest` naming
+                ``max_cost_micros``, and no sandbox is created.
             client: The daemon to use (default: found from the environment).
             **options: Any other field of ``POST /v1/sandboxes``, passed through as is: a field
                 the daemon does not know is answered with :class:`InvalidRequest` naming it.
@@ -386,8 +389,8 @@ class Sandbox:
 
     @property
     def state(self) -> str:
-        """``creating``, ``running``, ``stopped``, ``failed`` or ``deleting`` (or ``deleted``
-        after :meth:`delete`)."""
+        """``creating``, ``running``, ``stopping``, ``stopped``, ``starting``, ``failed`` or
+        ``deleting`` (or ``deleted`` after :meth:`delete`); see docs/lifecycle.md."""
         return str(self._info.get("state", "unknown"))
 
     @property

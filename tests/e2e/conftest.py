@@ -6,6 +6,11 @@ Environment:
   WR_TEST_STATE_DIR   the daemon's state directory (default /var/lib/withruntime-test)
 
 The image is built into the state directory before the daemon starts (`image build`, cached).
+
+Every test has a time limit (pytest-timeout, DEFAULT_TIMEOUT unless the test is marked
+`@pytest.mark.timeout(N)`): a hung test fails alone, and its fixtures still tear down. A sandbox
+a test leaves behind fails the run: the session fixture lists the daemon's sandboxes at the end
+and names each one left, with the test that created it.
 """
 
 import os
@@ -18,6 +23,7 @@ import tempfile
 import time
 
 import pytest
+import pytest_timeout  # noqa: F401 - required: tests/requirements.txt
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -29,12 +35,22 @@ WR_AGENT = os.path.abspath(
     os.environ.get("WR_AGENT", os.path.join(ROOT, "build/withruntime-agent")))
 STATE_DIR = os.environ.get("WR_TEST_STATE_DIR", "/var/lib/withruntime-test")
 
+# Seconds per test (setup and teardown included) unless marked otherwise. The slowest tests
+# (the process cap, a fork bomb, ten sandboxes through a crash) take about a minute on 2 cores.
+DEFAULT_TIMEOUT = 300
+
 SANITIZER_MARKS = (b"ERROR: AddressSanitizer", b"ERROR: LeakSanitizer", b"runtime error:",
                    b"ERROR: ThreadSanitizer")
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: long-running (still part of the default run)")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(DEFAULT_TIMEOUT))
 
 
 def free_port():
@@ -175,6 +191,9 @@ class Daemon:
 
 _DAEMON = None
 
+# sandbox id -> the test during which it was created and which left it (see `no_leaks`)
+_LEFT_BY = {}
+
 
 @pytest.fixture(scope="session")
 def daemon(request):
@@ -186,6 +205,9 @@ def daemon(request):
     leftovers, status = d.stop()
     log = d.log_bytes()
     bad = [m.decode() for m in SANITIZER_MARKS if m in log]
+    assert not leftovers, "sandboxes left by the tests (deleted now): " + ", ".join(
+        f"{sid} (left by {_LEFT_BY.get(sid, 'a fixture or an unknown test')})"
+        for sid in leftovers)
     assert not bad, f"sanitizer reports in the daemon log ({d.log_path}):\n{d.log_tail(200)}"
     assert status == 0, (f"daemon did not exit cleanly on SIGTERM: {status}\n"
                          f"{d.log_tail()}")
@@ -207,6 +229,28 @@ def client(daemon):
     return daemon.client
 
 
+def _sandbox_ids(d):
+    try:
+        r = d.client.request("GET", "/v1/sandboxes", validate=False, timeout=30)
+        return {sb["id"] for sb in r.json()["sandboxes"]}
+    except Exception:  # noqa: BLE001 - a broken daemon is reported elsewhere
+        return set()
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request):
+    """Notes the sandboxes a test that uses the session's daemon created and did not delete
+    (after its own fixtures' clean-up), for the session fixture to name at the end."""
+    if "daemon" not in request.fixturenames:
+        yield
+        return
+    d = request.getfixturevalue("daemon")
+    before = _sandbox_ids(d)
+    yield
+    for sid in _sandbox_ids(d) - before:
+        _LEFT_BY.setdefault(sid, request.node.nodeid)
+
+
 class SandboxFactory:
     """Creates sandboxes and deletes the ones a test did not delete itself."""
 
@@ -215,9 +259,14 @@ class SandboxFactory:
         self.ids = []
 
     def __call__(self, **fields):
-        sb = self.client.create(**fields)
-        self.ids.append(sb["id"])
-        return sb
+        # noted for clean-up before the answer is checked against the spec, so a sandbox whose
+        # description breaks the spec is still deleted
+        r = self.client.request("POST", "/v1/sandboxes", fields, validate=False)
+        if r.status == 201:
+            self.ids.append(r.json()["id"])
+        self.client.spec.validate_response("POST", r.path, r.status, r.headers, r.body)
+        assert r.status == 201, f"expected 201: {r!r}"
+        return r.json()
 
     def cleanup(self):
         for sid in self.ids:

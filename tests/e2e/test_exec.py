@@ -2,6 +2,7 @@
 
 import base64
 import os
+import time
 
 import pytest
 
@@ -197,11 +198,64 @@ def test_sandbox_keeps_state_between_execs(client, sandbox):
     assert client.exec(sandbox, "cat /workspace/state.txt")["stdout"] == "persisted\n"
 
 
+# Forks a child that exits at once and is never waited for (a zombie while this process lives),
+# prints both PIDs, and sleeps. Started with `&`, this process is itself an orphan once the
+# exec's shell ends.
+ZOMBIE_MAKER = r"""
+import os, time
+pid = os.fork()
+if pid == 0:
+    os._exit(0)
+print(os.getpid(), pid, flush=True)
+time.sleep(600)
+"""
+
+
+def proc_states(client, sid, pids):
+    """{pid: state letter} of those PIDs still in the sandbox's /proc."""
+    r = client.exec(sid, "for p in " + " ".join(pids) +
+                    "; do cat /proc/$p/stat 2>/dev/null; echo; done")
+    out = {}
+    for ln in r["stdout"].splitlines():
+        if ")" in ln:
+            out[ln.split(" ", 1)[0]] = ln.rsplit(")", 1)[1].split()[0]
+    return out
+
+
+def wait_until(pred, what, limit=30):
+    deadline = time.monotonic() + limit
+    while True:
+        v = pred()
+        if v:
+            return v
+        assert time.monotonic() < deadline, \
+            f"gave up after {limit} s waiting for {what() if callable(what) else what}"
+        time.sleep(0.2)
+
+
 def test_orphans_are_reaped(client, sandbox):
-    # A command that leaves a short-lived orphan behind; once it is gone it must not linger as a
-    # zombie (the agent is PID 1 and reaps).
-    client.exec(sandbox, "(sleep 0.2 &) ; true")
-    client.exec(sandbox, "sleep 1")
+    # The agent's side of the commands' pid namespace is their init: an orphan, and a zombie
+    # whose parent dies, must be reaped there rather than linger as zombies.
+    tag = f"/tmp/zombie-maker-{os.getpid()}"
+    client.exec(sandbox, f'python3 -c "$ZM" > {tag} 2>&1 &', env={"ZM": ZOMBIE_MAKER})
+    pids = wait_until(lambda: client.exec(sandbox, f"cat {tag}")["stdout"].split(),
+                      "the zombie maker to start")
+    assert len(pids) == 2, pids
+    parent, child = pids
+    # positive control: the probe sees the unreaped child as a zombie, its parent alive
+    states = wait_until(lambda: (lambda s: s if s.get(child) == "Z" else None)(
+        proc_states(client, sandbox, pids)), "the child to be a zombie")
+    assert states[parent] in ("S", "R"), states
+    # the parent dies: both are orphans now, and both go away (not a "Z" left behind)
+    client.exec(sandbox, f"kill -9 {parent}")
+    left = {}
+
+    def reaped():
+        left.clear()
+        left.update(proc_states(client, sandbox, pids))
+        return not left
+
+    wait_until(reaped, lambda: f"PIDs {pids} to be reaped (still there: {left})")
     r = client.exec(sandbox, "cat /proc/[0-9]*/stat 2>/dev/null")
     states = [ln.rsplit(")", 1)[1].split()[0] for ln in r["stdout"].splitlines() if ")" in ln]
     assert states, r

@@ -4,6 +4,7 @@ Every negative check here has a positive control beside it (the same probe finds
 planted inside the sandbox), so a probe that silently does nothing fails the test.
 """
 
+import json
 import os
 import secrets
 import shutil
@@ -154,3 +155,60 @@ def test_kernel_is_gvisor(client, sandbox):
     with open("/proc/version") as f:
         host_version = f.read().strip()
     assert host_version not in text
+
+
+# Inside the sandbox: the network interfaces, the routes, and a TCP connect to 127.0.0.1:PORT
+# (the sandbox's own loopback; never any other address) before and while a listener of its own
+# holds that port there.
+NET_PROBE = r'''
+import json, socket, sys
+port = int(sys.argv[1])
+
+def connect():
+    s = socket.socket()
+    s.settimeout(3)
+    try:
+        s.connect(("127.0.0.1", port))
+        return "connected"
+    except OSError as e:
+        return type(e).__name__
+    finally:
+        s.close()
+
+out = {}
+with open("/proc/net/dev") as f:
+    out["interfaces"] = sorted(l.split(":")[0].strip() for l in f.read().splitlines()[2:])
+with open("/proc/net/if_inet6") as f:
+    out["inet6"] = sorted(l.split()[-1] for l in f.read().splitlines())
+with open("/proc/net/route") as f:
+    out["routes"] = [l for l in f.read().splitlines()[1:] if l.strip()]
+out["daemon_port"] = connect()
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", port))
+srv.listen(1)
+out["own_listener"] = connect()
+srv.close()
+print(json.dumps(out))
+'''
+
+
+def test_internet_true_still_has_no_network(client, make_sandbox, daemon):
+    """Until egress lands, `{"internet": true}` is stored and returned, and changes nothing: the
+    sandbox has only its own loopback, no routes, and no path to the daemon's port."""
+    sb = make_sandbox(memory_mib=256, network={"internet": True})
+    assert sb["network"] == {"internet": True}
+    # positive control on the host: the daemon does listen on that port
+    assert client.health()["status"] == "ok"
+    assert daemon.url == f"http://127.0.0.1:{daemon.port}"
+    r = client.exec(sb["id"], argv=["python3", "-c", NET_PROBE, str(daemon.port)],
+                    timeout_seconds=30)
+    assert r["exit_code"] == 0, r
+    probe = json.loads(r["stdout"])
+    assert probe["interfaces"] == ["lo"], probe
+    assert probe["inet6"] in ([], ["lo"]), probe
+    assert probe["routes"] == [], probe
+    # 127.0.0.1 inside is the sandbox's own loopback: nothing listens there ...
+    assert probe["daemon_port"] == "ConnectionRefusedError", probe
+    # ... until the sandbox listens itself (the probe can connect when there is a path)
+    assert probe["own_listener"] == "connected", probe

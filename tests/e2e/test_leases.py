@@ -97,8 +97,29 @@ def ps(client, sid):
     return client.exec(sid, "ps -eo args")["stdout"]
 
 
+# Fetches http://127.0.0.1:8123/hello.txt inside the sandbox, retrying while nothing listens
+# yet (up to argv[1] seconds): a wait on the server being up, not a guess at how long it takes.
+FETCH = r'''
+import sys, time, urllib.request
+deadline = time.monotonic() + float(sys.argv[1])
+while True:
+    try:
+        print(urllib.request.urlopen("http://127.0.0.1:8123/hello.txt", timeout=20).read()
+              .decode(), end="")
+        break
+    except OSError as e:
+        if time.monotonic() > deadline:
+            print(f"no server: {e}", end="")
+            break
+        time.sleep(0.1)
+'''
+
+
 def test_background_server_lives_until_the_lease_ends(client, make_sandbox):
     sid = make_sandbox(memory_mib=256, timeout_seconds=600)["id"]
+    # positive control: with no server, the fetch fails (and says so)
+    got = client.exec(sid, argv=["python3", "-c", FETCH, "0"])
+    assert got["stdout"].startswith("no server:"), got
     r = client.request("POST", f"/v1/sandboxes/{sid}/exec",
                        {"command": "exec python3 -m http.server 8123 --bind 127.0.0.1",
                         "background": True})
@@ -110,9 +131,7 @@ def test_background_server_lives_until_the_lease_ends(client, make_sandbox):
     client.write_file(sid, "hello.txt", b"served\n")
     listing = ps(client, sid)
     assert "http.server" in listing, listing
-    got = client.exec(sid, "python3 -c \"import urllib.request as u; "
-                           "print(u.urlopen('http://127.0.0.1:8123/hello.txt', timeout=20)"
-                           ".read().decode(), end='')\"")
+    got = client.exec(sid, argv=["python3", "-c", FETCH, "30"])
     assert got["stdout"] == "served\n", got
     cmd = client.expect(200, "GET", f"/v1/sandboxes/{sid}/commands/{cid}").json()
     assert cmd["state"] == "running", cmd

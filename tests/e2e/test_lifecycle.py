@@ -122,8 +122,12 @@ def test_set_timeout_bad_bodies(client, sandbox, body, field):
 
 
 def test_lease_end_stops(client, make_sandbox):
-    sid = make_sandbox(memory_mib=256, timeout_seconds=2, on_lease_end="stop")["id"]
+    # a long lease while the test sets up (however slow the create), then a 2 s one
+    sid = make_sandbox(memory_mib=256, timeout_seconds=600, on_lease_end="stop")["id"]
     client.write_file(sid, "f", b"x")
+    # positive control: running, with its file, until the short lease is set
+    assert client.read_file(sid, "f") == b"x"
+    assert post(client, sid, "timeout", {"timeout_seconds": 2}).json()["state"] == "running"
     sb = wait_for(lambda: (lambda s: s if s["state"] == "stopped" else None)(client.get(sid)),
                   "the lease to stop the sandbox")
     assert sb["state_reason"] == "lease_ended"
@@ -135,7 +139,9 @@ def test_lease_end_stops(client, make_sandbox):
 
 
 def test_lease_end_deletes(client, make_sandbox):
-    sid = make_sandbox(memory_mib=256, timeout_seconds=2, on_lease_end="delete")["id"]
+    sid = make_sandbox(memory_mib=256, timeout_seconds=600, on_lease_end="delete")["id"]
+    assert client.exec(sid, "echo alive")["stdout"] == "alive\n"  # positive control
+    assert post(client, sid, "timeout", {"timeout_seconds": 2}).json()["state"] == "running"
     wait_for(lambda: client.request("GET", f"/v1/sandboxes/{sid}").status == 404,
              "the lease to delete the sandbox")
     assert sid not in {s["id"] for s in client.list()}

@@ -9,6 +9,7 @@ is stopped cleanly (reason `daemon_restart`, files kept) or adopted still runnin
 ended meanwhile takes effect, and a later DELETE leaves nothing on the host.
 """
 
+import calendar
 import concurrent.futures
 import glob
 import os
@@ -22,6 +23,11 @@ import pytest
 import conftest
 
 N_SANDBOXES = 10
+
+
+def epoch(ts):
+    """Seconds since the epoch of an RFC 3339 UTC timestamp of the API."""
+    return calendar.timegm(time.strptime(ts[:19], "%Y-%m-%dT%H:%M:%S"))
 
 
 def mount_points(pid="self"):
@@ -95,6 +101,7 @@ def own_daemon(daemon):
     if not mounted:
         shutil.rmtree(state, ignore_errors=True)  # `images` is a symlink: removed, not followed
     assert not mounted, f"mounts left under {state}: {mounted}"
+    assert not leftovers, f"sandboxes left by the tests (deleted now): {leftovers}"
     assert not bad, f"sanitizer reports in {d.log_path}:\n{d.log_tail(200)}"
     assert status == 0, f"daemon did not exit cleanly on SIGTERM: {status}\n{d.log_tail()}"
     shutil.rmtree(d.logdir, ignore_errors=True)
@@ -176,11 +183,22 @@ def test_kill9_with_ten_sandboxes_then_restart(own_daemon):
 def test_lease_that_ended_while_the_daemon_was_down(own_daemon):
     d = own_daemon
     c = d.client
-    gone = c.create(memory_mib=256, timeout_seconds=3, on_lease_end="delete")["id"]
-    kept = c.create(memory_mib=256, timeout_seconds=3, on_lease_end="stop")["id"]
+    gone = c.create(memory_mib=256, timeout_seconds=600, on_lease_end="delete")["id"]
+    kept = c.create(memory_mib=256, timeout_seconds=600, on_lease_end="stop")["id"]
     c.write_file(kept, "kept.txt", b"kept\n")
+    # short leases only now, so they cannot end while the daemon is still up (however slow the
+    # creates were); the positive control: both are running with their leases still ahead
+    ends = []
+    for sid in (gone, kept):
+        sb = c.expect(200, "POST", f"/v1/sandboxes/{sid}/timeout", {"timeout_seconds": 2}).json()
+        assert sb["state"] == "running", sb
+        ends.append(epoch(sb["lease_ends_at"]))
+    assert time.time() < min(ends), "a lease ended before the crash"
     crash(d)
-    time.sleep(4)
+    # wait on the condition (both leases over by the clock), not for a fixed time
+    # (lease_ends_at is rounded up to the second, so past it the lease is surely over)
+    while time.time() <= max(ends):
+        time.sleep(0.1)
     restart(d)
 
     # the delete took effect as the daemon started

@@ -3,6 +3,8 @@
 import datetime
 import re
 
+import pytest
+
 import wrclient
 
 ID_RE = re.compile(r"^sb-[a-z2-7]{21}$")
@@ -115,6 +117,19 @@ def test_create_with_every_field(client, make_sandbox):
         assert sb[k] == v, k
     assert_lease(sb)
     assert client.get(sb["id"]) == sb
+
+
+@pytest.mark.parametrize("given, returned", [
+    ({}, {"internet": False}),
+    ({"internet": True}, {"internet": True}),
+    ({"allow": ["pypi.org"]}, {"internet": False, "allow": ["pypi.org"]}),
+    ({"internet": False, "allow": []}, {"internet": False, "allow": []}),
+])
+def test_network_is_returned_normalised(client, make_sandbox, given, returned):
+    """api/openapi.yaml NetworkOut: `internet` always present, `allow` only when given."""
+    sb = make_sandbox(memory_mib=256, network=given)
+    assert sb["network"] == returned
+    assert client.get(sb["id"])["network"] == returned
 
 
 def test_empty_body_creates_default_sandbox(client, make_sandbox):

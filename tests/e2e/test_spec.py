@@ -1,8 +1,11 @@
-"""api/openapi.yaml is valid OpenAPI 3.1 and covers every route and error of docs/api.md.
-(No daemon needed.)"""
+"""api/openapi.yaml is valid OpenAPI 3.1, covers every route and error of docs/api.md, and its
+enums (states, reasons) are the daemon's own, as `withruntime serve --print-enums` prints them
+(no daemon is started)."""
 
+import json
 import os
 import re
+import subprocess
 
 import yaml
 from openapi_spec_validator import validate
@@ -71,3 +74,67 @@ def test_spec_rejects_what_it_should():
         except apispec.SpecError:
             continue
         raise AssertionError(f"accepted {status} {ctype} {body!r}")
+
+
+# ---- the spec's enums against the daemon's own (`withruntime serve --print-enums`) ----
+
+def daemon_enums():
+    """{"states": [...], "reasons": [...]}: every state and state_reason the daemon can report,
+    as the binary under test (WR_BIN) prints them."""
+    from conftest import WR_BIN
+    r = subprocess.run([WR_BIN, "serve", "--print-enums"], stdin=subprocess.DEVNULL,
+                       capture_output=True, timeout=30)
+    assert r.returncode == 0, f"{WR_BIN} serve --print-enums: exit {r.returncode}: " \
+        f"{r.stderr.decode(errors='replace')[-2000:]}"
+    enums = json.loads(r.stdout)
+    assert set(enums) >= {"states", "reasons"}, enums
+    for k in ("states", "reasons"):
+        assert enums[k] and len(set(enums[k])) == len(enums[k]), enums
+    return enums
+
+
+def schemas():
+    return apispec.spec().doc["components"]["schemas"]
+
+
+def test_spec_states_are_the_daemons():
+    assert set(schemas()["State"]["enum"]) == set(daemon_enums()["states"])
+
+
+def test_spec_reasons_are_the_daemons():
+    s = schemas()
+    assert set(s["StateReason"]["enum"]) == set(daemon_enums()["reasons"])
+    # both places a reason is returned use that list
+    assert s["Sandbox"]["properties"]["state_reason"]["$ref"].endswith("/StateReason")
+    assert s["Event"]["properties"]["reason"]["$ref"].endswith("/StateReason")
+
+
+def lifecycle_table(heading):
+    """The first column (`name`) of the table after `heading`'s line in docs/lifecycle.md."""
+    with open(os.path.join(ROOT, "docs", "lifecycle.md")) as f:
+        text = f.read()
+    rest = text.split(heading, 1)[1]
+    names = []
+    for line in rest.splitlines()[1:]:
+        if not line.startswith("|"):
+            if names:
+                break
+            continue
+        m = re.match(r"\|\s*`([a-z_]+)`\s*\|", line)
+        if m:
+            names.append(m.group(1))
+    return names
+
+
+def test_lifecycle_doc_lists_the_daemons_states_and_reasons():
+    enums = daemon_enums()
+    assert set(lifecycle_table("| state | meaning |")) == set(enums["states"])
+    assert set(lifecycle_table("| reason | when |")) == set(enums["reasons"])
+
+
+def test_sdk_names_every_state():
+    with open(os.path.join(ROOT, "python", "withruntime", "sandbox.py")) as f:
+        src = f.read()
+    doc = src.split("def state(self)", 1)[1].split('"""')[1]
+    for state in daemon_enums()["states"]:
+        assert f"``{state}``" in doc, state

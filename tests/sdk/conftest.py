@@ -9,6 +9,11 @@ Environment:
 
 The image is built into the state directory before the daemon starts (cached). The SDK under
 test finds the daemon through RUNTIME_URL, as a user's program would.
+
+Every test has a time limit (pytest-timeout, DEFAULT_TIMEOUT unless marked
+`@pytest.mark.timeout(N)`), so a hung test fails alone and its fixtures still tear down. A
+sandbox a test leaves behind (a `with` block with on_lease_end="stop" leaves a stopped one: the
+test must delete it) fails the run, naming the sandbox and the test.
 """
 
 import os
@@ -21,6 +26,7 @@ import time
 import urllib.request
 
 import pytest
+import pytest_timeout  # noqa: F401 - required: tests/sdk/requirements.txt
 
 # Agno reports runs to its own service unless told not to; tests talk to loopback only.
 os.environ["AGNO_TELEMETRY"] = "false"
@@ -33,6 +39,13 @@ sys.path.insert(0, HERE)
 from stubhttp import free_port  # noqa: E402
 
 DEV_BIN = "/tmp/wrd"
+DEFAULT_TIMEOUT = 300
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(DEFAULT_TIMEOUT))
 
 
 def _binary():
@@ -113,15 +126,25 @@ class Daemon:
             return ""
         return b"\n".join(lines).decode(errors="replace")
 
+    def sandbox_ids(self):
+        """The ids of the sandboxes the daemon has (an empty set if it cannot say)."""
+        try:
+            import withruntime
+            return {s.id for s in withruntime.Sandbox.list(client=withruntime.Client(self.url))}
+        except Exception:  # noqa: BLE001 - a broken daemon is reported elsewhere
+            return set()
+
     def stop(self):
-        """Deletes the sandboxes the tests left (stopped ones are expected: leaving a
-        `with` block stops them), then SIGTERM, SIGKILL after 10 s."""
+        """Deletes the sandboxes the tests left, then SIGTERM, SIGKILL after 10 s. Returns the
+        ids it deleted."""
+        left = []
         if self.proc is None or self.proc.poll() is not None:
-            return
+            return left
         try:
             import withruntime
             client = withruntime.Client(self.url)
             for sbx in withruntime.Sandbox.list(client=client):
+                left.append(sbx.id)
                 try:
                     sbx.delete()
                 except withruntime.WithruntimeError as e:
@@ -134,19 +157,25 @@ class Daemon:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        return left
+
+
+# sandbox id -> the test that created it and left it (see `no_leaks`)
+_LEFT_BY = {}
 
 
 @pytest.fixture(scope="session")
 def daemon(request):
     d = Daemon()
     saved = {k: os.environ.get(k) for k in ("RUNTIME_URL", "RUNTIME_API_KEY")}
+    left = []
     try:
         d.start()
         os.environ["RUNTIME_URL"] = d.url
         os.environ.pop("RUNTIME_API_KEY", None)
         yield d
     finally:
-        d.stop()
+        left = d.stop()
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -154,6 +183,22 @@ def daemon(request):
                 os.environ[k] = v
         if request.session.testsfailed == 0:  # keep the daemon's log only when something failed
             shutil.rmtree(d.logdir, ignore_errors=True)
+    assert not left, "sandboxes left by the tests (deleted now): " + ", ".join(
+        f"{sid} (left by {_LEFT_BY.get(sid, 'a fixture or an unknown test')})" for sid in left)
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request):
+    """Notes the sandboxes a test that uses the session's daemon created and did not delete
+    (after its own fixtures' clean-up), for the session fixture to name at the end."""
+    if "daemon" not in request.fixturenames:
+        yield
+        return
+    d = request.getfixturevalue("daemon")
+    before = d.sandbox_ids()
+    yield
+    for sid in d.sandbox_ids() - before:
+        _LEFT_BY.setdefault(sid, request.node.nodeid)
 
 
 @pytest.fixture

@@ -3,7 +3,10 @@ socket; the key goes in the Authorization header and nowhere else."""
 
 import json
 import os
+import shlex
+import shutil
 import signal
+import socket
 import time
 
 import pytest
@@ -193,12 +196,29 @@ def test_starts_the_local_daemon_when_none_runs(daemon, clean_env, monkeypatch):
         pytest.skip("the dev daemon binary has no command line to start a daemon with")
     if os.geteuid() != 0:
         pytest.skip("only root's programs start the local daemon")
+    if shutil.which("unshare") is None:
+        pytest.fail("unshare (util-linux) is needed to start the daemon in a network namespace")
+    # The daemon the CLI starts serves its state directory's socket and also 127.0.0.1:7070
+    # (the CLI gives `serve` no --listen). The README's two commands leave such a daemon
+    # running, so 7070 may be taken on this host: the `withruntime` the SDK finds on PATH runs
+    # the real one in a network namespace of its own, where 7070 is free, and the test talks to
+    # it over the socket (a path, reachable from any network namespace).
     bindir = clean_env / "bin"
     bindir.mkdir()
-    (bindir / "withruntime").symlink_to(daemon.bin)
+    wrapper = bindir / "withruntime"
+    wrapper.write_text(f'#!/bin/sh\nexec unshare --net -- {shlex.quote(daemon.bin)} "$@"\n')
+    wrapper.chmod(0o755)
     state = str(clean_env / "state")
     monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
     monkeypatch.setenv("WITHRUNTIME_STATE_DIR", state)
+    # as on a host where the README's daemon runs: 7070 held here, whenever it is free
+    holder = socket.socket()
+    try:
+        holder.bind(("127.0.0.1", 7070))
+        holder.listen(1)
+    except OSError:
+        holder.close()
+        holder = None
     try:
         client = Client()
         assert client.url == f"unix:{state}/withruntime.sock"
@@ -213,3 +233,5 @@ def test_starts_the_local_daemon_when_none_runs(daemon, clean_env, monkeypatch):
             if not any(os.path.exists(f"/proc/{pid}") for pid in pids):
                 break
             time.sleep(0.1)
+        if holder is not None:
+            holder.close()

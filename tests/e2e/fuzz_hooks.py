@@ -1,0 +1,73 @@
+"""Schemathesis hooks for test_fuzz.py (loaded through SCHEMATHESIS_HOOKS in the fuzzer's
+process, not by pytest).
+
+- A sandbox the fuzzer creates is deleted when it creates the next one, so at most one of its
+  own exists at a time (the test deletes the last).
+- A well-formed sandbox id in a generated case is replaced by WR_FUZZ_SANDBOX (a running
+  sandbox the test made), and every command id by WR_FUZZ_COMMAND (a background command
+  in it), so the operations reach real ones instead of answering 404 every time; malformed ids
+  go through as generated. DELETE keeps its generated id (the
+  shared sandbox is the test's to delete).
+- After a stop or a new timeout on the shared sandbox, it is given back a long lease and started
+  again, so later cases still find it running.
+Requests go to WR_FUZZ_URL only (the daemon on 127.0.0.1).
+"""
+
+import json
+import os
+import re
+import urllib.error
+import urllib.request
+
+import schemathesis
+
+URL = os.environ["WR_FUZZ_URL"]
+SANDBOX = os.environ.get("WR_FUZZ_SANDBOX", "")
+COMMAND = os.environ.get("WR_FUZZ_COMMAND", "")
+SANDBOX_ID = re.compile(r"^sb-[a-z2-7]{21}$")
+_created = []  # the fuzzer's own sandbox, if it has one now
+assert URL.startswith("http://127.0.0.1:"), URL
+
+
+def _call(method, path, body=None):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(URL + path, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+@schemathesis.hook
+def before_call(context, case, kwargs):
+    params = case.path_parameters or {}
+    if COMMAND and "cid" in params:  # command ids are free-form: any unknown one is 404
+        params["cid"] = COMMAND
+    sid = params.get("id")
+    if not SANDBOX or not isinstance(sid, str) or not SANDBOX_ID.match(sid):
+        return
+    deleting = case.method.upper() == "DELETE" and case.path == "/v1/sandboxes/{id}"
+    if deleting:
+        if sid == SANDBOX:  # a case derived from an earlier one: not this one
+            params["id"] = "sb-" + "a" * 21
+    else:
+        params["id"] = SANDBOX
+
+
+@schemathesis.hook
+def after_call(context, case, response):
+    method, path = case.method.upper(), case.path
+    if method == "POST" and path == "/v1/sandboxes" and response.status_code == 201:
+        try:
+            sid = response.json()["id"]
+        except (ValueError, KeyError, TypeError):
+            return
+        while _created:
+            _call("DELETE", f"/v1/sandboxes/{_created.pop()}")
+        _created.append(sid)
+    elif (SANDBOX and (case.path_parameters or {}).get("id") == SANDBOX
+          and path.rsplit("/", 1)[-1] in ("stop", "timeout")):
+        _call("POST", f"/v1/sandboxes/{SANDBOX}/timeout", {"timeout_seconds": 3600})
+        _call("POST", f"/v1/sandboxes/{SANDBOX}/start")
