@@ -63,10 +63,10 @@ static int signal_number(json_t *v)
                  {"USR2", SIGUSR2}, {"STOP", SIGSTOP}, {"CONT", SIGCONT}};
     if (!v)
         return SIGTERM;
-    if (json_is_integer(v))
-        return json_integer_value(v) >= 1 && json_integer_value(v) <= 64
-                   ? (int)json_integer_value(v)
-                   : -1;
+    if (json_is_number(v)) {
+        double n = json_number_value(v);
+        return n >= 1 && n <= 64 && n == (int)n ? (int)n : -1;
+    }
     if (!json_is_string(v))
         return -1;
     const char *s = json_string_value(v);

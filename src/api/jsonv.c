@@ -44,16 +44,23 @@ int jv_int(json_t *o, const char *name, long long min, long long max, long long 
            struct wr_err *err)
 {
     json_t *v = json_object_get(o, name);
-    if (!v || json_is_null(v)) {
+    if (!v) {
         *out = def;
         return 0;
     }
-    if (!json_is_integer(v) || json_integer_value(v) < min || json_integer_value(v) > max) {
+    /* JSON has one number type: 65535.0 is the integer 65535 (as JSON Schema says). */
+    int whole =
+        json_is_integer(v) || (json_is_real(v) && fabs(json_real_value(v)) < 9007199254740992.0 &&
+                               json_real_value(v) == floor(json_real_value(v)));
+    long long n = json_is_integer(v) ? json_integer_value(v)
+                  : whole            ? (long long)json_real_value(v)
+                                     : 0;
+    if (!whole || n < min || n > max) {
         wr_err_kind(err, WR_E_INVALID, 0, "%s: must be an integer from %lld to %lld", name, min,
                     max);
         return -1;
     }
-    *out = json_integer_value(v);
+    *out = n;
     return 0;
 }
 
@@ -61,7 +68,7 @@ int jv_number(json_t *o, const char *name, double min_excl, double max, double d
               struct wr_err *err)
 {
     json_t *v = json_object_get(o, name);
-    if (!v || json_is_null(v)) {
+    if (!v) {
         *out = def;
         return 0;
     }
@@ -78,7 +85,7 @@ int jv_number(json_t *o, const char *name, double min_excl, double max, double d
 int jv_bool(json_t *o, const char *name, int def, int *out, struct wr_err *err)
 {
     json_t *v = json_object_get(o, name);
-    if (!v || json_is_null(v)) {
+    if (!v) {
         *out = def;
         return 0;
     }
@@ -99,7 +106,7 @@ static int str_ok(json_t *v, size_t maxlen)
 int jv_string(json_t *o, const char *name, size_t maxlen, const char **out, struct wr_err *err)
 {
     json_t *v = json_object_get(o, name);
-    if (!v || json_is_null(v))
+    if (!v)
         return 0;
     if (!str_ok(v, maxlen)) {
         wr_err_kind(err, WR_E_INVALID, 0, "%s: must be a string of at most %zu bytes without NUL",
@@ -114,7 +121,7 @@ int jv_string_map(json_t *o, const char *name, size_t max_entries, size_t max_ke
                   int env_keys, json_t **out, struct wr_err *err)
 {
     json_t *m = json_object_get(o, name);
-    if (!m || json_is_null(m))
+    if (!m)
         return 0;
     if (!json_is_object(m)) {
         wr_err_kind(err, WR_E_INVALID, 0, "%s: must be an object of strings", name);
@@ -149,7 +156,7 @@ int jv_string_array(json_t *o, const char *name, size_t max_items, size_t max_le
                     struct wr_err *err)
 {
     json_t *a = json_object_get(o, name);
-    if (!a || json_is_null(a))
+    if (!a)
         return 0;
     if (!json_is_array(a) || json_array_size(a) == 0 || json_array_size(a) > max_items) {
         wr_err_kind(err, WR_E_INVALID, 0, "%s: must be an array of 1 to %zu strings", name,

@@ -2,7 +2,8 @@
  * Validation of JSON request bodies with messages that name the field, so a
  * client learns exactly what to fix ("cpus: must be an integer from 1 to 2").
  * Each getter returns 0 on success (absent fields take the default), or -1
- * with err set (kind WR_E_INVALID).
+ * with err set (kind WR_E_INVALID). null is not a value: a field is given or
+ * left out.
  */
 #ifndef WR_API_JSONV_H
 #define WR_API_JSONV_H

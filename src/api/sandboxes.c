@@ -18,11 +18,11 @@ static const char *const network_fields[] = {"internet", "allow", NULL};
 
 /*
  * Checks `network` and returns it normalised as {"internet": bool[, "allow": [...]]} (new
- * reference; absent or null = no internet), or NULL with err set.
+ * reference; absent = no internet), or NULL with err set.
  */
 static json_t *parse_network(json_t *net, struct wr_err *err)
 {
-    if (!net || json_is_null(net))
+    if (!net)
         return json_pack("{s:b}", "internet", 0);
     json_t *internet = json_object_get(net, "internet");
     json_t *allow = json_object_get(net, "allow");

@@ -5,6 +5,7 @@
  */
 #include "daemon/service.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -73,7 +74,8 @@ void svc_sandbox_create(struct daemon *d, const struct sandbox_opts *o, struct s
     char rootfs[PATH_MAX];
     struct wr_err err = {0};
     if (image_rootfs(d->cfg.state_dir, o->image, rootfs, sizeof(rootfs), &err) < 0) {
-        sink_failf(s, WR_E_INVALID, 0, "image: %s", err.msg);
+        /* A well-formed name of an image that is not built names something that is not there. */
+        sink_failf(s, err.code == ENOENT ? WR_E_NOT_FOUND : WR_E_INVALID, 0, "image: %s", err.msg);
         return;
     }
     struct sandbox *sb = sandbox_new(d);

@@ -109,6 +109,11 @@ static void on_request(struct evhttp_request *req, void *arg)
     }
     if (r->evcon)
         evhttp_connection_set_closecb(r->evcon, on_conn_close, r);
+    /* evhttp does not read a TRACE or CONNECT request's body: on a kept-alive connection it
+     * would be parsed as the next request. Such a connection ends with its answer. */
+    enum evhttp_cmd_type t = evhttp_request_get_command(req);
+    if (t == EVHTTP_REQ_TRACE || t == EVHTTP_REQ_CONNECT)
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
     s->handler(r, s->ctx);
 }
 

@@ -107,7 +107,10 @@ def test_invalid_json_is_400(client, data):
     ({"memory_mib": 65537}, "memory_mib"),
     ({"memory_mib": "4096"}, "memory_mib"),
     ({"image": 5}, "image"),
-    ({"image": "no-such-image"}, "image"),
+    ({"image": "No such image!"}, "image"),
+    ({"cpus": None}, "cpus"),
+    ({"network": None}, "network"),
+    ({"on_lease_end": None}, "on_lease_end"),
     ({"env": {"A": 1}}, "env"),
     ({"env": ["A=1"]}, "env"),
     ({"env": {"A=B": "x"}}, "env"),
@@ -134,6 +137,14 @@ def test_bad_create_fields_are_400(client, body, field):
     msg = expect_error(r, 400, "invalid_request")
     assert field in msg, msg
     assert {s["id"] for s in client.list()} == before  # nothing was created
+
+
+def test_an_image_that_is_not_built_is_404(client):
+    before = {s["id"] for s in client.list()}
+    r = client.request("POST", "/v1/sandboxes", {"image": "no-such-image"})
+    msg = expect_error(r, 404, "not_found")
+    assert "no-such-image" in msg and "image build" in msg, msg
+    assert {s["id"] for s in client.list()} == before
 
 
 @pytest.mark.parametrize("body,field", [
