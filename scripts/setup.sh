@@ -40,7 +40,7 @@ SRC
 }
 
 PKGS="build-essential pkg-config libevent-dev libjansson-dev libsqlite3-dev \
-libssl-dev libcmocka-dev mmdebstrap iproute2 procps ca-certificates \
+mmdebstrap iproute2 procps ca-certificates \
 python3 python3-venv clang-format e2fsprogs"
 
 need=""

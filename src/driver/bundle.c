@@ -35,18 +35,6 @@ static const char *const sandbox_caps[] = {
 
 /* ---- paths ---- */
 
-/* overlayfs takes its directories in a comma- and colon-separated option string. */
-int bundle_check_path(const char *what, const char *p, struct wr_err *err)
-{
-    if (!p || p[0] != '/')
-        return wr_err_set(err, EINVAL, "%s must be an absolute path", what);
-    if (strpbrk(p, ",:\\\n"))
-        return wr_err_set(err, EINVAL, "%s \"%s\" contains ',', ':' or '\\'", what, p);
-    if (strlen(p) > PATH_MAX - 64)
-        return wr_err_set(err, ENAMETOOLONG, "%s is too long", what);
-    return 0;
-}
-
 static void fill_paths(struct sb_paths *sp, const char *dir)
 {
     snprintf(sp->dir, sizeof(sp->dir), "%s", dir);
@@ -64,7 +52,7 @@ static void fill_paths(struct sb_paths *sp, const char *dir)
 
 int bundle_paths(const char *dir, struct sb_paths *sp, struct wr_err *err)
 {
-    if (bundle_check_path("sandbox directory", dir, err) < 0)
+    if (driver_check_overlay_path("sandbox directory", dir, err) < 0)
         return -1;
     char real[PATH_MAX];
     if (!realpath(dir, real)) {
@@ -76,7 +64,7 @@ int bundle_paths(const char *dir, struct sb_paths *sp, struct wr_err *err)
     }
     if (!strcmp(real, "/"))
         return wr_err_set(err, EINVAL, "refusing to use / as a sandbox directory");
-    if (bundle_check_path("sandbox directory", real, err) < 0)
+    if (driver_check_overlay_path("sandbox directory", real, err) < 0)
         return -1;
     fill_paths(sp, real);
     return 1;

@@ -6,6 +6,7 @@
 #include "driver/driver.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,6 +70,30 @@ const struct driver_ops *driver_select(const char *name, const struct driver_con
     if (err)
         *err = first;
     return NULL;
+}
+
+int driver_check_id(const char *id, struct wr_err *err)
+{
+    if (!id || strlen(id) != DRIVER_ID_LEN)
+        return wr_err_set(err, EINVAL, "sandbox id must be %d characters", DRIVER_ID_LEN);
+    for (const char *p = id; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '-'))
+            return wr_err_set(err, EINVAL, "sandbox id \"%s\" has characters outside [a-z0-9-]",
+                              id);
+    return 0;
+}
+
+int driver_check_overlay_path(const char *what, const char *p, struct wr_err *err)
+{
+    if (!p || p[0] != '/')
+        return wr_err_set(err, EINVAL, "%s must be an absolute path", what);
+    if (strpbrk(p, ",:\\\n"))
+        return wr_err_set(err, EINVAL, "%s \"%s\" contains ',', ':' or '\\'", what, p);
+    if (strlen(p) > PATH_MAX - 64)
+        return wr_err_set(err, ENAMETOOLONG, "%s is too long", what);
+    if (!strcmp(p, "/"))
+        return wr_err_set(err, EINVAL, "refusing to use / as %s", what);
+    return 0;
 }
 
 static pthread_t forbidden;

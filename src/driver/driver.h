@@ -90,6 +90,15 @@ struct driver_config {
     int debug;             /* keep runsc debug logs in the sandbox dir */
 };
 
+/** Checks a sandbox id before it goes into paths, cgroup names or command lines. 0 or -1. */
+int driver_check_id(const char *id, struct wr_err *err);
+
+/**
+ * Checks a host path that goes into an overlayfs option string (absolute, no ',', ':' or '\\',
+ * not "/", not too long); `what` names it in the message. Returns 0 or -1.
+ */
+int driver_check_overlay_path(const char *what, const char *p, struct wr_err *err);
+
 /** Looks up a driver by name ("gvisor", "fake"); NULL if unknown. */
 const struct driver_ops *driver_find(const char *name);
 

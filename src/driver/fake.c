@@ -82,36 +82,12 @@ struct fk_start {
 
 /* ---- validation and paths ---- */
 
-static int check_id(const char *id, struct wr_err *err)
-{
-    if (!id || strlen(id) != DRIVER_ID_LEN)
-        return wr_err_set(err, EINVAL, "sandbox id must be %d characters", DRIVER_ID_LEN);
-    for (const char *p = id; *p; p++)
-        if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '-'))
-            return wr_err_set(err, EINVAL, "sandbox id \"%s\" has characters outside [a-z0-9-]",
-                              id);
-    return 0;
-}
-
-/* overlayfs takes its directories in a comma- and colon-separated option string. */
-static int check_path(const char *what, const char *p, struct wr_err *err)
-{
-    if (!p || p[0] != '/')
-        return wr_err_set(err, EINVAL, "%s must be an absolute path", what);
-    if (strpbrk(p, ",:\\\n"))
-        return wr_err_set(err, EINVAL, "%s \"%s\" contains ',', ':' or '\\'", what, p);
-    if (strlen(p) > PATH_MAX - 64)
-        return wr_err_set(err, ENAMETOOLONG, "%s is too long", what);
-    if (!strcmp(p, "/"))
-        return wr_err_set(err, EINVAL, "refusing to use / as %s", what);
-    return 0;
-}
-
 static int fill_paths(const struct driver_spec *spec, struct fk_paths *p, struct wr_err *err)
 {
     if (!conf.configured)
         return wr_err_set(err, EINVAL, "the fake driver was not configured");
-    if (check_id(spec->id, err) < 0 || check_path("sandbox directory", spec->dir, err) < 0)
+    if (driver_check_id(spec->id, err) < 0 ||
+        driver_check_overlay_path("sandbox directory", spec->dir, err) < 0)
         return -1;
     snprintf(p->dir, sizeof(p->dir), "%s", spec->dir);
     size_t n = strlen(p->dir);
@@ -559,7 +535,7 @@ static int fk_start(const struct driver_spec *spec, int *chan_fd, struct wr_err 
     *chan_fd = -1;
     struct fk_start s = {.spec = spec, .sv = {-1, -1}, .logfd = -1};
     if (fill_paths(spec, &s.p, err) < 0 ||
-        check_path("image root filesystem", spec->image_rootfs, err) < 0)
+        driver_check_overlay_path("image root filesystem", spec->image_rootfs, err) < 0)
         return -1;
     struct stat st;
     if (!spec->agent_path || spec->agent_path[0] != '/' || stat(spec->agent_path, &st) < 0 ||

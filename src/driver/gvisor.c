@@ -99,24 +99,12 @@ int gvisor_pids_limit(int pids_max)
     return PIDS_BACKSTOP(pids_max);
 }
 
-/* Ids go into paths, cgroup names and runsc's command line. */
-static int check_id(const char *id, struct wr_err *err)
-{
-    if (!id || strlen(id) != DRIVER_ID_LEN)
-        return wr_err_set(err, EINVAL, "sandbox id must be %d characters", DRIVER_ID_LEN);
-    for (const char *p = id; *p; p++)
-        if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '-'))
-            return wr_err_set(err, EINVAL, "sandbox id \"%s\" has characters outside [a-z0-9-]",
-                              id);
-    return 0;
-}
-
 /* The checks every operation on a sandbox but stats starts with. */
 static int check_sandbox(const struct driver_spec *spec, struct wr_err *err)
 {
     if (!gvisor_conf.configured)
         return wr_err_set(err, EINVAL, "the gvisor driver was not configured");
-    return check_id(spec->id, err);
+    return driver_check_id(spec->id, err);
 }
 
 /* ---- the steps of a start, each with its undo ---- */
@@ -151,7 +139,7 @@ static int step_check(struct gv_run *r, struct wr_err *err)
     const struct driver_spec *spec = r->spec;
     if (check_sandbox(spec, err) < 0)
         return -1;
-    if (bundle_check_path("image root filesystem", spec->image_rootfs, err) < 0)
+    if (driver_check_overlay_path("image root filesystem", spec->image_rootfs, err) < 0)
         return -1;
     if (!spec->agent_path || spec->agent_path[0] != '/')
         return wr_err_set(err, EINVAL, "agent path must be absolute");
@@ -481,7 +469,7 @@ static int gv_is_running(const struct driver_spec *spec, struct wr_err *err)
 static int gv_stats(const struct driver_spec *spec, struct driver_stats *out, struct wr_err *err)
 {
     memset(out, 0, sizeof(*out));
-    if (check_id(spec->id, err) < 0)
+    if (driver_check_id(spec->id, err) < 0)
         return -1;
     struct cgroup_usage u;
     if (cgroup_usage(spec->id, &u, err) < 0)

@@ -80,9 +80,6 @@ struct sb_paths {
     char log[PATH_MAX];
 };
 
-/** Checks that p (named what in errors) can be given to overlayfs. Returns 0 or -1. */
-int bundle_check_path(const char *what, const char *p, struct wr_err *err);
-
 /**
  * Fills sp from dir, resolved to its canonical path (mountinfo shows canonical paths).
  * Returns 1 if dir exists, 0 if it does not (paths filled from the given name), -1 on error.
