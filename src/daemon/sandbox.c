@@ -521,6 +521,7 @@ static void create_start_done(void *p)
 
 static void start_job(struct sandbox *sb, int is_create, sandbox_done_cb done, void *arg)
 {
+    sb->oom_kills_seen = 0; /* a start makes its cgroup afresh */
     struct sandbox_job *j = job_new(sb, JOB_START, done, arg);
     j->is_create = is_create;
     if (mkdir(sb->dir, 0700) < 0 && errno != EEXIST) {
@@ -730,6 +731,12 @@ static void on_pong(void *arg, const struct proto_header *h, const uint8_t *payl
         sb->last_pong_ms = now_ms_monotonic();
 }
 
+static void on_watch_stats(struct sandbox *sb, int rc, const struct driver_stats *st, void *arg)
+{
+    if (rc == 0 && sb->state == SB_RUNNING)
+        sb->oom_kills_seen = st->oom_kills;
+}
+
 /*
  * Pings each running sandbox's agent every few seconds. An agent that has not answered for
  * WATCHDOG_MS (frozen, or stuck) makes its sandbox failed with reason agent_unresponsive, so
@@ -749,6 +756,7 @@ static void watchdog(struct sandbox *sb)
         return;
     sb->ping_sent_ms = now;
     sb->ping_id = agentconn_request(sb->conn, PROTO_PING, NULL, 0, on_pong, sb);
+    sandbox_read_stats(sb, on_watch_stats, NULL);
 }
 
 /* Leases: a sandbox whose lease has ended is stopped or deleted, as on_lease_end says. */

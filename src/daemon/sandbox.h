@@ -59,6 +59,11 @@ struct sandbox {
     uint32_t ping_id;      /* the watchdog's outstanding PING, 0 if none */
     uint64_t ping_sent_ms; /* monotonic */
     uint64_t last_pong_ms;
+    /* The host OOM killer's count in its cgroup as last read: every PING_EVERY_MS by the
+     * watchdog and after each failed exec. An exec that fails with the count above what it was
+     * when the exec started reports oom_killed. (So an OOM kill of some other process in the
+     * few seconds before a failing exec is laid at that exec's door too.) */
+    uint64_t oom_kills_seen;
     enum sb_deferred deferred;
     void (*deferred_done)(struct sandbox *sb, int ok, const char *message, void *arg);
     void *deferred_arg;
