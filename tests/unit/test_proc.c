@@ -82,7 +82,7 @@ static void cleanup(void)
 static void run_checks(const char *mode)
 {
     char out[256];
-    struct wr_err err;
+    struct wr_err err = {0};
 
     char *t[] = {"true", NULL};
     ok(proc_run(t, 5000, out, sizeof(out), &err) == 0 && out[0] == '\0',
@@ -155,7 +155,7 @@ static void run_checks(const char *mode)
 
 static void spawn_checks(const char *mode)
 {
-    struct wr_err err;
+    struct wr_err err = {0};
     int status = -1;
 
     char *ex[] = {"sh", "-c", "exit 7", NULL};
@@ -247,7 +247,7 @@ int main(void)
     run_checks("no reaper");
     spawn_checks("no reaper");
 
-    struct wr_err err;
+    struct wr_err err = {0};
     ok(proc_reaper_start(&err) == 0, "proc_reaper_start");
     ok(proc_reaper_start(&err) == 0, "a second proc_reaper_start is harmless");
     run_checks("reaper");
