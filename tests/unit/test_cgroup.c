@@ -22,6 +22,13 @@
 #include "driver/cgroup.h"
 #include "tap.h"
 
+/* Clears err for the call it is passed to, so a message printed after it is that call's. */
+static struct wr_err *clr(struct wr_err *e)
+{
+    wr_err_clear(e);
+    return e;
+}
+
 #define ROOT "/sys/fs/cgroup"
 
 static char id[32];
@@ -160,7 +167,7 @@ static void cleanup(void)
             waitpid(children[i], NULL, 0);
         }
     struct wr_err err = {0};
-    cgroup_destroy(id, 2000, &err);
+    cgroup_destroy(id, 2000, clr(&err));
     if (extra_dir[0])
         rmdir(extra_dir);
     if (extra_parent[0])
@@ -176,7 +183,7 @@ int main(void)
         printf("ok 1 # SKIP not root: cgroups cannot be created\n1..1\n");
         return 0;
     }
-    if (cgroup_check(detail, sizeof(detail), &err) < 0) {
+    if (cgroup_check(detail, sizeof(detail), clr(&err)) < 0) {
         printf("ok 1 # SKIP no cgroup v1: %s\n1..1\n", err.msg);
         return 0;
     }
@@ -193,13 +200,13 @@ int main(void)
     struct cgroup_usage u;
     memset(&u, 0xff, sizeof(u));
     ok(!cgroup_exists(id), "no cgroup before create");
-    ok(cgroup_usage(id, &u, &err) == 0 && u.cpu_usec == 0 && u.memory_bytes == 0 && u.pids == 0 &&
-           u.oom_kills == 0,
+    ok(cgroup_usage(id, &u, clr(&err)) == 0 && u.cpu_usec == 0 && u.memory_bytes == 0 &&
+           u.pids == 0 && u.oom_kills == 0,
        "usage of an absent sandbox: 0, zeroed");
-    ok(cgroup_destroy(id, 1000, &err) == 0, "destroying absent cgroups is fine");
+    ok(cgroup_destroy(id, 1000, clr(&err)) == 0, "destroying absent cgroups is fine");
 
     struct cgroup_limits lim = {.cpus = 2, .memory_bytes = 64ull << 20, .pids_max = 50};
-    ok(cgroup_create(id, &lim, &err) == 0, "cgroup_create (%s)", err.msg);
+    ok(cgroup_create(id, &lim, clr(&err)) == 0, "cgroup_create (%s)", err.msg);
     ok(cgroup_exists(id), "cgroup_exists after create");
     ok(read_num("cpu", "cpu.cfs_period_us") > 0 &&
            read_num("cpu", "cpu.cfs_quota_us") == 2 * read_num("cpu", "cpu.cfs_period_us"),
@@ -210,12 +217,12 @@ int main(void)
     ok(memsw == -1 || memsw == 64ll << 20, "memory+swap limit is 64 MiB too (or absent: %lld)",
        memsw);
     ok(read_num("pids", "pids.max") == 50, "pids.max is 50");
-    ok(cgroup_usage(id, &u, &err) == 1 && u.pids == 0, "usage of an empty cgroup: 1, no pids");
+    ok(cgroup_usage(id, &u, clr(&err)) == 1 && u.pids == 0, "usage of an empty cgroup: 1, no pids");
 
     /* Reused with different limits, the larger memory limit above the old memsw included. */
     struct cgroup_limits lim2 = {.cpus = 1, .memory_bytes = 128ull << 20, .pids_max = 100};
-    ok(cgroup_create(id, &lim2, &err) == 0, "cgroup_create again with a larger memory limit (%s)",
-       err.msg);
+    ok(cgroup_create(id, &lim2, clr(&err)) == 0,
+       "cgroup_create again with a larger memory limit (%s)", err.msg);
     ok(read_num("memory", "memory.limit_in_bytes") == 128ll << 20 &&
            read_num("pids", "pids.max") == 100 &&
            read_num("cpu", "cpu.cfs_quota_us") == read_num("cpu", "cpu.cfs_period_us"),
@@ -223,7 +230,7 @@ int main(void)
     memsw = read_num("memory", "memory.memsw.limit_in_bytes");
     ok(memsw == -1 || memsw == 128ll << 20, "memory+swap follows (%lld)", memsw);
     struct cgroup_limits lim3 = {.cpus = 1, .memory_bytes = 32ull << 20, .pids_max = 100};
-    ok(cgroup_create(id, &lim3, &err) == 0 &&
+    ok(cgroup_create(id, &lim3, clr(&err)) == 0 &&
            read_num("memory", "memory.limit_in_bytes") == 32ll << 20,
        "and again with a smaller one (%s)", err.msg);
 
@@ -236,17 +243,17 @@ int main(void)
         close(go);
     }
     usleep(300000);
-    ok(cgroup_usage(id, &u, &err) == 1, "usage reads the counters");
+    ok(cgroup_usage(id, &u, clr(&err)) == 1, "usage reads the counters");
     ok(u.pids == 1, "usage counts 1 process (%llu)", (unsigned long long)u.pids);
     ok(u.cpu_usec >= 10000, "usage counts its CPU time (%llu us)", (unsigned long long)u.cpu_usec);
     ok(u.memory_bytes >= 4u << 20, "usage counts its memory (%llu bytes)",
        (unsigned long long)u.memory_bytes);
     ok(u.oom_kills == 0, "no OOM kills");
-    ok(cgroup_kill(id, 2000, &err) == 0, "cgroup_kill (%s)", err.msg);
+    ok(cgroup_kill(id, 2000, clr(&err)) == 0, "cgroup_kill (%s)", err.msg);
     ok(child > 0 && killed(child), "cgroup_kill killed the child with SIGKILL");
-    ok(cgroup_exists(id) && cgroup_usage(id, &u, &err) == 1 && u.pids == 0,
+    ok(cgroup_exists(id) && cgroup_usage(id, &u, clr(&err)) == 1 && u.pids == 0,
        "after cgroup_kill the cgroups stay, empty");
-    ok(cgroup_kill(id, 100, &err) == 0, "cgroup_kill on empty cgroups returns 0");
+    ok(cgroup_kill(id, 100, clr(&err)) == 0, "cgroup_kill on empty cgroups returns 0");
 
     /* A cgroup runsc would have made in another hierarchy, and a process still running:
      * cgroup_destroy kills it and removes every directory of the sandbox. */
@@ -264,7 +271,8 @@ int main(void)
         (void)!write(go, "x", 1);
         close(go);
     }
-    ok(cgroup_destroy(id, 2000, &err) == 0, "cgroup_destroy with a live process (%s)", err.msg);
+    ok(cgroup_destroy(id, 2000, clr(&err)) == 0, "cgroup_destroy with a live process (%s)",
+       err.msg);
     ok(sleeper > 0 && killed(sleeper), "cgroup_destroy killed the sleeping child");
     char first[512] = "";
     ok(!cgroup_exists(id), "cgroup_exists is 0 after destroy");
@@ -272,8 +280,8 @@ int main(void)
        "no %s directory left in " ROOT "/x/" CGROUP_PARENT " %s", id, first);
     if (access(extra_dir, F_OK) < 0)
         extra_dir[0] = '\0';
-    ok(cgroup_usage(id, &u, &err) == 0, "usage after destroy: 0");
-    ok(cgroup_destroy(id, 100, &err) == 0, "destroy again: 0");
+    ok(cgroup_usage(id, &u, clr(&err)) == 0, "usage after destroy: 0");
+    ok(cgroup_destroy(id, 100, clr(&err)) == 0, "destroy again: 0");
 
     return tap_done();
 }

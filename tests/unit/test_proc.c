@@ -20,6 +20,13 @@
 #include "common/proc.h"
 #include "tap.h"
 
+/* Clears err for the call it is passed to, so a message printed after it is that call's. */
+static struct wr_err *clr(struct wr_err *e)
+{
+    wr_err_clear(e);
+    return e;
+}
+
 static char tmpdir[] = "/tmp/wr-test-proc-XXXXXX";
 static pid_t strays[8];
 static int nstrays;
@@ -85,30 +92,30 @@ static void run_checks(const char *mode)
     struct wr_err err = {0};
 
     char *t[] = {"true", NULL};
-    ok(proc_run(t, 5000, out, sizeof(out), &err) == 0 && out[0] == '\0',
+    ok(proc_run(t, 5000, out, sizeof(out), clr(&err)) == 0 && out[0] == '\0',
        "%s: `true` succeeds with no output", mode);
 
     char *both[] = {"sh", "-c", "echo hello; echo world >&2", NULL};
-    ok(proc_run(both, 5000, out, sizeof(out), &err) == 0 && strcmp(out, "hello\nworld\n") == 0,
+    ok(proc_run(both, 5000, out, sizeof(out), clr(&err)) == 0 && strcmp(out, "hello\nworld\n") == 0,
        "%s: stdout and stderr are captured together", mode);
 
-    ok(proc_run(both, 5000, NULL, 0, &err) == 0, "%s: out may be NULL", mode);
+    ok(proc_run(both, 5000, NULL, 0, clr(&err)) == 0, "%s: out may be NULL", mode);
 
     char *fail[] = {"sh", "-c", "echo first line; echo the-last-line >&2; exit 3", NULL};
     memset(&err, 0, sizeof(err));
-    int r = proc_run(fail, 5000, out, sizeof(out), &err);
+    int r = proc_run(fail, 5000, out, sizeof(out), clr(&err));
     ok(r == -1 && strstr(out, "first line") != NULL, "%s: exit 3 fails, output still captured",
        mode);
     ok(strstr(err.msg, "sh") && strstr(err.msg, "the-last-line") && !strstr(err.msg, "first line"),
        "%s: the error names the command and quotes the last line only (%s)", mode, err.msg);
 
     char *sig[] = {"sh", "-c", "kill -9 $$", NULL};
-    ok(proc_run(sig, 5000, out, sizeof(out), &err) == -1, "%s: a child killed by a signal fails",
-       mode);
+    ok(proc_run(sig, 5000, out, sizeof(out), clr(&err)) == -1,
+       "%s: a child killed by a signal fails", mode);
 
     char *missing[] = {"wr-no-such-command-here", NULL};
     memset(&err, 0, sizeof(err));
-    r = proc_run(missing, 5000, out, sizeof(out), &err);
+    r = proc_run(missing, 5000, out, sizeof(out), clr(&err));
     ok(r == -1 && err.code != 0 && strstr(err.msg, "wr-no-such-command-here"),
        "%s: a missing command fails with an error naming it (%s)", mode, err.msg);
 
@@ -118,7 +125,7 @@ static void run_checks(const char *mode)
     char *slow[] = {"sh", "-c", pidcmd, NULL};
     memset(&err, 0, sizeof(err));
     long t0 = now_ms();
-    r = proc_run(slow, 300, out, sizeof(out), &err);
+    r = proc_run(slow, 300, out, sizeof(out), clr(&err));
     long took = now_ms() - t0;
     pid_t sleeper = read_pid("sleeper");
     ok(r == -1 && err.code == ETIMEDOUT, "%s: a sleeping child times out with ETIMEDOUT (%s)", mode,
@@ -130,12 +137,12 @@ static void run_checks(const char *mode)
     /* Output beyond the buffer: the child is not blocked on a full pipe, the rest is dropped. */
     char *loud[] = {"sh", "-c", "head -c 300000 /dev/zero | tr '\\0' a; echo end", NULL};
     char small[8];
-    ok(proc_run(loud, 10000, small, sizeof(small), &err) == 0 && strcmp(small, "aaaaaaa") == 0,
+    ok(proc_run(loud, 10000, small, sizeof(small), clr(&err)) == 0 && strcmp(small, "aaaaaaa") == 0,
        "%s: 300 KB into an 8-byte buffer: 7 bytes kept, NUL-terminated, command succeeds", mode);
     size_t biglen = 200 * 1024;
     char *big = malloc(biglen);
     memset(big, 'x', biglen);
-    r = proc_run(loud, 10000, big, biglen, &err);
+    r = proc_run(loud, 10000, big, biglen, clr(&err));
     ok(r == 0 && strlen(big) == 64 * 1024,
        "%s: capture stops at 64 KiB with a larger buffer (got %zu)", mode, strlen(big));
     free(big);
@@ -144,7 +151,7 @@ static void run_checks(const char *mode)
     snprintf(pidcmd, sizeof(pidcmd), "sleep 30 & echo $! > %s/grandchild; echo hi", tmpdir);
     char *gc[] = {"sh", "-c", pidcmd, NULL};
     t0 = now_ms();
-    r = proc_run(gc, 10000, out, sizeof(out), &err);
+    r = proc_run(gc, 10000, out, sizeof(out), clr(&err));
     took = now_ms() - t0;
     pid_t grandchild = read_pid("grandchild");
     ok(r == 0 && strcmp(out, "hi\n") == 0 && took < 3000,
@@ -159,8 +166,8 @@ static void spawn_checks(const char *mode)
     int status = -1;
 
     char *ex[] = {"sh", "-c", "exit 7", NULL};
-    pid_t pid = proc_spawn(ex, NULL, -1, -1, -1, &err);
-    ok(pid > 0 && proc_wait(pid, &status, 5000, &err) == 0 && WIFEXITED(status) &&
+    pid_t pid = proc_spawn(ex, NULL, -1, -1, -1, clr(&err));
+    ok(pid > 0 && proc_wait(pid, &status, 5000, clr(&err)) == 0 && WIFEXITED(status) &&
            WEXITSTATUS(status) == 7,
        "%s: proc_wait returns the exit status (7)", mode);
 
@@ -176,7 +183,7 @@ static void spawn_checks(const char *mode)
              stray);
     char *sh[] = {"sh", "-c", script, NULL};
     char *env[] = {"WR_TEST_VAR=from-env", "PATH=/usr/bin:/bin", NULL};
-    pid = proc_spawn(sh, env, -1, p[1], -1, &err);
+    pid = proc_spawn(sh, env, -1, p[1], -1, clr(&err));
     close(p[1]);
     char buf[256];
     size_t got = 0;
@@ -186,7 +193,7 @@ static void spawn_checks(const char *mode)
     buf[got] = '\0';
     close(p[0]);
     close(stray);
-    ok(pid > 0 && proc_wait(pid, &status, 5000, &err) == 0 && WIFEXITED(status) &&
+    ok(pid > 0 && proc_wait(pid, &status, 5000, clr(&err)) == 0 && WIFEXITED(status) &&
            WEXITSTATUS(status) == 0,
        "%s: spawned shell exits 0", mode);
     ok(strcmp(buf, "from-env\nclosed\neof\n") == 0,
@@ -196,22 +203,22 @@ static void spawn_checks(const char *mode)
     if (pipe(p) < 0)
         p[0] = p[1] = -1;
     char *sw[] = {"sh", "-c", "echo to-stderr >&2", NULL};
-    pid = proc_spawn(sw, NULL, -1, -1, p[1], &err);
+    pid = proc_spawn(sw, NULL, -1, -1, p[1], clr(&err));
     close(p[1]);
     got = 0;
     while (got < sizeof(buf) - 1 && (n = read(p[0], buf + got, sizeof(buf) - 1 - got)) > 0)
         got += (size_t)n;
     buf[got] = '\0';
     close(p[0]);
-    ok(pid > 0 && proc_wait(pid, &status, 5000, &err) == 0 && strcmp(buf, "to-stderr\n") == 0,
+    ok(pid > 0 && proc_wait(pid, &status, 5000, clr(&err)) == 0 && strcmp(buf, "to-stderr\n") == 0,
        "%s: fd_err receives stderr", mode);
 
     /* Timeout: SIGKILL, then the status of the killed child. */
     char *sl[] = {"sleep", "30", NULL};
-    pid = proc_spawn(sl, NULL, -1, -1, -1, &err);
+    pid = proc_spawn(sl, NULL, -1, -1, -1, clr(&err));
     long t0 = now_ms();
     memset(&err, 0, sizeof(err));
-    int r = proc_wait(pid, &status, 200, &err);
+    int r = proc_wait(pid, &status, 200, clr(&err));
     long took = now_ms() - t0;
     ok(pid > 0 && r == -1 && err.code == ETIMEDOUT && WIFSIGNALED(status) &&
            WTERMSIG(status) == SIGKILL,
@@ -220,20 +227,20 @@ static void spawn_checks(const char *mode)
 
     /* A child that exits before anyone waits is not lost. */
     char *tr[] = {"true", NULL};
-    pid = proc_spawn(tr, NULL, -1, -1, -1, &err);
+    pid = proc_spawn(tr, NULL, -1, -1, -1, clr(&err));
     sleep_ms(200);
     status = -1;
-    ok(pid > 0 && proc_wait(pid, &status, 1000, &err) == 0 && WIFEXITED(status) &&
+    ok(pid > 0 && proc_wait(pid, &status, 1000, clr(&err)) == 0 && WIFEXITED(status) &&
            WEXITSTATUS(status) == 0,
        "%s: a child that exited before proc_wait is still waited for", mode);
 
     /* Not ours: refused, and nothing is killed. */
     memset(&err, 0, sizeof(err));
-    ok(proc_wait(getppid(), &status, 100, &err) == -1 && kill(getppid(), 0) == 0,
+    ok(proc_wait(getppid(), &status, 100, clr(&err)) == -1 && kill(getppid(), 0) == 0,
        "%s: proc_wait refuses a pid it did not start, without killing it (%s)", mode, err.msg);
 
     char *empty[] = {NULL};
-    ok(proc_spawn(empty, NULL, -1, -1, -1, &err) == -1, "%s: empty argv is refused", mode);
+    ok(proc_spawn(empty, NULL, -1, -1, -1, clr(&err)) == -1, "%s: empty argv is refused", mode);
 }
 
 int main(void)
@@ -258,7 +265,7 @@ int main(void)
     snprintf(cmd, sizeof(cmd), "sleep 0.5 & echo $! > %s/orphan", tmpdir);
     char *orph[] = {"sh", "-c", cmd, NULL};
     char out[64];
-    int r = proc_run(orph, 5000, out, sizeof(out), &err);
+    int r = proc_run(orph, 5000, out, sizeof(out), clr(&err));
     pid_t orphan = read_pid("orphan");
     ok(r == 0 && orphan > 0, "a shell leaves an orphan behind");
     char statp[64], line[256] = "";
@@ -277,12 +284,12 @@ int main(void)
     proc_reaper_stop();
     ok(1, "proc_reaper_stop twice returns");
     char *both[] = {"sh", "-c", "echo after; exit 0", NULL};
-    ok(proc_run(both, 5000, out, sizeof(out), &err) == 0 && strcmp(out, "after\n") == 0,
+    ok(proc_run(both, 5000, out, sizeof(out), clr(&err)) == 0 && strcmp(out, "after\n") == 0,
        "proc_run works after the reaper stopped");
     char *sl[] = {"sleep", "30", NULL};
-    pid_t pid = proc_spawn(sl, NULL, -1, -1, -1, &err);
+    pid_t pid = proc_spawn(sl, NULL, -1, -1, -1, clr(&err));
     int status = 0;
-    ok(pid > 0 && proc_wait(pid, &status, 100, &err) == -1 && err.code == ETIMEDOUT &&
+    ok(pid > 0 && proc_wait(pid, &status, 100, clr(&err)) == -1 && err.code == ETIMEDOUT &&
            gone_within(pid, 0),
        "proc_wait's timeout kills and reaps after the reaper stopped");
 
