@@ -11,6 +11,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -158,6 +159,13 @@ static __attribute__((noreturn)) void child_run(const struct spawn *s)
     setrlimit(RLIMIT_NOFILE, &ag.nofile);
 
     if (setsid() < 0)
+        child_fail(s->report_w, STAGE_SETUP, errno);
+    /* The command is the subreaper of everything it starts (the attribute survives exec): a
+     * process whose parent exits, double-forked or `setsid -f`, is handed to the command, not
+     * to the namespace's init, so the tree a timeout kills (tree.c) still holds it. Once the
+     * command itself has exited, what it left goes to the init and keeps running, as it would
+     * after a shell. */
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0)
         child_fail(s->report_w, STAGE_SETUP, errno);
     int in = s->in_r;
     if (in < 0 && (in = open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0)

@@ -186,6 +186,44 @@ def test_timeout_kills_whole_tree(client, sandbox):
     assert "sleep" not in comms, procs["stdout"]
 
 
+SLEEPERS = ("sleep 1001", "sleep 1002")
+# Processes that left the command's session and lost their parent before the timeout: a
+# shell that ignores SIGTERM, started by `setsid -f` (which forks and exits), and a process
+# double-forked in a new session.
+ESCAPERS = ("setsid -f sh -c 'trap \"\" TERM; sleep 1001; true'; "
+            "setsid sh -c '(sleep 1002 &)'; ")
+
+
+def sleepers(client, sid):
+    """The command lines of the sandbox's processes that are one of SLEEPERS."""
+    r = client.exec(sid, "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f 2>/dev/null; "
+                    "echo; done")
+    lines = [ln.strip() for ln in r["stdout"].splitlines()]
+    assert any("/proc/" in ln for ln in lines), r["stdout"]  # the listing saw itself
+    return sorted(ln for ln in lines if ln in SLEEPERS)
+
+
+def test_timeout_kills_what_escaped_its_session(client, sandbox):
+    # Positive control: a command that ends by itself leaves such processes running, as a
+    # shell would (docs/api.md), so the listing below can see them.
+    r = client.exec(sandbox, ESCAPERS + "true", timeout_seconds=30)
+    assert r["timed_out"] is False and r["exit_code"] == 0, r
+    deadline = time.monotonic() + 10
+    while sleepers(client, sandbox) != sorted(SLEEPERS) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert sleepers(client, sandbox) == sorted(SLEEPERS)
+    client.exec(sandbox, "pkill -KILL -f '^sleep 100[12]$'; true")
+    deadline = time.monotonic() + 10
+    while sleepers(client, sandbox) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert sleepers(client, sandbox) == []
+
+    # The same, then a timeout while the command still runs: everything it started goes.
+    r = client.exec(sandbox, ESCAPERS + "sleep 60", timeout_seconds=2)
+    assert r["timed_out"] is True and r["signal"] == 9, r
+    assert sleepers(client, sandbox) == []
+
+
 def test_timeout_fractional(client, sandbox):
     r = client.exec(sandbox, "sleep 30", timeout_seconds=0.5)
     assert r["timed_out"] is True
