@@ -101,6 +101,11 @@ void api_handle(struct http_req *req, void *ctx)
         http_reply_error(req, 503, "unavailable", "the daemon is shutting down");
         return;
     }
+    if (http_req_has_nul(req)) {
+        http_reply_error(req, 400, "invalid_request",
+                         "the request's path or query contains a NUL byte (%%00)");
+        return;
+    }
     if (http_req_query_bad(req)) {
         http_reply_error(req, 400, "invalid_request", "malformed query string");
         return;

@@ -43,6 +43,7 @@ struct http_req {
     struct evkeyvalq query;
     int query_ok;
     int query_bad;
+    int has_nul; /* "%00" somewhere in the path or query */
     int gone;
     void (*close_cb)(void *);
     void *close_arg;
@@ -92,6 +93,8 @@ static void on_request(struct evhttp_request *req, void *arg)
     r->server = s;
     r->req = req;
     r->evcon = evhttp_request_get_connection(req);
+    const char *raw = evhttp_request_get_uri(req);
+    r->has_nul = raw && strcasestr(raw, "%00") != NULL;
     const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
     const char *raw_path = uri ? evhttp_uri_get_path(uri) : NULL;
     r->path = raw_path ? evhttp_uridecode(raw_path, 0, NULL) : NULL;
@@ -255,6 +258,11 @@ const char *http_req_query_unknown(struct http_req *r, const char *allowed)
             return kv->key;
     }
     return NULL;
+}
+
+int http_req_has_nul(struct http_req *r)
+{
+    return r->has_nul;
 }
 
 int http_req_query_bad(struct http_req *r)

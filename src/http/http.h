@@ -49,6 +49,12 @@ const char *http_req_query(struct http_req *r, const char *name);
  */
 const char *http_req_query_unknown(struct http_req *r, const char *allowed);
 
+/**
+ * Returns 1 if the path or query holds an encoded NUL byte (%00). Decoded strings end at a
+ * NUL, so such a request would be read as something it does not say.
+ */
+int http_req_has_nul(struct http_req *r);
+
 /** Returns 1 if the query string was malformed (the parameters are then empty). */
 int http_req_query_bad(struct http_req *r);
 

@@ -222,3 +222,17 @@ def test_daemon_survives_garbage(client, daemon):
         finally:
             s.close()
     assert client.health()["status"] == "ok"
+
+
+@pytest.mark.parametrize("query", ["path=/etc/passwd%00.txt", "path=a%00", "path=x&mode=06%0044"])
+def test_a_nul_byte_in_a_query_is_400(client, sandbox, query):
+    # Decoded, the value would end at the NUL and name another file than the one asked for.
+    r = client.request("GET", f"/v1/sandboxes/{sandbox}/files/stat?{query}")
+    msg = expect_error(r, 400, "invalid_request")
+    assert "NUL" in msg, msg
+
+
+def test_a_nul_byte_in_the_path_is_400(client, sandbox):
+    r = client.request("GET", f"/v1/sandboxes/{sandbox}%00/files/stat?path=x")
+    expect_error(r, 400, "invalid_request")
+
