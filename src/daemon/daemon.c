@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -90,6 +91,26 @@ static int mkdir_p(const char *path, mode_t mode)
     return 0;
 }
 
+/*
+ * Every client connection, agent channel and sandbox costs fds; services often start with a
+ * soft limit of 1024 (systemd's default), which 1,000 idle clients would use up. The hard limit
+ * is the host's word; the soft one is raised to it (epoll has no FD_SETSIZE).
+ */
+static void raise_fd_limit(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur >= rl.rlim_max)
+        return;
+    rlim_t was = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+        log_warn(NULL, "daemon.fd_limit", "error=\"%s\" soft=%llu", strerror(errno),
+                 (unsigned long long)was);
+    else
+        log_info(NULL, "daemon.fd_limit", "soft=%llu was=%llu", (unsigned long long)rl.rlim_cur,
+                 (unsigned long long)was);
+}
+
 int daemon_open(struct daemon *d, struct wr_err *err)
 {
     struct daemon_config *cfg = &d->cfg;
@@ -98,6 +119,7 @@ int daemon_open(struct daemon *d, struct wr_err *err)
         return wr_err_set(err, EPERM, "must run as root (it runs runsc and mounts)");
     signal(SIGPIPE, SIG_IGN);
     umask(022);
+    raise_fd_limit();
     find_agent(cfg);
     if (!cfg->agent_path[0] || access(cfg->agent_path, X_OK) != 0)
         return wr_err_set(err, ENOENT, "cannot find withruntime-agent (give --agent PATH)");

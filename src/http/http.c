@@ -13,6 +13,7 @@
 #include <event2/keyvalq_struct.h>
 #include <event2/listener.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/queue.h>
@@ -21,9 +22,13 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "common/log.h"
 #include "common/util.h"
 
 #define MAX_LISTENERS 4
+
+/* A listener that ran out of fds pauses, then tries again, instead of spinning on accept. */
+#define ACCEPT_PAUSE_MS 200
 
 struct http_server {
     struct event_base *base;
@@ -32,6 +37,8 @@ struct http_server {
     void *ctx;
     struct evhttp_bound_socket *bound[MAX_LISTENERS];
     int nbound;
+    struct event *resume; /* re-enables paused listeners */
+    uint64_t accept_errors;
     char unix_path[108];
 };
 
@@ -63,6 +70,35 @@ static const char *method_name(enum evhttp_cmd_type t)
     case EVHTTP_REQ_CONNECT: return "CONNECT";
     default: return "OTHER";
     }
+}
+
+static void on_resume(evutil_socket_t fd, short what, void *arg)
+{
+    struct http_server *s = arg;
+    for (int i = 0; i < s->nbound; i++)
+        evconnlistener_enable(evhttp_bound_socket_get_listener(s->bound[i]));
+}
+
+/* accept failed (out of fds, most likely): stop accepting for a moment rather than retrying at
+ * once, forever, with a log line each time. Clients wait in the backlog meanwhile. */
+static void on_accept_error(struct evconnlistener *l, void *arg)
+{
+    struct http_server *s = arg;
+    int e = EVUTIL_SOCKET_ERROR();
+    if (s->accept_errors++ % 1000 == 0)
+        log_warn(NULL, "http.accept_failed", "error=\"%s\" times=%llu", strerror(e),
+                 (unsigned long long)s->accept_errors);
+    for (int i = 0; i < s->nbound; i++)
+        evconnlistener_disable(evhttp_bound_socket_get_listener(s->bound[i]));
+    struct timeval tv = {0, ACCEPT_PAUSE_MS * 1000};
+    evtimer_add(s->resume, &tv);
+}
+
+/* Takes b into the server's list of listeners. */
+static void add_bound(struct http_server *s, struct evhttp_bound_socket *b)
+{
+    evconnlistener_set_error_cb(evhttp_bound_socket_get_listener(b), on_accept_error);
+    s->bound[s->nbound++] = b;
 }
 
 static void on_conn_close(struct evhttp_connection *evcon, void *arg)
@@ -144,6 +180,7 @@ struct http_server *http_server_new(struct event_base *base, http_handler handle
     /* Long-running execs stream for as long as they run; idle keep-alive connections close. */
     evhttp_set_timeout(s->http, 3600);
     evhttp_set_gencb(s->http, on_request, s);
+    s->resume = evtimer_new(base, on_resume, s);
     return s;
 }
 
@@ -154,7 +191,7 @@ int http_server_listen_tcp(struct http_server *s, const char *host, int port, st
     struct evhttp_bound_socket *b = evhttp_bind_socket_with_handle(s->http, host, (uint16_t)port);
     if (!b)
         return wr_err_sys(err, errno, "listen on %s:%d", host, port);
-    s->bound[s->nbound++] = b;
+    add_bound(s, b);
     return 0;
 }
 
@@ -198,13 +235,15 @@ int http_server_listen_unix(struct http_server *s, const char *path, struct wr_e
         evconnlistener_free(l);
         return wr_err_set(err, ENOMEM, "listen on %s", path);
     }
-    s->bound[s->nbound++] = b;
+    add_bound(s, b);
     snprintf(s->unix_path, sizeof(s->unix_path), "%s", path);
     return 0;
 }
 
 void http_server_stop_accepting(struct http_server *s)
 {
+    if (s->resume)
+        evtimer_del(s->resume);
     for (int i = 0; i < s->nbound; i++)
         evhttp_del_accept_socket(s->http, s->bound[i]);
     s->nbound = 0;
@@ -219,6 +258,8 @@ void http_server_free(struct http_server *s)
     if (!s)
         return;
     http_server_stop_accepting(s);
+    if (s->resume)
+        event_free(s->resume);
     evhttp_free(s->http);
     free(s);
 }

@@ -53,6 +53,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.timeout(DEFAULT_TIMEOUT))
 
 
+def low_fd_limit():
+    """The daemon starts with the soft fd limit most hosts give a service (1024, systemd's
+    default), as it would in production: raising it is the daemon's job."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 1024), hard))
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -102,7 +110,8 @@ class Daemon:
             [self.bin, "serve", "--state-dir", self.state_dir,
              "--listen", f"127.0.0.1:{self.port}", "--socket", self.socket_path,
              "--agent", self.agent],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            preexec_fn=low_fd_limit)
         log.close()
         deadline = time.monotonic() + 60
         while True:
