@@ -96,6 +96,16 @@ class Daemon:
                                f"{r.stdout.decode(errors='replace')[-3000:]}\n"
                                f"{r.stderr.decode(errors='replace')[-3000:]}")
 
+    def serve_argv(self):
+        """The daemon's command line (a subclass may add to it)."""
+        return [self.bin, "serve", "--state-dir", self.state_dir,
+                "--listen", f"127.0.0.1:{self.port}", "--socket", self.socket_path,
+                "--agent", self.agent]
+
+    def serve_env(self):
+        """The daemon's environment; None: this process's own."""
+        return None
+
     def start(self, clean=True):
         """Starts the daemon and waits for /v1/health. clean: delete the sandboxes an earlier run
         left (a test that restarts a daemon on purpose passes False). The log is appended to, so
@@ -107,11 +117,8 @@ class Daemon:
         self.build_image()
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [self.bin, "serve", "--state-dir", self.state_dir,
-             "--listen", f"127.0.0.1:{self.port}", "--socket", self.socket_path,
-             "--agent", self.agent],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            preexec_fn=low_fd_limit)
+            self.serve_argv(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            env=self.serve_env(), preexec_fn=low_fd_limit)
         log.close()
         deadline = time.monotonic() + 60
         while True:

@@ -15,7 +15,6 @@ only read it.
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -65,29 +64,13 @@ class FakeDaemon(Daemon):
         os.rename(tmp, self.faults_path)
         time.sleep(0.02)  # the mtime check has nanosecond resolution, but be safe on coarse fs
 
-    def start(self, clean=True):
-        log = open(self.log_path, "ab")
+    def serve_argv(self):
+        return super().serve_argv() + ["--driver", "fake"]
+
+    def serve_env(self):
         env = dict(os.environ, WR_FAULTS_FILE=self.faults_path)
         env.pop("WR_FAULTS", None)
-        self.proc = subprocess.Popen(
-            [self.bin, "serve", "--state-dir", self.state_dir, "--driver", "fake",
-             "--listen", f"127.0.0.1:{self.port}", "--socket", self.socket_path,
-             "--agent", self.agent],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
-        log.close()
-        deadline = time.monotonic() + 30
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"daemon exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                r = self.client.request("GET", "/v1/health", timeout=2, validate=False)
-                if r.status == 200:
-                    return
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"daemon did not answer /v1/health:\n{self.log_tail()}")
-            time.sleep(0.05)
+        return env
 
     # ---- what a test checks ----
 
