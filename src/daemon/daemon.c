@@ -178,8 +178,8 @@ void daemon_tick(struct daemon *d)
 void daemon_shutdown(struct daemon *d)
 {
     d->shutting_down = 1;
-    if (!d->base)
-        return;
+    if (!d->base || !d->wq)
+        return; /* never opened that far, or already shut down (the queues are gone) */
     /* Close channels (answering in-flight requests), flush, stop sandboxes. */
     sandbox_stop_all(d);
     event_base_loop(d->base, EVLOOP_NONBLOCK);

@@ -64,7 +64,8 @@ void daemon_tick(struct daemon *d);
 
 /**
  * Shuts down: closes every channel (answering what is in flight), stops every running
- * sandbox through the driver, files kept, and waits for the driver work to finish.
+ * sandbox through the driver, files kept, and waits for the driver work to finish. Runs
+ * once; later calls do nothing.
  */
 void daemon_shutdown(struct daemon *d);
 
