@@ -76,6 +76,8 @@ struct req {
     enum req_kind kind;
     struct req *prev, *next; /* ag.reqs, oldest first */
     struct req *hnext;       /* hash chain */
+    int windowed;            /* the daemon grants credit for this request's output */
+    uint64_t credit;         /* bytes of output it may still send, when windowed */
 };
 
 #define AGENT_HASH_SIZE 2048
@@ -115,6 +117,15 @@ int req_admit(uint32_t id);
 void req_add(struct req *r);
 /** Unregisters r; later frames with its id are for no request. Does not free it. */
 void req_remove(struct req *r);
+/**
+ * Takes the request's flow-control window (PT_WINDOW) from its payload: r then sends no more
+ * output than its credit. No field: no limit. Returns 0, or -1 if the field is malformed.
+ */
+int req_window(struct req *r, const uint8_t *payload, size_t len);
+/** Returns how many of want bytes of output r may send now (want itself when not windowed). */
+size_t req_room(const struct req *r, size_t want);
+/** Records n bytes of output sent for r. */
+void req_spend(struct req *r, size_t n);
 
 /* ---- outbound frames (chan.c) ---- */
 
@@ -146,6 +157,8 @@ void exec_start(uint32_t id, const uint8_t *payload, size_t len);
 void exec_stdin(struct req *r, const uint8_t *data, size_t len, int fin);
 /** Handles a SIGNAL frame for a command. */
 void exec_signal(struct req *r, const uint8_t *payload, size_t len);
+/** Handles CANCEL for a command: kills its process tree; its output is dropped from now on. */
+void exec_cancel(struct req *r);
 /**
  * Adds the command's pipes to the poll set. may_read is 0 while output is over
  * AGENT_OUT_SOFT.

@@ -34,6 +34,7 @@ struct exec_req {
     int in_fin;                /* close stdin once `in` is drained */
     int exited, status;
     uint64_t exit_ms;
+    int cancelled; /* CANCEL came: output is read and dropped */
 };
 
 /* Which step failed in the child, sent up the error pipe. */
@@ -362,8 +363,10 @@ void exec_start(uint32_t id, const uint8_t *payload, size_t len)
         return;
     struct exec_req *e = xcalloc(1, sizeof(*e));
     e->out_fd = e->err_fd = e->in_fd = -1;
-    if (parse_exec(payload, len, &s, &want_stdin, &err) < 0 || pidns_ready(&err) < 0 ||
-        spawn_child(&s, want_stdin, e, &err) < 0) {
+    if (req_window(&e->r, payload, len) < 0)
+        wr_err_set(&err, EINVAL, "malformed WINDOW");
+    if (err.msg[0] || parse_exec(payload, len, &s, &want_stdin, &err) < 0 ||
+        pidns_ready(&err) < 0 || spawn_child(&s, want_stdin, e, &err) < 0) {
         chan_error(id, err.code, "%s", err.msg);
         free(e);
     } else {
@@ -437,6 +440,10 @@ void exec_signal(struct req *r, const uint8_t *payload, size_t len)
 void exec_pollfds(struct req *r, struct pollfd *fds, struct req **owners, size_t *n, int may_read)
 {
     struct exec_req *e = as_exec(r);
+    /* Out of credit, the pipes are left unread: the command blocks on them, as it would on a
+     * slow terminal. A cancelled command's output is read (and dropped) whatever the credit. */
+    if (!e->cancelled && !req_room(r, 1))
+        may_read = 0;
     if (may_read && e->out_fd >= 0) {
         fds[*n] = (struct pollfd){.fd = e->out_fd, .events = POLLIN};
         owners[(*n)++] = r;
@@ -451,15 +458,25 @@ void exec_pollfds(struct req *r, struct pollfd *fds, struct req **owners, size_t
     }
 }
 
-/* Forwards what a pipe has. force ignores backpressure (bounded by limit). */
+/*
+ * Forwards what a pipe has, within the request's credit. force ignores the channel's
+ * backpressure (bounded by limit), never the credit. A cancelled command's output is dropped.
+ */
 static void pump_output(struct exec_req *e, int *fd, uint16_t type, size_t limit, int force)
 {
+    static uint8_t sink[PROTO_CHUNK];
     size_t got = 0;
     while (*fd >= 0 && got < limit && (force || chan_pending() < AGENT_OUT_SOFT)) {
-        uint8_t *p = chan_reserve_data(PROTO_CHUNK);
-        ssize_t n = read(*fd, p, PROTO_CHUNK);
+        size_t room = e->cancelled ? PROTO_CHUNK : req_room(&e->r, PROTO_CHUNK);
+        if (room == 0)
+            return;
+        uint8_t *p = e->cancelled ? sink : chan_reserve_data(room);
+        ssize_t n = read(*fd, p, room);
         if (n > 0) {
-            chan_commit_data(e->r.id, type, (size_t)n);
+            if (!e->cancelled) {
+                chan_commit_data(e->r.id, type, (size_t)n);
+                req_spend(&e->r, (size_t)n);
+            }
             got += (size_t)n;
             continue;
         }
@@ -480,6 +497,14 @@ void exec_event(struct req *r, int fd, short revents)
         pump_output(e, &e->err_fd, PROTO_STDERR, PIPE_BUDGET * PROTO_CHUNK, 0);
     else if (fd == e->in_fd && (revents & (POLLOUT | POLLERR | POLLHUP)))
         stdin_pump(e);
+}
+
+void exec_cancel(struct req *r)
+{
+    struct exec_req *e = as_exec(r);
+    e->cancelled = 1;
+    stdin_close(e);
+    tree_signal(e->exited ? 0 : e->pid, e->pid, SIGKILL);
 }
 
 void exec_reaped(pid_t pid, int status)
@@ -525,6 +550,9 @@ int exec_check(struct req *r, uint64_t now, int *timeout_ms)
                 *timeout_ms = (int)wait;
             return 0;
         }
+        /* Out of credit: what is left waits for the daemon's CREDIT (it wakes the loop). */
+        if (!e->cancelled && !req_room(r, 1))
+            return 0;
         /* A background process still holds the pipes. What the command wrote before it exited
          * may still sit in them (held back by backpressure): take it, then stop listening. */
         pump_output(e, &e->out_fd, PROTO_STDOUT, FINAL_DRAIN, 1);

@@ -191,10 +191,15 @@ void file_read_start(uint32_t id, const uint8_t *payload, size_t len)
 
     if (req_admit(id) < 0)
         return;
+    struct req window = {0};
     if (req_path(payload, len, "FILE_READ", path, &err) < 0 ||
         opt_u64(payload, len, PT_OFFSET, "OFFSET", &off, &err) < 0 ||
         opt_u64(payload, len, PT_LENGTH, "LENGTH", &length, &err) < 0)
         goto fail;
+    if (req_window(&window, payload, len) < 0) {
+        wr_err_set(&err, EINVAL, "malformed WINDOW");
+        goto fail;
+    }
     if (off > INT64_MAX) {
         wr_err_set(&err, EINVAL, "OFFSET past the largest file offset");
         goto fail;
@@ -221,6 +226,8 @@ void file_read_start(uint32_t id, const uint8_t *payload, size_t len)
     struct read_job *j = xcalloc(1, sizeof(*j));
     j->r.id = id;
     j->r.kind = REQ_READ;
+    j->r.windowed = window.windowed;
+    j->r.credit = window.credit;
     j->fd = fd;
     j->off = off;
     j->left = length;
@@ -243,6 +250,9 @@ static int read_step(struct read_job *j)
         size_t want = j->left < PROTO_CHUNK ? (size_t)j->left : PROTO_CHUNK;
         if ((uint64_t)INT64_MAX - j->off < want)
             want = (size_t)((uint64_t)INT64_MAX - j->off);
+        want = req_room(&j->r, want);
+        if (want == 0)
+            return 0; /* out of credit: CREDIT wakes the loop */
         uint8_t *p = chan_reserve_data(want);
         ssize_t n = pread(j->fd, p, want, (off_t)j->off);
         if (n < 0 && errno == EINTR)
@@ -256,6 +266,7 @@ static int read_step(struct read_job *j)
             return 1;
         }
         chan_commit_data(j->r.id, PROTO_DATA, (size_t)n);
+        req_spend(&j->r, (size_t)n);
         j->off += (uint64_t)n;
         j->left -= (uint64_t)n;
     }

@@ -94,6 +94,54 @@ void req_remove(struct req *r)
     ag.nreqs--;
 }
 
+int req_window(struct req *r, const uint8_t *payload, size_t len)
+{
+    struct proto_field f;
+    int rc = proto_find(payload, len, PT_WINDOW, &f);
+    if (rc < 0 || (rc == 1 && proto_field_u64(&f, &r->credit) < 0))
+        return -1;
+    r->windowed = rc == 1;
+    return 0;
+}
+
+size_t req_room(const struct req *r, size_t want)
+{
+    if (!r->windowed || r->credit >= want)
+        return want;
+    return (size_t)r->credit;
+}
+
+void req_spend(struct req *r, size_t n)
+{
+    if (r->windowed)
+        r->credit = r->credit > n ? r->credit - n : 0;
+}
+
+/* CREDIT: more room for a windowed request's output. */
+static void req_credit(struct req *r, const uint8_t *payload, size_t len)
+{
+    struct proto_field f;
+    uint64_t more;
+    if (proto_find(payload, len, PT_LENGTH, &f) != 1 || proto_field_u64(&f, &more) < 0) {
+        log_warn(NULL, "agent.bad_credit", "id=%u", r->id);
+        return;
+    }
+    if (r->windowed)
+        r->credit = UINT64_MAX - r->credit < more ? UINT64_MAX : r->credit + more;
+}
+
+/* CANCEL: the daemon no longer wants the request. Reads, lists and writes end here and now;
+ * a command is killed and answers EXIT as usual. */
+static void req_cancel(struct req *r)
+{
+    if (r->kind == REQ_EXEC) {
+        exec_cancel(r);
+        return;
+    }
+    req_remove(r);
+    file_free(r);
+}
+
 /* ---- ending ---- */
 
 /* Leaves nothing behind on the host. As PID 1 there is nothing to do: when init exits, the
@@ -145,6 +193,15 @@ static void dispatch(const struct proto_header *h, const uint8_t *payload, const
     }
     switch (h->type) {
     case PROTO_PING: chan_send(h->id, PROTO_PONG, 0, NULL, 0); break;
+    case PROTO_CANCEL:
+        /* A request that just ended races with its cancel: not an error. */
+        if ((r = req_find(h->id)))
+            req_cancel(r);
+        break;
+    case PROTO_CREDIT:
+        if ((r = req_find(h->id)))
+            req_credit(r, payload, h->len);
+        break;
     case PROTO_EXEC: exec_start(h->id, payload, h->len); break;
     case PROTO_STDIN:
         /* Frames for a request that just ended race with its end: not an error. */
@@ -349,8 +406,8 @@ int main(int argc, char **argv)
         for (struct req *r = ag.head; r; r = r->next) {
             if (r->kind == REQ_EXEC)
                 exec_pollfds(r, fds, owners, &n, may_read);
-            else if (r->kind == REQ_READ || r->kind == REQ_LIST)
-                jobs = 1;
+            else if (r->kind == REQ_LIST || (r->kind == REQ_READ && req_room(r, 1)))
+                jobs = 1; /* a read without credit waits for CREDIT on the channel */
         }
         if (jobs && may_read)
             timeout = 0;

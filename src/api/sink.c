@@ -86,15 +86,18 @@ static void s_fail(struct sink *s, const struct wr_err *err)
         api_reply_err(a->req, err);
     } else {
         /* Too late for a status: a record stream ends with an error record, a byte stream
-         * ends short. */
+         * is cut off (the connection closes without the last chunk, so no client takes a
+         * short body for the whole). */
         if (a->records) {
             int status;
             const char *code;
             kind_of(err, &status, &code);
             write_record(a, json_pack("{s:s, s:s, s:s}", "type", "error", "code", code, "message",
                                       err->msg));
+            http_stream_end(a->req);
+        } else {
+            http_stream_abort(a->req);
         }
-        http_stream_end(a->req);
     }
     free(a);
 }
@@ -129,6 +132,16 @@ static void s_on_cancel(struct sink *s, void (*cb)(void *arg), void *arg)
     http_req_on_close(((struct api_sink *)s)->req, cb, arg);
 }
 
+static size_t s_backlog(struct sink *s)
+{
+    return http_stream_backlog(((struct api_sink *)s)->req);
+}
+
+static void s_on_drain(struct sink *s, void (*cb)(void *arg), void *arg)
+{
+    http_stream_on_drain(((struct api_sink *)s)->req, cb, arg);
+}
+
 static size_t s_input_len(struct sink *s)
 {
     return http_req_body_len(((struct api_sink *)s)->req);
@@ -147,6 +160,8 @@ static const struct sink_ops api_sink_ops = {
     .record = s_record,
     .end = s_end,
     .on_cancel = s_on_cancel,
+    .backlog = s_backlog,
+    .on_drain = s_on_drain,
     .input_len = s_input_len,
     .input_read = s_input_read,
 };

@@ -15,10 +15,22 @@
 
 #define NBUCKETS 256
 
+/* How often open requests are checked against their deadlines. */
+#define DEADLINE_CHECK_MS 1000
+/* The channel's output is "writable" again for waiting uploads below this many bytes. */
+#define WRITABLE_LOW (256u * 1024)
+
 struct req {
     uint32_t id;
+    uint16_t type;     /* what was asked: decides which answers are valid */
+    int windowed;      /* output is flow-controlled (PT_WINDOW) */
+    uint64_t allowed;  /* windowed: bytes of output the agent may have sent in all */
+    uint64_t received; /* windowed: bytes of output it did send */
+    uint64_t last_ms;  /* the last sign of progress (a frame either way) */
     agentconn_frame_cb cb;
     void *arg;
+    void (*writable_cb)(void *arg); /* one-shot: the channel's output drained */
+    void *writable_arg;
     struct req *next;
 };
 
@@ -26,6 +38,10 @@ struct agentconn {
     struct event_base *base;
     struct bufferevent *bev;
     struct event *hello_timer;
+    struct event *deadline_timer;
+    int deadline_ms;   /* without progress for this long, a request means the agent is stuck */
+    int gave_up;       /* the connection died because the agent missed a deadline */
+    unsigned nwaiting; /* requests with a writable_cb */
     agentconn_state_cb on_state;
     void *arg;
     struct req *buckets[NBUCKETS];
@@ -60,6 +76,8 @@ static void destroy(struct agentconn *c)
         bufferevent_free(c->bev);
     if (c->hello_timer)
         event_free(c->hello_timer);
+    if (c->deadline_timer)
+        event_free(c->deadline_timer);
     for (int i = 0; i < NBUCKETS; i++) {
         struct req *r = c->buckets[i];
         while (r) {
@@ -82,6 +100,8 @@ static void die(struct agentconn *c, const char *reason)
         bufferevent_disable(c->bev, EV_READ | EV_WRITE);
     if (c->hello_timer)
         event_del(c->hello_timer);
+    if (c->deadline_timer)
+        event_del(c->deadline_timer);
     c->in_callback++;
     for (int i = 0; i < NBUCKETS; i++) {
         struct req *r;
@@ -118,6 +138,29 @@ static int agent_may_send(uint16_t type)
     }
 }
 
+/* Whether the agent may answer a request of type `asked` with a frame of type `got`. */
+static int answer_fits(uint16_t asked, uint16_t got)
+{
+    if (got == PROTO_ERROR)
+        return asked != PROTO_PING;
+    switch (asked) {
+    case PROTO_PING: return got == PROTO_PONG;
+    case PROTO_EXEC: return got == PROTO_STDOUT || got == PROTO_STDERR || got == PROTO_EXIT;
+    case PROTO_FILE_READ: return got == PROTO_STAT_RESULT || got == PROTO_DATA || got == PROTO_OK;
+    case PROTO_FILE_WRITE:
+    case PROTO_FILE_STAT:
+    case PROTO_FILE_MKDIR: return got == PROTO_STAT_RESULT || got == PROTO_OK;
+    case PROTO_FILE_LIST: return got == PROTO_DIR_ENTRIES || got == PROTO_OK;
+    case PROTO_FILE_REMOVE: return got == PROTO_OK;
+    default: return 0;
+    }
+}
+
+static int is_output(uint16_t type)
+{
+    return type == PROTO_STDOUT || type == PROTO_STDERR || type == PROTO_DATA;
+}
+
 static void dispatch(struct agentconn *c, const struct proto_header *h, const uint8_t *payload)
 {
     if (h->type == PROTO_HELLO) {
@@ -145,8 +188,29 @@ static void dispatch(struct agentconn *c, const struct proto_header *h, const ui
     struct req *r = *p;
     if (!r)
         return; /* a cancelled request: late frames are expected */
+    if (!answer_fits(r->type, h->type)) {
+        char msg[128];
+        snprintf(msg, sizeof(msg), "agent answered a %s request with %s (protocol violation)",
+                 proto_type_name(r->type), proto_type_name(h->type));
+        die(c, msg);
+        return;
+    }
+    r->last_ms = now_ms_monotonic();
+    if (r->windowed && is_output(h->type)) {
+        r->received += h->len;
+        if (r->received > r->allowed) {
+            char msg[128];
+            snprintf(msg, sizeof(msg),
+                     "agent sent more %s output than the daemon allowed (protocol violation)",
+                     proto_type_name(r->type));
+            die(c, msg);
+            return;
+        }
+    }
     if (agentconn_frame_ends(h->type)) {
         *p = r->next;
+        if (r->writable_cb)
+            c->nwaiting--;
         r->cb(r->arg, h, payload);
         free(r);
     } else {
@@ -216,6 +280,79 @@ static void on_hello_timeout(evutil_socket_t fd, short what, void *p)
         destroy(c);
 }
 
+/* Whether r is waiting on the agent (as opposed to the agent waiting on us: a windowed
+ * request out of credit, or an exec, whose own timer bounds it). */
+static int waits_on_agent(const struct req *r)
+{
+    if (r->type == PROTO_EXEC || r->type == PROTO_PING)
+        return 0;
+    return !r->windowed || r->received < r->allowed;
+}
+
+static void arm_deadline_check(struct agentconn *c)
+{
+    int ms = c->deadline_ms / 2 < DEADLINE_CHECK_MS ? c->deadline_ms / 2 : DEADLINE_CHECK_MS;
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    evtimer_add(c->deadline_timer, &tv);
+}
+
+void agentconn_set_deadline(struct agentconn *c, int ms)
+{
+    c->deadline_ms = ms > 0 ? ms : 1;
+    if (!c->dead)
+        arm_deadline_check(c);
+}
+
+static void on_deadline_check(evutil_socket_t fd, short what, void *p)
+{
+    struct agentconn *c = p;
+    uint64_t now = now_ms_monotonic();
+    for (int i = 0; i < NBUCKETS && !c->dead; i++) {
+        for (struct req *r = c->buckets[i]; r; r = r->next) {
+            if (waits_on_agent(r) && now - r->last_ms > (uint64_t)c->deadline_ms) {
+                char msg[160];
+                snprintf(msg, sizeof(msg), "the agent did not answer a %s request within %d ms",
+                         proto_type_name(r->type), c->deadline_ms);
+                c->gave_up = 1;
+                c->in_callback++;
+                die(c, msg);
+                c->in_callback--;
+                break;
+            }
+        }
+    }
+    if (c->free_pending && c->in_callback == 0) {
+        destroy(c);
+        return;
+    }
+    if (!c->dead)
+        arm_deadline_check(c);
+}
+
+/* The channel's output fell to WRITABLE_LOW: wake the requests waiting to send more. */
+static void on_write(struct bufferevent *bev, void *p)
+{
+    struct agentconn *c = p;
+    if (!c->nwaiting)
+        return;
+    c->in_callback++;
+    for (int i = 0; i < NBUCKETS && !c->dead; i++) {
+        for (struct req *r = c->buckets[i]; r;) {
+            struct req *next = r->next; /* the callback may cancel r */
+            if (r->writable_cb) {
+                void (*cb)(void *) = r->writable_cb;
+                r->writable_cb = NULL;
+                c->nwaiting--;
+                cb(r->writable_arg);
+            }
+            r = next;
+        }
+    }
+    c->in_callback--;
+    if (c->free_pending && c->in_callback == 0)
+        destroy(c);
+}
+
 struct agentconn *agentconn_new(struct event_base *base, int fd, int hello_timeout_ms,
                                 agentconn_state_cb on_state, void *arg)
 {
@@ -226,11 +363,15 @@ struct agentconn *agentconn_new(struct event_base *base, int fd, int hello_timeo
     c->next_id = 1;
     evutil_make_socket_nonblocking(fd);
     c->bev = bufferevent_socket_new(base, fd, BEV_OPT_CLOSE_ON_FREE);
-    bufferevent_setcb(c->bev, on_read, NULL, on_event, c);
+    bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
+    bufferevent_setwatermark(c->bev, EV_WRITE, WRITABLE_LOW, 0);
     bufferevent_enable(c->bev, EV_READ | EV_WRITE);
     c->hello_timer = evtimer_new(base, on_hello_timeout, c);
     struct timeval tv = {hello_timeout_ms / 1000, (hello_timeout_ms % 1000) * 1000};
     evtimer_add(c->hello_timer, &tv);
+    c->deadline_ms = AGENTCONN_DEADLINE_MS;
+    c->deadline_timer = evtimer_new(base, on_deadline_check, c);
+    arm_deadline_check(c);
     return c;
 }
 
@@ -250,8 +391,8 @@ static int send_frame(struct agentconn *c, uint32_t id, uint16_t type, uint16_t 
     return 0;
 }
 
-uint32_t agentconn_request(struct agentconn *c, uint16_t type, const void *payload, size_t len,
-                           agentconn_frame_cb cb, void *arg)
+static uint32_t request(struct agentconn *c, uint16_t type, const void *payload, size_t len,
+                        int windowed, uint64_t window, agentconn_frame_cb cb, void *arg)
 {
     if (c->dead || !c->ready)
         return 0;
@@ -265,6 +406,10 @@ uint32_t agentconn_request(struct agentconn *c, uint16_t type, const void *paylo
         return 0;
     struct req *r = xcalloc(1, sizeof(*r));
     r->id = id;
+    r->type = type;
+    r->windowed = windowed;
+    r->allowed = window;
+    r->last_ms = now_ms_monotonic();
     r->cb = cb;
     r->arg = arg;
     struct req **head = &c->buckets[id % NBUCKETS];
@@ -273,9 +418,62 @@ uint32_t agentconn_request(struct agentconn *c, uint16_t type, const void *paylo
     return id;
 }
 
+uint32_t agentconn_request(struct agentconn *c, uint16_t type, const void *payload, size_t len,
+                           agentconn_frame_cb cb, void *arg)
+{
+    return request(c, type, payload, len, 0, 0, cb, arg);
+}
+
+uint32_t agentconn_request_windowed(struct agentconn *c, uint16_t type, struct proto_buf *fields,
+                                    uint64_t window, agentconn_frame_cb cb, void *arg)
+{
+    proto_put_u64(fields, PT_WINDOW, window);
+    return request(c, type, fields->data, fields->len, 1, window, cb, arg);
+}
+
+void agentconn_credit(struct agentconn *c, uint32_t id, uint64_t window)
+{
+    struct req *r = *slot(c, id);
+    if (!r || !r->windowed || c->dead)
+        return;
+    uint64_t target = r->received + window;
+    /* Top up in steps of a quarter window at least: a CREDIT per DATA frame would double the
+     * frames on the channel. */
+    if (target <= r->allowed || target - r->allowed < window / 4)
+        return;
+    struct proto_buf b = {0};
+    proto_put_u64(&b, PT_LENGTH, target - r->allowed);
+    if (send_frame(c, id, PROTO_CREDIT, 0, b.data, b.len) == 0) {
+        /* Waiting for credit is not waiting on the agent: the clock starts now. */
+        if (r->received == r->allowed)
+            r->last_ms = now_ms_monotonic();
+        r->allowed = target;
+    }
+    proto_buf_free(&b);
+}
+
+size_t agentconn_backlog(struct agentconn *c)
+{
+    return c->dead ? 0 : evbuffer_get_length(bufferevent_get_output(c->bev));
+}
+
+void agentconn_on_writable(struct agentconn *c, uint32_t id, void (*cb)(void *arg), void *arg)
+{
+    struct req *r = *slot(c, id);
+    if (!r || c->dead)
+        return;
+    if (!r->writable_cb)
+        c->nwaiting++;
+    r->writable_cb = cb;
+    r->writable_arg = arg;
+}
+
 int agentconn_send(struct agentconn *c, uint32_t id, uint16_t type, uint16_t flags,
                    const void *payload, size_t len)
 {
+    struct req *r = *slot(c, id);
+    if (r) /* the daemon's own progress on the request (upload data) restarts its clock */
+        r->last_ms = now_ms_monotonic();
     return send_frame(c, id, type, flags, payload, len);
 }
 
@@ -292,7 +490,23 @@ int agentconn_send_stdin(struct agentconn *c, uint32_t id, const void *data, siz
 
 void agentconn_cancel(struct agentconn *c, uint32_t id)
 {
-    free(take(c, id));
+    struct req *r = take(c, id);
+    if (r && r->writable_cb)
+        c->nwaiting--;
+    free(r);
+}
+
+void agentconn_abort(struct agentconn *c, uint32_t id)
+{
+    if (!*slot(c, id))
+        return;
+    agentconn_cancel(c, id);
+    send_frame(c, id, PROTO_CANCEL, 0, NULL, 0);
+}
+
+int agentconn_gave_up(struct agentconn *c)
+{
+    return c && c->gave_up;
 }
 
 void agentconn_exit_status(const uint8_t *payload, size_t len, int *code, int *sig)

@@ -16,6 +16,14 @@
 
 struct agentconn;
 
+/*
+ * How long a request may wait on the agent without a sign of progress (a frame for it either
+ * way) before the agent is taken to be stuck and the connection dies, failing every request.
+ * Execs (bounded by their own timeout) and windowed requests out of credit (waiting on the
+ * caller, not the agent) do not count.
+ */
+#define AGENTCONN_DEADLINE_MS 60000
+
 /**
  * Called for each frame of a request. A terminal frame (EXIT, OK, ERROR) is the last call; the
  * request is already forgotten then. If the connection dies first, it is called once with
@@ -40,6 +48,31 @@ struct agentconn *agentconn_new(struct event_base *base, int fd, int hello_timeo
 uint32_t agentconn_request(struct agentconn *c, uint16_t type, const void *payload, size_t len,
                            agentconn_frame_cb cb, void *arg);
 
+/**
+ * Like agentconn_request for a request whose output is flow-controlled (EXEC, FILE_READ):
+ * appends PT_WINDOW to fields and sends them. The agent may send `window` bytes of output;
+ * agentconn_credit lets it send more. An agent that sends more than it was allowed is lying:
+ * the connection dies.
+ */
+uint32_t agentconn_request_windowed(struct agentconn *c, uint16_t type, struct proto_buf *fields,
+                                    uint64_t window, agentconn_frame_cb cb, void *arg);
+
+/**
+ * Lets a windowed request's agent send up to `window` bytes beyond what it has sent so far
+ * (one CREDIT frame; nothing if that adds less than a quarter window).
+ */
+void agentconn_credit(struct agentconn *c, uint32_t id, uint64_t window);
+
+/** Bytes queued towards the agent and not yet written. */
+size_t agentconn_backlog(struct agentconn *c);
+
+/**
+ * Calls cb once, when the bytes queued towards the agent have fallen low again (for an upload
+ * that stopped sending while the agent was slow). Forgotten when the request ends, is
+ * cancelled or the connection dies.
+ */
+void agentconn_on_writable(struct agentconn *c, uint32_t id, void (*cb)(void *arg), void *arg);
+
 /** Sends a further frame for an open request (STDIN, DATA, SIGNAL). Returns 0 or -1 if dead. */
 int agentconn_send(struct agentconn *c, uint32_t id, uint16_t type, uint16_t flags,
                    const void *payload, size_t len);
@@ -60,11 +93,23 @@ int agentconn_frame_ends(uint16_t type);
 /** Forgets a request: its callback is not called again; late frames for it are dropped. */
 void agentconn_cancel(struct agentconn *c, uint32_t id);
 
+/** Forgets a request and tells the agent to stop it (CANCEL). */
+void agentconn_abort(struct agentconn *c, uint32_t id);
+
+/**
+ * Returns 1 if the connection died because the agent left a request unanswered for longer
+ * than AGENTCONN_DEADLINE_MS (it is stuck, not gone).
+ */
+int agentconn_gave_up(struct agentconn *c);
+
 /**
  * Reads an EXIT frame's payload: *code is the exit status, or -1 with *sig set when a signal
  * ended the process (a signal number the agent made up, over 64, counts as none).
  */
 void agentconn_exit_status(const uint8_t *payload, size_t len, int *code, int *sig);
+
+/** Sets the connection's deadline (AGENTCONN_DEADLINE_MS by default), in ms. */
+void agentconn_set_deadline(struct agentconn *c, int ms);
 
 /** Returns 1 while the connection is alive. */
 int agentconn_alive(struct agentconn *c);

@@ -23,6 +23,10 @@
 
 #define KILL_GRACE_SECONDS 10
 
+/* A streamed command's flow control (see READ_WINDOW in files.c): output in flight from the
+ * agent, and what the caller's connection may hold unsent before the agent gets more. */
+#define STREAM_WINDOW (1024 * 1024)
+
 static const char *const default_env[][2] = {
     {"PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
     {"HOME", "/root"},
@@ -53,6 +57,7 @@ struct exec_op {
     struct event *timer;
     int timed_out;
     int killed;
+    int waiting_drain; /* stream: credit waits for the caller to catch up */
     int exit_code, exit_signal;
     uint64_t start_ms;
     uint64_t oom_kills_before; /* the sandbox's OOM-kill count when the command started */
@@ -89,22 +94,54 @@ static void stream_chunk(struct exec_op *op, int which, const unsigned char *b, 
                                     data, "encoding", enc));
 }
 
-/* Output from the command: kept (whole) or forwarded (stream), never past the cap. */
-static void on_output(struct exec_op *op, int which, const uint8_t *b, size_t n)
+static void stream_topup(struct exec_op *op);
+
+static void stream_drained(void *arg)
+{
+    struct exec_op *op = arg;
+    op->waiting_drain = 0;
+    stream_topup(op);
+}
+
+/* Gives the agent more credit while the caller keeps up; else waits until it has caught up
+ * (the command then blocks writing its output, as on a slow terminal). */
+static void stream_topup(struct exec_op *op)
+{
+    if (!op->id || op->waiting_drain)
+        return;
+    if (sink_backlog(op->sink) < STREAM_WINDOW) {
+        agentconn_credit(op->conn, op->id, STREAM_WINDOW);
+        return;
+    }
+    op->waiting_drain = 1;
+    sink_on_drain(op->sink, stream_drained, op);
+}
+
+static void on_whole_output(struct exec_op *op, int which, const uint8_t *b, size_t n)
 {
     struct outbuf *ob = &op->out[which];
     ob->total += n;
-    size_t room = op->cap - (op->stream ? ob->forwarded : ob->len);
-    if (n > room) {
-        n = room;
+    if (n > op->cap - ob->len) {
+        n = op->cap - ob->len;
         ob->truncated = 1;
     }
     if (n == 0)
         return;
-    if (!op->stream) {
-        ob->data = xrealloc(ob->data, ob->len + n);
-        memcpy(ob->data + ob->len, b, n);
-        ob->len += n;
+    ob->data = xrealloc(ob->data, ob->len + n);
+    memcpy(ob->data + ob->len, b, n);
+    ob->len += n;
+}
+
+static void on_stream_output(struct exec_op *op, int which, const uint8_t *b, size_t n)
+{
+    struct outbuf *ob = &op->out[which];
+    ob->total += n;
+    if (n > op->cap - ob->forwarded) {
+        n = op->cap - ob->forwarded;
+        ob->truncated = 1;
+    }
+    if (n == 0) {
+        stream_topup(op); /* past the cap, output is dropped: the agent may go on */
         return;
     }
     ob->forwarded += n;
@@ -119,6 +156,16 @@ static void on_output(struct exec_op *op, int which, const uint8_t *b, size_t n)
     if (whole)
         stream_chunk(op, which, buf, whole);
     free(buf);
+    stream_topup(op);
+}
+
+/* Output from the command: kept (whole) or forwarded (stream), never past the cap. */
+static void on_output(struct exec_op *op, int which, const uint8_t *b, size_t n)
+{
+    if (op->stream)
+        on_stream_output(op, which, b, n);
+    else
+        on_whole_output(op, which, b, n);
 }
 
 static json_t *result_json(struct exec_op *op, int oom)
@@ -249,11 +296,19 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
         evtimer_add(op->timer, &tv);
         return;
     }
-    /* Killed, yet no EXIT: the agent is not doing its job. Answer anyway. */
-    agentconn_cancel(op->conn, op->id);
+    /* Killed, yet no EXIT: the agent is not doing its job. Answer anyway, and the sandbox is
+     * failed: an agent that leaves one command hanging cannot be trusted with the next. */
+    struct sandbox *sb = op->sb;
+    struct agentconn *conn = op->conn;
+    agentconn_cancel(conn, op->id);
     op->id = 0;
+    sandbox_ref(sb);
     finish_error(op, WR_E_SANDBOX_FAILED,
                  "the command was killed but the sandbox's agent never reported its end");
+    if (sb->conn == conn && sb->state == SB_RUNNING)
+        sandbox_lost(sb, "agent_unresponsive",
+                     "the agent did not report the end of a killed command");
+    sandbox_unref(sb);
 }
 
 static void on_cancel(void *arg)
@@ -272,7 +327,9 @@ static void exec_send(struct exec_op *op, struct proto_buf *b, const struct exec
     struct sandbox *sb = op->sb;
     op->conn = sb->conn;
     op->start_ms = now_ms_monotonic();
-    op->id = agentconn_request(op->conn, PROTO_EXEC, b->data, b->len, on_frame, op);
+    op->id = op->stream
+                 ? agentconn_request_windowed(op->conn, PROTO_EXEC, b, STREAM_WINDOW, on_frame, op)
+                 : agentconn_request(op->conn, PROTO_EXEC, b->data, b->len, on_frame, op);
     proto_buf_free(b);
     if (!op->id) {
         finish_error(op, WR_E_CONFLICT, "the sandbox's agent is not reachable");
@@ -287,6 +344,7 @@ static void exec_send(struct exec_op *op, struct proto_buf *b, const struct exec
     if (op->stream)
         sink_begin(op->sink, NULL); /* from here on every answer, errors too, is a record */
     log_info(sb->id, "exec.start", "stream=%d timeout=%g", op->stream, op->timeout);
+    sink_on_cancel(op->sink, on_cancel, op); /* last: it may run at once */
 }
 
 /* Builds the EXEC payload. Returns 0, or -1 with err set. */
@@ -365,6 +423,5 @@ void svc_exec(struct daemon *d, const char *id, const struct exec_request *r, st
     op->cap = r->max_output;
     op->timeout = r->timeout_seconds;
     op->oom_kills_before = sb->oom_kills_seen;
-    sink_on_cancel(s, on_cancel, op);
     exec_send(op, &b, r);
 }

@@ -20,6 +20,13 @@
 #define WRITE_CHUNK (256 * 1024)
 
 /*
+ * A read's flow control: the agent may have this many bytes in flight towards the caller,
+ * and the daemon gives it more only while the caller's connection holds less than this
+ * unsent. A slow reader costs at most about twice this here, however big the file.
+ */
+#define READ_WINDOW (1024 * 1024)
+
+/*
  * A listing is built in memory (sorted, one JSON body): at most this many entries. A directory
  * with more answers the first ones the agent sent, with "truncated": true; the rest of what the
  * agent sends is dropped unread. 100,000 entries make a body of ~15 MB.
@@ -34,8 +41,10 @@ struct file_op {
     struct sink *sink;
     uint32_t id;
     enum fop_kind kind;
-    int started; /* FOP_READ: the stream has begun */
+    int started;       /* FOP_READ: the stream has begun */
+    int waiting_drain; /* FOP_READ: credit waits for the caller to catch up */
     uint64_t bytes;
+    uint64_t sent, total;           /* FOP_WRITE: upload bytes handed to the agent, and in all */
     uint64_t length;                /* FOP_READ: at most this many bytes go to the caller */
     int truncated;                  /* FOP_LIST: the agent had more than LIST_MAX_ENTRIES */
     json_t *result;                 /* stat entry or entries array */
@@ -245,9 +254,49 @@ static void on_ok(struct file_op *op)
     fop_free(op);
 }
 
+static void read_topup(struct file_op *op);
+
+/* The caller took what was queued: the agent may send more. */
+static void read_drained(void *arg)
+{
+    struct file_op *op = arg;
+    op->waiting_drain = 0;
+    read_topup(op);
+}
+
+/* Gives the agent more credit while the caller keeps up; else waits until it has caught up. */
+static void read_topup(struct file_op *op)
+{
+    if (!op->id || op->waiting_drain || op->bytes >= op->length)
+        return; /* past LENGTH the agent has nothing more to send but OK */
+    if (sink_backlog(op->sink) < READ_WINDOW) {
+        uint64_t left = op->length - op->bytes;
+        agentconn_credit(op->sb->conn, op->id, left < READ_WINDOW ? left : READ_WINDOW);
+        return;
+    }
+    op->waiting_drain = 1;
+    sink_on_drain(op->sink, read_drained, op);
+}
+
+/* The caller went away: the agent stops reading at once and the answer ends. */
+static void read_cancelled(void *arg)
+{
+    struct file_op *op = arg;
+    if (!op->id)
+        return;
+    log_info(op->sb->id, "files.read_cancelled", "path=\"%s\" after=%llu", op->path,
+             (unsigned long long)op->bytes);
+    if (op->sb->conn)
+        agentconn_abort(op->sb->conn, op->id);
+    op->id = 0;
+    fop_fail(op, WR_E_UNAVAILABLE, 0, "the caller went away");
+}
+
 static void on_frame(void *arg, const struct proto_header *h, const uint8_t *payload)
 {
     struct file_op *op = arg;
+    if (h && agentconn_frame_ends(h->type))
+        op->id = 0; /* the request is over: nothing to credit or cancel */
     if (!h) {
         if (op->started)
             fop_fail(op, WR_E_SANDBOX_FAILED, 0, (const char *)payload);
@@ -274,6 +323,7 @@ static void on_frame(void *arg, const struct proto_header *h, const uint8_t *pay
             op->bytes += n;
             if (n)
                 sink_write(op->sink, payload, n);
+            read_topup(op);
         }
         return;
     case PROTO_DIR_ENTRIES:
@@ -367,7 +417,51 @@ void svc_file_read(struct daemon *d, const char *id, const char *path, uint64_t 
     proto_put_u64(&b, PT_OFFSET, offset);
     if (length != UINT64_MAX)
         proto_put_u64(&b, PT_LENGTH, length);
-    fop_send(op, PROTO_FILE_READ, &b);
+    op->id =
+        agentconn_request_windowed(op->sb->conn, PROTO_FILE_READ, &b, READ_WINDOW, on_frame, op);
+    proto_buf_free(&b);
+    if (!op->id) {
+        fop_fail(op, WR_E_CONFLICT, 0, "the sandbox's agent is not reachable");
+        return;
+    }
+    sink_on_cancel(s, read_cancelled, op);
+}
+
+/* Upload bytes queued towards the agent above which the pump waits for it to catch up: the
+ * body is handed over in pieces, never copied whole into the channel. */
+#define UPLOAD_HIGH (1024 * 1024)
+
+static void upload_pump(void *arg);
+
+/* Hands the caller's body to the agent while the channel keeps up; ends with DATA+FIN. The
+ * agent may answer (ERROR) before the end, which frees op: nothing here runs after a send
+ * that could have done so without checking. */
+static void upload_pump(void *arg)
+{
+    struct file_op *op = arg;
+    struct agentconn *conn = op->sb->conn;
+    unsigned char *chunk = xmalloc(WRITE_CHUNK);
+    size_t n;
+    int rc = 0;
+    while (op->id && agentconn_backlog(conn) < UPLOAD_HIGH &&
+           (n = op->sink->ops->input_read(op->sink, chunk, WRITE_CHUNK)) > 0) {
+        op->sent += n;
+        rc = agentconn_send(conn, op->id, PROTO_DATA, 0, chunk, n);
+        if (rc < 0)
+            break;
+    }
+    free(chunk);
+    if (rc < 0) { /* the channel died: its death notice answers the request */
+        log_warn(op->sb->id, "files.write_unsent", "path=\"%s\"", op->path);
+        return;
+    }
+    if (op->sent < op->total) {
+        agentconn_on_writable(conn, op->id, upload_pump, op);
+        return;
+    }
+    if (agentconn_send(conn, op->id, PROTO_DATA, PROTO_F_FIN, NULL, 0) == 0)
+        log_info(op->sb->id, "files.write", "path=\"%s\" bytes=%llu", op->path,
+                 (unsigned long long)op->total);
 }
 
 void svc_file_write(struct daemon *d, const char *id, const char *path, unsigned mode, int parents,
@@ -386,25 +480,10 @@ void svc_file_write(struct daemon *d, const char *id, const char *path, unsigned
     proto_put_str(&b, PT_PATH, op->path);
     proto_put_u32(&b, PT_MODE, mode);
     proto_put_u32(&b, PT_WFLAGS, parents ? PROTO_W_PARENTS : 0);
-    struct agentconn *conn = op->sb->conn;
-    char sid[DRIVER_ID_LEN + 1];
-    snprintf(sid, sizeof(sid), "%s", op->sb->id);
     if (fop_send(op, PROTO_FILE_WRITE, &b) < 0)
         return;
-    /* op may be answered and freed while sending (a dead channel fails it at once). */
-    uint32_t rid = op->id;
-    unsigned char *chunk = xmalloc(WRITE_CHUNK);
-    size_t n;
-    int rc = 0;
-    while (rc == 0 && (n = s->ops->input_read(s, chunk, WRITE_CHUNK)) > 0)
-        rc = agentconn_send(conn, rid, PROTO_DATA, 0, chunk, n);
-    if (rc == 0)
-        rc = agentconn_send(conn, rid, PROTO_DATA, PROTO_F_FIN, NULL, 0);
-    free(chunk);
-    if (rc < 0)
-        log_warn(sid, "files.write_unsent", "path=\"%s\"", path);
-    else
-        log_info(sid, "files.write", "path=\"%s\" bytes=%zu", path, total);
+    op->total = total;
+    upload_pump(op);
 }
 
 void svc_file_list(struct daemon *d, const char *id, const char *path, struct sink *s)

@@ -502,7 +502,7 @@ static void on_agent_state(void *arg, int ok, const char *reason)
         return;
     }
     if (!ok && sb->state == SB_RUNNING)
-        sandbox_lost(sb, NULL, reason);
+        sandbox_lost(sb, agentconn_gave_up(sb->conn) ? "agent_unresponsive" : NULL, reason);
 }
 
 static void create_start_done(void *p)

@@ -39,9 +39,20 @@ struct sink_ops {
     void (*end)(struct sink *s);
     /**
      * Asks to be told if the caller goes away before the answer is finished. cb runs at most
-     * once; the sink stays valid and must still be finished.
+     * once (at once, inside this call, if the caller is already gone); the sink stays valid and
+     * must still be finished (cb may finish it).
      */
     void (*on_cancel)(struct sink *s, void (*cb)(void *arg), void *arg);
+    /**
+     * Bytes of a stream written but not yet taken by the caller (optional: NULL means the
+     * caller takes everything at once). The service stops producing while this is high.
+     */
+    size_t (*backlog)(struct sink *s);
+    /**
+     * Calls cb once, when the caller has taken everything written so far (optional, with
+     * backlog). Forgotten when the sink is finished.
+     */
+    void (*on_drain)(struct sink *s, void (*cb)(void *arg), void *arg);
     /** Bytes of the caller's input (an upload) not yet read. */
     size_t (*input_len)(struct sink *s);
     /** Moves up to n input bytes into buf; returns how many. */
@@ -85,6 +96,17 @@ static inline void sink_end(struct sink *s)
 static inline void sink_on_cancel(struct sink *s, void (*cb)(void *arg), void *arg)
 {
     s->ops->on_cancel(s, cb, arg);
+}
+
+static inline size_t sink_backlog(struct sink *s)
+{
+    return s->ops->backlog ? s->ops->backlog(s) : 0;
+}
+
+static inline void sink_on_drain(struct sink *s, void (*cb)(void *arg), void *arg)
+{
+    if (s->ops->on_drain)
+        s->ops->on_drain(s, cb, arg);
 }
 
 /** Fails s with a new error of kind (a shorthand for wr_err_kind + sink_fail). */

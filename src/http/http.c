@@ -54,6 +54,8 @@ struct http_req {
     int gone;
     void (*close_cb)(void *);
     void *close_arg;
+    void (*drain_cb)(void *); /* one-shot: the connection's output was all sent */
+    void *drain_arg;
 };
 
 static const char *method_name(enum evhttp_cmd_type t)
@@ -437,14 +439,51 @@ void http_stream_start(struct http_req *r, int status, const char *content_type)
     evhttp_send_reply_start(r->req, status, reason_phrase(status));
 }
 
+/* evhttp calls this when the connection's output buffer has been written out. It is set
+ * again with every chunk, and replaced by evhttp's own when the reply ends, so r is alive. */
+static void on_chunk_sent(struct evhttp_connection *evcon, void *arg)
+{
+    struct http_req *r = arg;
+    void (*cb)(void *) = r->drain_cb;
+    r->drain_cb = NULL;
+    if (cb)
+        cb(r->drain_arg);
+}
+
 void http_stream_write(struct http_req *r, const void *data, size_t len)
 {
     if (r->gone || len == 0)
         return;
     struct evbuffer *buf = evbuffer_new();
     evbuffer_add(buf, data, len);
-    evhttp_send_reply_chunk(r->req, buf);
+    evhttp_send_reply_chunk_with_cb(r->req, buf, on_chunk_sent, r);
     evbuffer_free(buf);
+}
+
+size_t http_stream_backlog(struct http_req *r)
+{
+    if (r->gone || !r->evcon)
+        return 0;
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(r->evcon);
+    return bev ? evbuffer_get_length(bufferevent_get_output(bev)) : 0;
+}
+
+void http_stream_on_drain(struct http_req *r, void (*cb)(void *arg), void *arg)
+{
+    r->drain_cb = cb;
+    r->drain_arg = arg;
+}
+
+void http_stream_abort(struct http_req *r)
+{
+    struct evhttp_connection *evcon = r->gone ? NULL : r->evcon;
+    if (!evcon) { /* the client is gone already: answering just frees the request */
+        http_stream_end(r);
+        return;
+    }
+    req_free(r);
+    /* Closing mid-stream (no last chunk): the client sees its answer was cut short. */
+    evhttp_connection_free(evcon);
 }
 
 void http_stream_end(struct http_req *r)
@@ -455,6 +494,10 @@ void http_stream_end(struct http_req *r)
 
 void http_req_on_close(struct http_req *r, void (*cb)(void *arg), void *arg)
 {
+    if (r->gone) { /* already gone: the caller hears it now */
+        cb(arg);
+        return;
+    }
     r->close_cb = cb;
     r->close_arg = arg;
 }

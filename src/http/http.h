@@ -94,12 +94,28 @@ void http_stream_start(struct http_req *r, int status, const char *content_type)
 /** Sends one chunk of a stream (nothing happens if the client has gone). */
 void http_stream_write(struct http_req *r, const void *data, size_t len);
 
+/** Bytes of the reply queued for the client and not yet sent (0 once the client is gone). */
+size_t http_stream_backlog(struct http_req *r);
+
+/**
+ * Calls cb once, when everything queued for the client has been sent. Forgotten when the
+ * reply ends; never called if the client goes away (http_req_on_close reports that).
+ */
+void http_stream_on_drain(struct http_req *r, void (*cb)(void *arg), void *arg);
+
 /** Ends a stream. Frees r. */
 void http_stream_end(struct http_req *r);
 
 /**
- * Asks to be told if the client goes away before the reply ends. cb runs at most once; r stays
- * valid (it must still be answered, which then just frees it).
+ * Ends a stream that failed: the connection is closed without the last chunk, so the client
+ * can tell the body is incomplete. Frees r.
+ */
+void http_stream_abort(struct http_req *r);
+
+/**
+ * Asks to be told if the client goes away before the reply ends. cb runs at most once (at
+ * once, if the client is already gone); r stays valid (it must still be answered, which then
+ * just frees it).
  */
 void http_req_on_close(struct http_req *r, void (*cb)(void *arg), void *arg);
 

@@ -27,6 +27,8 @@ int proto_type_known(uint16_t type)
     case PROTO_HELLO:
     case PROTO_PING:
     case PROTO_PONG:
+    case PROTO_CANCEL:
+    case PROTO_CREDIT:
     case PROTO_EXEC:
     case PROTO_STDIN:
     case PROTO_SIGNAL:
@@ -74,6 +76,8 @@ const char *proto_type_name(uint16_t type)
     case PROTO_HELLO: return "HELLO";
     case PROTO_PING: return "PING";
     case PROTO_PONG: return "PONG";
+    case PROTO_CANCEL: return "CANCEL";
+    case PROTO_CREDIT: return "CREDIT";
     case PROTO_EXEC: return "EXEC";
     case PROTO_STDIN: return "STDIN";
     case PROTO_SIGNAL: return "SIGNAL";

@@ -22,7 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PROTO_VERSION 1
+#define PROTO_VERSION 2
 #define PROTO_HEADER_LEN 12
 #define PROTO_MAX_PAYLOAD (1u << 20) /* 1 MiB */
 #define PROTO_CHUNK 65536            /* preferred size of a data frame */
@@ -36,6 +36,14 @@ enum proto_type {
     /* daemon -> agent: no fields; agent answers PONG with the same id */
     PROTO_PING = 2,
     PROTO_PONG = 3,
+    /* daemon -> agent, for an open request: no fields. The agent ends the request at once and
+     * sends nothing more for it: a READ or LIST stops, a WRITE closes its file (what was
+     * written stays), an EXEC's process tree is killed (its EXIT is still sent). Unknown or
+     * finished ids are ignored: a CANCEL races with the request's end. */
+    PROTO_CANCEL = 4,
+    /* daemon -> agent, for an open request that asked with a WINDOW: fields LENGTH (u64), more
+     * bytes the agent may send (see PT_WINDOW). Unknown or finished ids are ignored. */
+    PROTO_CREDIT = 5,
 
     /* daemon -> agent: start a process. Fields: ARG (1+, argv[0] is looked up in PATH
      * when it has no '/'), ENV (0+, "K=V"; the agent's base env is replaced by exactly these),
@@ -114,6 +122,12 @@ enum proto_tag {
     PT_ERRNO = 19,      /* u32: Linux errno */
     PT_MESSAGE = 20,    /* bytes */
     PT_TARGET = 21,     /* bytes: symlink target, in STAT_RESULT / DIR_ENTRIES when a link */
+    /* u64, on EXEC and FILE_READ: flow control. The agent may send at most this many bytes of
+     * payload in the request's STDOUT+STDERR (EXEC) or DATA (FILE_READ) frames, plus what
+     * later CREDIT frames add; it holds back (leaving the pipe or file unread) until credit
+     * comes. Absent: no limit. The daemon treats a request that overruns its credit as a
+     * protocol violation. */
+    PT_WINDOW = 22,
 };
 
 enum proto_wflags {

@@ -79,7 +79,7 @@ def frames():
         yield rid, ftype, read_exact(length) if length else b""
 
 
-def hello(version=1):
+def hello(version=2):
     send(frame(HELLO, 0, u32(PT_VERSION, version) + u32(PT_PID, os.getpid())))
 
 
@@ -156,7 +156,7 @@ def main():
         mode = "good"
     print(f"hostile agent: mode {mode}, pid {os.getpid()}", file=sys.stderr, flush=True)
 
-    hello(99 if mode == "bad_version" else 1)
+    hello(99 if mode == "bad_version" else 2)
     if mode == "hello_twice":
         hello()
     if mode == "exit_after_hello":

@@ -12,6 +12,7 @@ The image is the session's (WR_TEST_STATE_DIR, built if missing), shared by a sy
 only read it.
 """
 
+import http.client
 import os
 import shutil
 import signal
@@ -545,11 +546,22 @@ def test_hostile_wrong_terminal_frame_for_files(lone_hostile, op):
 
 
 def test_hostile_data_beyond_the_requested_length(hs):
+    """The agent announces 10 bytes and sends 4 MiB without waiting for credit: the caller
+    gets at most the 10 bytes it asked for, in a body that is visibly cut off (no last chunk),
+    and the sandbox is failed for the protocol violation."""
     sid = hostile_sandbox(hs, "data_overrun")
-    r = hs.req("GET", f"/v1/sandboxes/{sid}/files/content",
-               query={"path": "/f", "length": 10})
-    # The agent announced 10 bytes and sent 4 MiB: the user asked for 10 and gets no more.
-    assert r.status == 200 and len(r.body) == 10, (r.status, len(r.body))
+    conn = http.client.HTTPConnection("127.0.0.1", hs.port, timeout=T)
+    try:
+        conn.request("GET", f"/v1/sandboxes/{sid}/files/content?path=/f&length=10")
+        resp = conn.getresponse()
+        assert resp.status == 200
+        with pytest.raises(http.client.IncompleteRead) as e:
+            resp.read()
+        assert len(e.value.partial) <= 10
+    finally:
+        conn.close()
+    sb = hs.wait_state(sid, "failed")
+    assert "more FILE_READ output than the daemon allowed" in sb.get("state_detail", ""), sb
 
 
 def test_hostile_million_directory_entries(hs):

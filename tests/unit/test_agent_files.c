@@ -272,6 +272,127 @@ static void test_files_meta(struct agent *a)
     result_free(&r);
 }
 
+/* Output bytes for id that arrive within quiet_ms of each other, up to want; other ids'
+ * frames are kept for later. Sets *ended if the request's terminal frame came. */
+static size_t drain_output(struct agent *a, uint32_t id, size_t want, int quiet_ms, int *ended)
+{
+    size_t got = 0;
+    *ended = 0;
+    while (got < want || want == 0) {
+        struct frame *f = read_frame(a, quiet_ms);
+        if (!f)
+            break;
+        if (f->h.id == id) {
+            if (f->h.type == PROTO_DATA || f->h.type == PROTO_STDOUT)
+                got += f->h.len;
+            if (terminal(f->h.type))
+                *ended = 1;
+        }
+        free(f->payload);
+        free(f);
+        if (*ended)
+            break;
+    }
+    return got;
+}
+
+static void send_credit(struct agent *a, uint32_t id, uint64_t n)
+{
+    struct proto_buf b = {0};
+    proto_put_u64(&b, PT_LENGTH, n);
+    send_fields(a, id, PROTO_CREDIT, &b);
+    proto_buf_free(&b);
+}
+
+/* PING, then every frame up to its PONG: returns how many of them were for `id`. */
+static int frames_before_pong(struct agent *a, uint32_t id, int *pong)
+{
+    uint32_t ping = next_id++;
+    send_frame(a, ping, PROTO_PING, 0, NULL, 0);
+    int n = 0;
+    *pong = 0;
+    struct frame *f;
+    while ((f = read_frame(a, TIMEOUT_MS))) {
+        int is_pong = f->h.id == ping && f->h.type == PROTO_PONG;
+        n += f->h.id == id;
+        free(f->payload);
+        free(f);
+        if (is_pong) {
+            *pong = 1;
+            break;
+        }
+    }
+    return n;
+}
+
+static void test_flow_control(struct agent *a)
+{
+    char path[PATH_MAX];
+    tpath(path, sizeof(path), "flow.bin");
+    FILE *fp = fopen(path, "wb");
+    static uint8_t block[65536];
+    for (int i = 0; fp && i < 64; i++) /* 4 MiB */
+        fwrite(block, 1, sizeof(block), fp);
+    if (fp)
+        fclose(fp);
+
+    /* A read with a window sends that much and no more until CREDIT comes. */
+    struct proto_buf b = {0};
+    uint32_t id = next_id++;
+    proto_put_str(&b, PT_PATH, path);
+    proto_put_u64(&b, PT_WINDOW, 100000);
+    send_fields(a, id, PROTO_FILE_READ, &b);
+    proto_buf_free(&b);
+    int ended;
+    size_t got = drain_output(a, id, 0, 300, &ended);
+    ok(got == 100000 && !ended,
+       "FILE_READ with WINDOW 100000 sends exactly 100000 bytes, then waits");
+    send_credit(a, id, 1000000);
+    got = drain_output(a, id, 1000000, TIMEOUT_MS, &ended);
+    size_t extra = drain_output(a, id, 0, 300, &ended);
+    ok(got == 1000000 && extra == 0 && !ended,
+       "CREDIT 1000000 lets exactly that much more through");
+
+    /* CANCEL ends it: nothing more for that id, and the agent answers the next request. */
+    send_frame(a, id, PROTO_CANCEL, 0, NULL, 0);
+    send_credit(a, id, 1000000); /* for a request that is gone: ignored */
+    int pong;
+    int late = frames_before_pong(a, id, &pong);
+    ok(pong && late == 0, "after CANCEL the read sends nothing more; PING is answered");
+
+    /* An EXEC with a window: its output stops at the window; CANCEL kills it (EXIT comes). */
+    const char *const yes[] = {"/bin/sh", "-c", "exec yes", NULL};
+    b = (struct proto_buf){0};
+    id = next_id++;
+    for (const char *const *p = yes; *p; p++)
+        proto_put_str(&b, PT_ARG, *p);
+    proto_put_str(&b, PT_ENV, "PATH=/usr/bin:/bin");
+    proto_put_str(&b, PT_CWD, tmpdir);
+    proto_put_u64(&b, PT_WINDOW, 50000);
+    send_fields(a, id, PROTO_EXEC, &b);
+    proto_buf_free(&b);
+    got = drain_output(a, id, 0, 500, &ended);
+    ok(got == 50000 && !ended, "EXEC of `yes` with WINDOW 50000 sends exactly 50000 bytes");
+    send_frame(a, id, PROTO_CANCEL, 0, NULL, 0);
+    struct result r = {0};
+    ok(collect(a, id, &r) == 0 && r.exited && r.term_signal == SIGKILL && r.out.len == 0,
+       "CANCEL kills the command: EXIT with SIGKILL, no more output");
+    result_free(&r);
+
+    /* A malformed WINDOW is refused. */
+    b = (struct proto_buf){0};
+    id = next_id++;
+    proto_put_str(&b, PT_PATH, path);
+    proto_put_u32(&b, PT_WINDOW, 5);
+    send_fields(a, id, PROTO_FILE_READ, &b);
+    proto_buf_free(&b);
+    r = (struct result){0};
+    ok(collect(a, id, &r) == 0 && r.error && r.err_no == EINVAL,
+       "FILE_READ with a 4-byte WINDOW is EINVAL");
+    result_free(&r);
+    unlink(path);
+}
+
 int main(int argc, char **argv)
 {
     struct agent a;
@@ -280,6 +401,7 @@ int main(int argc, char **argv)
     ok(agent_skip_hello(&a), "the agent says HELLO first");
     test_files_rw(&a);
     test_files_meta(&a);
+    test_flow_control(&a);
     harness_stop_agent(&a);
     return harness_done();
 }

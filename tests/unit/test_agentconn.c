@@ -367,6 +367,122 @@ static void test_send_fault(void)
     close_pair(&p);
 }
 
+/* Opens a ready pair: HELLO said. */
+static void open_ready(struct pair *p)
+{
+    open_pair(p, 5000);
+    put_hello(p->agent, PROTO_VERSION);
+    pump();
+}
+
+static void test_wrong_answer_type(void)
+{
+    struct pair p;
+    open_ready(&p);
+    struct calls c = {0};
+    uint32_t id = agentconn_request(p.c, PROTO_FILE_STAT, "", 0, on_frame, &c);
+    pump();
+    take_frame(p.agent);
+    put_frame(p.agent, id, PROTO_STDOUT, 0, "x", 1); /* a STAT answered with command output */
+    pump();
+    ok(p.st.dead == 1 && c.deaths == 1 && strstr(c.reason, "protocol violation"),
+       "STDOUT for a FILE_STAT kills the connection: %s", c.reason);
+    close_pair(&p);
+
+    open_ready(&p);
+    c = (struct calls){0};
+    id = agentconn_request(p.c, PROTO_EXEC, "", 0, on_frame, &c);
+    pump();
+    take_frame(p.agent);
+    put_frame(p.agent, id, PROTO_OK, 0, NULL, 0); /* an exec ends with EXIT, never OK */
+    pump();
+    ok(p.st.dead == 1 && c.deaths == 1 && c.frames == 0, "OK for an EXEC kills the connection");
+    close_pair(&p);
+}
+
+static void test_credit(void)
+{
+    struct pair p;
+    open_ready(&p);
+    struct calls c = {0};
+    struct proto_buf b = {0};
+    proto_put_str(&b, PT_PATH, "/x");
+    uint32_t id = agentconn_request_windowed(p.c, PROTO_FILE_READ, &b, 1000, on_frame, &c);
+    proto_buf_free(&b);
+    pump();
+    struct proto_header h = take_frame(p.agent);
+    ok(id && h.type == PROTO_FILE_READ, "a windowed request goes out");
+    static uint8_t data[1000];
+    put_frame(p.agent, id, PROTO_STAT_RESULT, 0, NULL, 0);
+    put_frame(p.agent, id, PROTO_DATA, 0, data, 600);
+    put_frame(p.agent, id, PROTO_DATA, 0, data, 400);
+    pump();
+    ok(p.st.dead == 0 && c.frames == 3, "output up to the window is taken");
+    agentconn_credit(p.c, id, 100); /* less than a quarter of nothing new: below the step */
+    agentconn_credit(p.c, id, 1000);
+    pump();
+    h = take_frame(p.agent);
+    ok(h.type == PROTO_CREDIT && h.id == id, "agentconn_credit sends CREDIT");
+    put_frame(p.agent, id, PROTO_DATA, 0, data, 1000);
+    pump();
+    ok(p.st.dead == 0, "output within the new credit is taken");
+    put_frame(p.agent, id, PROTO_DATA, 0, data, 1);
+    pump();
+    ok(p.st.dead == 1 && strstr(p.st.reason, "more"), "one byte past the credit kills: %s",
+       p.st.reason);
+    close_pair(&p);
+
+    /* CANCEL goes out for an open request, and not for a finished one. */
+    open_ready(&p);
+    c = (struct calls){0};
+    id = agentconn_request(p.c, PROTO_FILE_LIST, "", 0, on_frame, &c);
+    pump();
+    take_frame(p.agent);
+    agentconn_abort(p.c, id);
+    agentconn_abort(p.c, id);
+    pump();
+    h = take_frame(p.agent);
+    int fl = fcntl(p.agent, F_GETFL);
+    fcntl(p.agent, F_SETFL, fl | O_NONBLOCK);
+    uint8_t extra;
+    ok(h.type == PROTO_CANCEL && h.id == id && read(p.agent, &extra, 1) < 0,
+       "agentconn_abort sends one CANCEL, then forgets the request");
+    fcntl(p.agent, F_SETFL, fl);
+    put_frame(p.agent, id, PROTO_DIR_ENTRIES, 0, NULL, 0);
+    pump();
+    ok(c.frames == 0 && p.st.dead == 0, "late frames for it are dropped");
+    close_pair(&p);
+}
+
+/* Turns the loop until cond or about ms have passed. */
+#define PUMP_UNTIL(cond, ms)                                                                       \
+    for (int waited_ = 0; !(cond) && waited_ < (ms); waited_ += 20)                                \
+        pump();
+
+static void test_deadline(void)
+{
+    struct pair p;
+    open_ready(&p);
+    agentconn_set_deadline(p.c, 200);
+    struct calls c = {0}, w = {0}, e = {0};
+    /* A windowed read out of credit waits on us, not the agent; an exec on its own timer. */
+    struct proto_buf b = {0};
+    proto_put_str(&b, PT_PATH, "/x");
+    uint32_t rid = agentconn_request_windowed(p.c, PROTO_FILE_READ, &b, 10, on_frame, &w);
+    proto_buf_free(&b);
+    agentconn_request(p.c, PROTO_EXEC, "", 0, on_frame, &e);
+    static uint8_t data[10];
+    put_frame(p.agent, rid, PROTO_DATA, 0, data, 10);
+    PUMP_UNTIL(0, 1000);
+    ok(p.st.dead == 0 && w.frames == 1, "an exec and a read out of credit outlive the deadline");
+    agentconn_request(p.c, PROTO_FILE_STAT, "", 0, on_frame, &c);
+    PUMP_UNTIL(p.st.dead, 5000);
+    ok(p.st.dead == 1 && agentconn_gave_up(p.c) && c.deaths == 1 && w.deaths == 1 &&
+           e.deaths == 1 && strstr(c.reason, "did not answer a FILE_STAT"),
+       "an unanswered FILE_STAT past the deadline fails every request: %s", c.reason);
+    close_pair(&p);
+}
+
 int main(void)
 {
     unsetenv("WR_FAULTS");
@@ -379,6 +495,9 @@ int main(void)
     test_close_answers_open_requests();
     test_close_inside_callback();
     test_send_fault();
+    test_wrong_answer_type();
+    test_credit();
+    test_deadline();
     event_base_free(base);
     return tap_done();
 }

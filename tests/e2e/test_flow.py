@@ -1,0 +1,183 @@
+"""Flow control and disconnects (issue 8, points 1-3): a download or a streamed command goes
+only as fast as its caller reads, so a slow or vanished caller costs the daemon a bounded amount
+of memory and the sandbox no work; a caller that goes away stops the agent; a big transfer does
+not keep the sandbox from answering anything else."""
+
+import json
+import socket
+import threading
+import time
+import urllib.parse
+
+from test_output import RssWatch, rss
+
+MIB = 1024 * 1024
+# What one slow download may add to the daemon's memory: its windows (1 MiB towards the agent,
+# 1 MiB queued for the caller) and the allocator's slack. Without flow control the daemon grew
+# by ~400 MiB a second here.
+SLOW_READER_GROWTH = 48 * MIB
+
+
+def raw_request(daemon, method, path, query=None, rcvbuf=16384):
+    """Sends a request on a socket with a small receive buffer and returns the socket after the
+    status line and headers (the body is left to read, or not)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    s.settimeout(60)
+    s.connect(("127.0.0.1", daemon.port))
+    target = path + ("?" + urllib.parse.urlencode(query) if query else "")
+    s.sendall(f"{method} {target} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = s.recv(1)
+        assert chunk, f"connection closed in the headers: {head!r}"
+        head += chunk
+    status = int(head.split(b" ", 2)[1])
+    return s, status, head
+
+
+def sandbox_cpu_usec(client, sid):
+    return client.request("GET", f"/v1/sandboxes/{sid}/stats").json()["cpu_usec"]
+
+
+def wait_for(cond, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def make_huge_file(client, sid, name="huge"):
+    r = client.request("POST", f"/v1/sandboxes/{sid}/exec",
+                       {"command": f"truncate -s 1T /workspace/{name}"})
+    assert r.status == 200 and r.json()["exit_code"] == 0, r
+
+
+def test_slow_reader_of_a_huge_file_costs_little_and_leaving_stops_it(daemon, client, sandbox):
+    make_huge_file(client, sandbox)
+    before = rss(daemon.proc.pid)
+    s, status, _ = raw_request(daemon, "GET", f"/v1/sandboxes/{sandbox}/files/content",
+                               {"path": "/workspace/huge"})
+    assert status == 200
+    got = 0
+    with RssWatch(daemon.proc.pid) as watch:
+        # 4 s of a reader taking 256 KiB a second, then 2 s of not reading at all
+        for _ in range(16):
+            got += len(s.recv(65536))
+            time.sleep(0.25)
+        time.sleep(2)
+    assert got > 0
+    growth = watch.peak - before
+    assert growth < SLOW_READER_GROWTH, \
+        f"the daemon grew by {growth / MIB:.0f} MiB for a reader that took {got} bytes"
+    # The sandbox is not reading ahead either: it waits for the caller.
+    cpu0 = sandbox_cpu_usec(client, sandbox)
+    time.sleep(2)
+    waiting = sandbox_cpu_usec(client, sandbox) - cpu0
+    assert waiting < 500_000, f"the sandbox used {waiting} us of CPU in 2 s while nobody read"
+
+    # The caller goes away: the daemon cancels the read (logged), and the sandbox stays usable.
+    s.close()
+    wait_for(lambda: b"files.read_cancelled" in daemon.log_bytes(), 10, "files.read_cancelled")
+    r = client.request("POST", f"/v1/sandboxes/{sandbox}/exec", {"command": "echo ok"})
+    assert r.status == 200 and r.json()["stdout"] == "ok\n"
+
+
+def test_caller_leaving_a_fast_read_stops_the_agent(daemon, client, sandbox):
+    """A reader that takes bytes as fast as it can, then leaves: the sandbox stops sending
+    (its CPU goes back to idle) instead of reading a terabyte for nobody."""
+    make_huge_file(client, sandbox, "huge2")
+    s, status, _ = raw_request(daemon, "GET", f"/v1/sandboxes/{sandbox}/files/content",
+                               {"path": "/workspace/huge2"}, rcvbuf=1 << 20)
+    assert status == 200
+    got = 0
+    while got < 200 * MIB:
+        chunk = s.recv(1 << 20)
+        assert chunk
+        got += len(chunk)
+    s.close()
+    wait_for(lambda: b"files.read_cancelled" in daemon.log_bytes(), 10, "files.read_cancelled")
+    time.sleep(1)  # the cancel is on its way; what the agent had in flight drains
+    cpu0 = sandbox_cpu_usec(client, sandbox)
+    time.sleep(2)
+    used = sandbox_cpu_usec(client, sandbox) - cpu0
+    # reading the sparse file flat out costs about a whole core (2,000,000 us in 2 s)
+    assert used < 500_000, f"the sandbox used {used} us of CPU in the 2 s after the caller left"
+
+
+def test_streamed_command_waits_for_its_reader(daemon, client, sandbox):
+    """A streamed command whose caller does not read blocks on its output, as on a slow
+    terminal, and finishes once the caller reads."""
+    size = 14_000_000
+    body = json.dumps({"command": f"head -c {size} /dev/zero | tr '\\0' y; touch /tmp/wrote-all",
+                       "stream": True, "max_output_bytes": 16 * MIB}).encode()
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+    s.settimeout(60)
+    s.connect(("127.0.0.1", daemon.port))
+    s.sendall(f"POST /v1/sandboxes/{sandbox}/exec HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+              f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+              + body)
+    time.sleep(3)  # the caller reads nothing for 3 s
+
+    def wrote_all():
+        r = client.request("POST", f"/v1/sandboxes/{sandbox}/exec",
+                           {"command": "test -e /tmp/wrote-all"})
+        return r.json()["exit_code"] == 0
+
+    assert not wrote_all(), "the command wrote 14 MB although its caller read none of it"
+    data = b""
+    while not data.endswith(b"\r\n0\r\n\r\n"):
+        chunk = s.recv(1 << 20)
+        assert chunk, "the stream ended without its last chunk"
+        data += chunk
+    s.close()
+    lines = [json.loads(line) for line in data.split(b"\r\n") if line.startswith(b"{")]
+    out = sum(len(e["data"]) for e in lines if e.get("type") == "stdout")
+    assert lines[-1]["type"] == "exit" and lines[-1]["exit_code"] == 0, lines[-1]
+    assert out == size
+    assert wrote_all()
+
+
+def test_big_transfer_leaves_the_sandbox_answering(daemon, client, sandbox):
+    """4 GiB read flat out while other calls run: every call is answered, and the sandbox is
+    never taken for dead."""
+    make_huge_file(client, sandbox, "huge3")
+    total = 4 * 1024 * MIB
+    done = {}
+
+    def reader():
+        s, status, _ = raw_request(daemon, "GET", f"/v1/sandboxes/{sandbox}/files/content",
+                                   {"path": "/workspace/huge3", "length": total},
+                                   rcvbuf=1 << 20)
+        got = 0
+        try:
+            while True:
+                chunk = s.recv(1 << 20)
+                if not chunk or chunk.endswith(b"\r\n0\r\n\r\n"):
+                    got += len(chunk)
+                    break
+                got += len(chunk)
+        finally:
+            s.close()
+        done["status"], done["got"] = status, got
+
+    t = threading.Thread(target=reader)
+    t.start()
+    answered = 0
+    while t.is_alive():
+        r = client.request("POST", f"/v1/sandboxes/{sandbox}/exec", {"command": "true"},
+                           timeout=30)
+        assert r.status == 200 and r.json()["exit_code"] == 0, r
+        r = client.request("GET", f"/v1/sandboxes/{sandbox}/files/stat",
+                           query={"path": "/workspace/huge3"}, timeout=30)
+        assert r.status == 200, r
+        answered += 1
+    t.join()
+    assert done.get("status") == 200
+    assert done["got"] >= total  # the body plus chunk framing
+    assert answered >= 1
+    info = client.request("GET", f"/v1/sandboxes/{sandbox}").json()
+    assert info["state"] == "running", info
