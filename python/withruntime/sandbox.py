@@ -675,12 +675,17 @@ class Sandbox:
 @dataclass
 class CommandOutput:
     """Output of a background command from given offsets; pass ``stdout_next_offset`` and
-    ``stderr_next_offset`` to :meth:`Command.output` next time to get only what is new."""
+    ``stderr_next_offset`` to :meth:`Command.output` next time to get only what is new. A
+    background command keeps the tail of its output (the last ``max_output_bytes``, at most
+    1 MiB): ``stdout_offset``/``stderr_offset`` say where the returned bytes start, later than
+    asked if older bytes were dropped."""
 
     stdout_bytes: bytes
     stderr_bytes: bytes
     stdout_next_offset: int
     stderr_next_offset: int
+    stdout_offset: int = 0
+    stderr_offset: int = 0
 
     @property
     def stdout(self) -> str:
@@ -750,7 +755,9 @@ class Command:
             stdout_bytes=_decode(d.get("stdout"), d.get("stdout_encoding")),
             stderr_bytes=_decode(d.get("stderr"), d.get("stderr_encoding")),
             stdout_next_offset=int(d.get("stdout_next_offset", 0)),
-            stderr_next_offset=int(d.get("stderr_next_offset", 0)))
+            stderr_next_offset=int(d.get("stderr_next_offset", 0)),
+            stdout_offset=int(d.get("stdout_offset", 0)),
+            stderr_offset=int(d.get("stderr_offset", 0)))
 
     def wait(self, timeout_seconds: float = 30) -> "Command":
         """Waits until the command ends, or ``timeout_seconds`` pass (then it is still

@@ -69,7 +69,7 @@ static void s_reply(struct sink *s, enum sink_status st, json_t *obj)
 
 static void write_record(struct api_sink *a, json_t *obj)
 {
-    char *line = json_dumps(obj, JSON_COMPACT | JSON_ENSURE_ASCII);
+    char *line = json_dumps(obj, JSON_COMPACT);
     json_decref(obj);
     if (!line)
         return;

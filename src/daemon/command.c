@@ -37,6 +37,8 @@ static void waiter_answer(struct command_waiter *w)
     free(w);
 }
 
+static void trim_finished_output(struct sandbox *sb);
+
 static void finish(struct command *c)
 {
     c->req_id = 0;
@@ -47,6 +49,105 @@ static void finish(struct command *c)
         waiter_answer(c->waiters);
     log_info(c->sb->id, "command.end", "command=%s state=%s code=%d signal=%d", c->id,
              c->state == CMD_EXITED ? "exited" : "failed", c->exit_code, c->signal);
+    trim_finished_output(c->sb);
+}
+
+/* Adds output to a stream's tail: the ring grows up to cap, then the oldest bytes go. */
+static void out_append(struct command_out *o, size_t cap, const uint8_t *p, size_t n)
+{
+    o->total += n;
+    if (n >= cap) { /* only the last cap bytes can stay */
+        o->truncated |= o->total > cap;
+        p += n - cap;
+        n = cap;
+        if (o->size < cap) {
+            free(o->data);
+            o->data = xmalloc(cap);
+            o->size = cap;
+        }
+        memcpy(o->data, p, n);
+        o->len = n;
+        o->head = 0;
+        return;
+    }
+    if (o->len + n > o->size && o->size < cap) { /* grow, linearising what is kept */
+        size_t size = o->size ? o->size : 4096;
+        while (size < o->len + n && size < cap)
+            size *= 2;
+        if (size > cap)
+            size = cap;
+        unsigned char *d = xmalloc(size);
+        for (size_t i = 0; i < o->len; i++)
+            d[i] = o->data[(o->head + i) % o->size];
+        free(o->data);
+        o->data = d;
+        o->size = size;
+        o->head = 0;
+    }
+    while (n) {
+        size_t k;
+        if (o->len < o->size) { /* room after the newest byte */
+            size_t tail = (o->head + o->len) % o->size;
+            size_t room = o->size - o->len < o->size - tail ? o->size - o->len : o->size - tail;
+            k = n < room ? n : room;
+            memcpy(o->data + tail, p, k);
+            o->len += k;
+        } else { /* full: overwrite the oldest */
+            k = n < o->size - o->head ? n : o->size - o->head;
+            memcpy(o->data + o->head, p, k);
+            o->head = (o->head + k) % o->size;
+            o->truncated = 1;
+        }
+        p += k;
+        n -= k;
+    }
+}
+
+/* Copies the kept bytes from absolute offset `from` (at least the oldest kept) into a new
+ * buffer; *start is where they begin, *n how many. */
+static unsigned char *out_copy(const struct command_out *o, uint64_t from, uint64_t *start,
+                               size_t *n)
+{
+    uint64_t first = o->total - o->len;
+    if (from < first)
+        from = first;
+    if (from > o->total)
+        from = o->total;
+    *start = from;
+    *n = (size_t)(o->total - from);
+    unsigned char *buf = xmalloc(*n ? *n : 1);
+    if (*n) {
+        size_t at = (o->head + (size_t)(from - first)) % o->size;
+        size_t k = *n < o->size - at ? *n : o->size - at;
+        memcpy(buf, o->data + at, k);
+        memcpy(buf + k, o->data, *n - k);
+    }
+    return buf;
+}
+
+/* Forgets the output of the oldest finished commands while they keep more than the budget. */
+static void trim_finished_output(struct sandbox *sb)
+{
+    size_t kept = 0;
+    for (struct command *c = *head(sb); c; c = c->next)
+        if (c->state != CMD_RUNNING)
+            kept += c->out[0].size + c->out[1].size;
+    while (kept > COMMAND_FINISHED_OUTPUT_MAX) {
+        struct command *oldest = NULL;
+        for (struct command *c = *head(sb); c; c = c->next)
+            if (c->state != CMD_RUNNING && (c->out[0].size || c->out[1].size))
+                oldest = c; /* newest first: the last match is the oldest */
+        if (!oldest)
+            return;
+        for (int i = 0; i < 2; i++) {
+            struct command_out *o = &oldest->out[i];
+            kept -= o->size;
+            free(o->data);
+            o->data = NULL;
+            o->truncated |= o->len > 0;
+            o->size = o->len = o->head = 0;
+        }
+    }
 }
 
 static void on_frame(void *arg, const struct proto_header *h, const uint8_t *payload)
@@ -60,21 +161,9 @@ static void on_frame(void *arg, const struct proto_header *h, const uint8_t *pay
     }
     switch (h->type) {
     case PROTO_STDOUT:
-    case PROTO_STDERR: {
-        struct command_out *o = &c->out[h->type == PROTO_STDERR];
-        size_t n = h->len;
-        o->total += n;
-        if (n > c->cap - o->len) {
-            n = c->cap - o->len;
-            o->truncated = 1;
-        }
-        if (n) {
-            o->data = xrealloc(o->data, o->len + n);
-            memcpy(o->data + o->len, payload, n);
-            o->len += n;
-        }
+    case PROTO_STDERR:
+        out_append(&c->out[h->type == PROTO_STDERR], c->cap, payload, h->len);
         return;
-    }
     case PROTO_EXIT:
         c->state = CMD_EXITED;
         agentconn_exit_status(payload, h->len, &c->exit_code, &c->signal);
@@ -156,7 +245,7 @@ struct command *command_start(struct sandbox *sb, const struct proto_buf *exec, 
     c->sb = sb;
     snprintf(c->id, sizeof(c->id), "cmd-%u", ++sb->command_seq);
     c->argv = json_incref(argv);
-    c->cap = cap;
+    c->cap = cap < COMMAND_TAIL_MAX ? cap : COMMAND_TAIL_MAX;
     c->started_ms = now_ms_wall();
     c->req_id = agentconn_request(sb->conn, PROTO_EXEC, exec->data, exec->len, on_frame, c);
     if (!c->req_id) {
@@ -303,16 +392,19 @@ void svc_command_output(struct daemon *d, const char *id, const char *cid, uint6
     static const char *const names[2] = {"stdout", "stderr"};
     uint64_t off[2] = {stdout_offset, stderr_offset};
     for (int i = 0; i < 2; i++) {
-        const struct command_out *out = &c->out[i];
-        size_t from = off[i] < out->len ? (size_t)off[i] : out->len;
-        const unsigned char *p = out->data ? out->data + from : (const unsigned char *)"";
+        uint64_t start;
+        size_t n;
+        unsigned char *p = out_copy(&c->out[i], off[i], &start, &n);
         const char *enc;
         char key[32];
-        json_object_set_new(o, names[i], exec_encode_bytes(p, out->len - from, &enc));
+        json_object_set_new(o, names[i], exec_encode_bytes(p, n, &enc));
+        free(p);
         snprintf(key, sizeof(key), "%s_encoding", names[i]);
         json_object_set_new(o, key, json_string(enc));
+        snprintf(key, sizeof(key), "%s_offset", names[i]);
+        json_object_set_new(o, key, json_integer((json_int_t)start));
         snprintf(key, sizeof(key), "%s_next_offset", names[i]);
-        json_object_set_new(o, key, json_integer((json_int_t)out->len));
+        json_object_set_new(o, key, json_integer((json_int_t)c->out[i].total));
     }
     sink_reply(s, SINK_OK, o);
 }

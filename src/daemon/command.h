@@ -15,6 +15,11 @@
 
 #define COMMAND_MAX_PER_SANDBOX 64 /* finished ones beyond this are forgotten, oldest first */
 #define COMMAND_ID_LEN 16
+/* A background command keeps the last this-many bytes of each stream (at most). */
+#define COMMAND_TAIL_MAX (1024 * 1024)
+/* Output kept by a sandbox's finished commands: above it, the oldest finished ones lose
+ * theirs (their records stay). */
+#define COMMAND_FINISHED_OUTPUT_MAX (16 * 1024 * 1024)
 
 struct sandbox;
 struct sink;
@@ -22,11 +27,14 @@ struct wr_err;
 
 enum command_state { CMD_RUNNING, CMD_EXITED, CMD_FAILED };
 
+/* The tail of one output stream: a ring of up to `ring` bytes, grown as output comes. */
 struct command_out {
     unsigned char *data;
-    size_t len;   /* bytes kept */
-    size_t total; /* bytes the command wrote */
-    int truncated;
+    size_t size;    /* allocated */
+    size_t len;     /* bytes kept: the last `len` of `total` */
+    size_t head;    /* index in data of the oldest kept byte (once the ring is full) */
+    uint64_t total; /* bytes the command wrote */
+    int truncated;  /* some of them are no longer kept */
 };
 
 struct command_waiter;
@@ -43,7 +51,7 @@ struct command {
     char error[256];    /* CMD_FAILED: why */
     int64_t started_ms; /* wall clock */
     int64_t ended_ms;
-    size_t cap; /* per stream */
+    size_t cap; /* ring size, per stream */
     struct command_out out[2];
     struct event *timer; /* optional timeout */
     struct command_waiter *waiters;

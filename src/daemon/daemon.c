@@ -10,6 +10,7 @@
 #include <event2/thread.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,6 +116,10 @@ int daemon_open(struct daemon *d, struct wr_err *err)
 {
     struct daemon_config *cfg = &d->cfg;
     d->lock_fd = -1;
+    /* Big buffers (a transfer's chunks) are mapped and unmapped on their own, never left in
+     * the heap; and at most two arenas, whatever the number of worker threads. */
+    mallopt(M_MMAP_THRESHOLD, 256 * 1024);
+    mallopt(M_ARENA_MAX, 2);
     if (geteuid() != 0)
         return wr_err_set(err, EPERM, "must run as root (it runs runsc and mounts)");
     signal(SIGPIPE, SIG_IGN);
@@ -169,10 +174,20 @@ int daemon_open(struct daemon *d, struct wr_err *err)
     return 0;
 }
 
+/* How often the heap's free memory goes back to the system (see daemon_tick). */
+#define TRIM_EVERY_MS 5000
+
 void daemon_tick(struct daemon *d)
 {
     if (!d->shutting_down)
         sandbox_check_leases(d);
+    /* Bursts (big transfers, many connections) leave freed memory in malloc's arenas; hand it
+     * back so the daemon returns close to its idle size when the load ends. */
+    uint64_t now = now_ms_monotonic();
+    if (now - d->trimmed_ms >= TRIM_EVERY_MS) {
+        d->trimmed_ms = now;
+        malloc_trim(0);
+    }
 }
 
 void daemon_shutdown(struct daemon *d)

@@ -8,6 +8,7 @@
 #include <event2/event.h>
 #include <limits.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/err.h"
 
@@ -48,8 +49,9 @@ struct daemon {
     struct sandbox *sandboxes; /* every known sandbox, newest first */
     int nsandboxes;
     int shutting_down;
-    int lock_fd;        /* flock on the state directory: one daemon per directory */
-    int reaper_started; /* proc_reaper_start succeeded */
+    int lock_fd;         /* flock on the state directory: one daemon per directory */
+    int reaper_started;  /* proc_reaper_start succeeded */
+    uint64_t trimmed_ms; /* when free heap memory last went back to the system */
 };
 
 /**

@@ -73,9 +73,29 @@ static void op_free(struct exec_op *op)
     free(op);
 }
 
+/* Output this big or bigger is sent as base64 if JSON's escapes would grow it past 1.5x. */
+#define ESCAPE_CHECK_MIN 4096
+
+/* Bytes b takes inside a JSON string: control characters become \uXXXX (or \n and the
+ * like), quotes and backslashes get one. */
+static size_t json_escaped_len(const unsigned char *b, size_t n)
+{
+    size_t len = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = b[i];
+        if (c == '"' || c == '\\' || c == '\n' || c == '\t' || c == '\r' || c == '\b' || c == '\f')
+            len += 2;
+        else if (c < 0x20)
+            len += 6;
+        else
+            len += 1;
+    }
+    return len;
+}
+
 json_t *exec_encode_bytes(const unsigned char *b, size_t n, const char **enc)
 {
-    if (utf8_valid(b, n)) {
+    if (utf8_valid(b, n) && (n < ESCAPE_CHECK_MIN || json_escaped_len(b, n) <= n + n / 2)) {
         *enc = "utf-8";
         return json_stringn((const char *)b, n);
     }

@@ -385,7 +385,7 @@ void http_reply(struct http_req *r, int status, const char *content_type, const 
 
 void http_reply_json(struct http_req *r, int status, json_t *obj)
 {
-    char *s = json_dumps(obj, JSON_COMPACT | JSON_ENSURE_ASCII);
+    char *s = json_dumps(obj, JSON_COMPACT);
     json_decref(obj);
     if (!s) {
         static const char fallback[] =

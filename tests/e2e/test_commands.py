@@ -97,15 +97,33 @@ def test_background_timeout(client, sandbox):
 
 
 def test_background_binary_output_and_cap(client, sandbox):
-    c = start(client, sandbox, command=r"printf '\377\376'; head -c 5000 /dev/zero",
+    """A background command keeps the tail of its output: the last max_output_bytes."""
+    c = start(client, sandbox, command=r"head -c 5000 /dev/zero; printf '\377\376'",
               max_output_bytes=100)
     done = wait(client, sandbox, c["id"])
     assert done["stdout_truncated"] is True
     assert done["stdout_bytes"] == 5002
     o = output(client, sandbox, c["id"])
     assert o["stdout_encoding"] == "base64"
-    assert raw(o, "stdout") == b"\xff\xfe" + b"\0" * 98
-    assert o["stdout_next_offset"] == 100
+    assert raw(o, "stdout") == b"\0" * 98 + b"\xff\xfe"
+    assert o["stdout_offset"] == 4902 and o["stdout_next_offset"] == 5002
+    # asking from an offset that is still kept gives just the rest
+    o = output(client, sandbox, c["id"], stdout_offset=5000)
+    assert raw(o, "stdout") == b"\xff\xfe" and o["stdout_offset"] == 5000
+
+
+def test_background_tail_is_bounded(client, sandbox):
+    """3 MiB of numbered lines: the command keeps the last MiB (the server maximum for a
+    background command), ending with the last line, and says where it starts."""
+    c = start(client, sandbox, command="seq 1 400000", max_output_bytes=16 * 1024 * 1024)
+    done = wait(client, sandbox, c["id"])
+    assert done["exit_code"] == 0 and done["stdout_truncated"] is True
+    total = done["stdout_bytes"]
+    o = output(client, sandbox, c["id"])
+    out = raw(o, "stdout")
+    assert len(out) == 1024 * 1024
+    assert out.endswith(b"\n399999\n400000\n")
+    assert o["stdout_offset"] == total - len(out) and o["stdout_next_offset"] == total
 
 
 def test_background_cannot_start(client, sandbox):

@@ -181,3 +181,30 @@ def test_big_transfer_leaves_the_sandbox_answering(daemon, client, sandbox):
     assert answered >= 1
     info = client.request("GET", f"/v1/sandboxes/{sandbox}").json()
     assert info["state"] == "running", info
+
+
+def test_background_output_memory_is_bounded(daemon, client, make_sandbox):
+    """32 background commands writing 32 MiB each: each keeps its last MiB, so the daemon holds
+    tens of MiB, not the 1 GiB they wrote; deleting the sandbox gives it back."""
+    sb = make_sandbox(memory_mib=1024)["id"]
+    before = rss(daemon.proc.pid)
+    cids = []
+    for _ in range(32):
+        r = client.request("POST", f"/v1/sandboxes/{sb}/exec",
+                           {"command": "head -c 33554432 /dev/zero | tr '\\0' x",
+                            "background": True, "max_output_bytes": 16 * MIB})
+        assert r.status == 201, r
+        cids.append(r.json()["id"])
+    with RssWatch(daemon.proc.pid) as watch:
+        for cid in cids:
+            r = client.request("POST", f"/v1/sandboxes/{sb}/commands/{cid}/wait",
+                               {"timeout_seconds": 300}, timeout=330)
+            assert r.status == 200 and r.json()["state"] == "exited", r
+            assert r.json()["stdout_bytes"] == 33554432
+    growth = watch.peak - before
+    assert growth < 96 * MIB, f"the daemon grew by {growth / MIB:.0f} MiB"
+    out = client.request("GET", f"/v1/sandboxes/{sb}/commands/{cids[-1]}/output").json()
+    assert out["stdout"] == "x" * MIB and out["stdout_offset"] == 32 * MIB - MIB
+    assert client.request("DELETE", f"/v1/sandboxes/{sb}").status == 200
+    wait_for(lambda: rss(daemon.proc.pid) < before + 24 * MIB, 15,
+             "the daemon's memory to return close to where it was")

@@ -151,3 +151,28 @@ def test_nul_and_escapes_round_trip_background(client, sandbox):
     assert control_chars(r.body) == [], f"raw control bytes in the JSON answer: {r.body!r}"
     o = r.json()
     assert output(o) == NUL_ESC and output(o, "stderr") == NUL_ESC_BINARY
+
+
+def test_control_characters_do_not_blow_up_the_answer(client, sandbox):
+    """1 MiB of \\x01 is valid UTF-8, but as JSON text it would take 6 MiB: it comes as base64,
+    and the answer stays within 1.5x the output."""
+    r = client.request("POST", f"/v1/sandboxes/{sandbox}/exec",
+                       {"command": "head -c 1048576 /dev/zero | tr '\\0' '\\1'",
+                        "max_output_bytes": 1048576})
+    assert r.status == 200, r
+    res = json.loads(r.body)
+    assert res["stdout_encoding"] == "base64"
+    assert output(res) == b"\x01" * 1048576
+    assert len(r.body) < 1.5 * 1048576, len(r.body)
+
+
+def test_non_ascii_text_is_not_escaped(client, sandbox):
+    text = "héllo wörld ✓ 日本語\n" * 1000
+    r = client.request("POST", f"/v1/sandboxes/{sandbox}/exec",
+                       {"command": "cat", "stdin": text})
+    assert r.status == 200, r
+    res = json.loads(r.body)
+    assert res["stdout_encoding"] == "utf-8" and res["stdout"] == text
+    # as is: 28,000 bytes of text, 1,000 "\\n" escapes and the other fields; as \\uXXXX it would be
+    # 48,000
+    assert len(r.body) < len(text.encode()) + 3000, len(r.body)
