@@ -94,6 +94,7 @@ struct agent {
     int pidns;
     pid_t holder;       /* the namespace's init, in our pid view; 0: none (yet, or it died) */
     int holder_mnt;     /* its mount namespace (with the namespace's own /proc), or -1 */
+    int holder_root;    /* its root directory (O_PATH), where file operations start, or -1 */
     int self_pidns;     /* our own pid namespace, or -1 */
     char exe[PATH_MAX]; /* this binary, run again as the holder */
     uint64_t bounding;  /* our capability bounding set (as PID 1), which caps_limit trims */

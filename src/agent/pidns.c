@@ -173,8 +173,18 @@ static int pidns_start(struct wr_err *err)
         kill(pid, SIGKILL);
         return wr_err_sys(err, e, "opening %s", path);
     }
+    /* The commands' view of the filesystem (their /proc), for file operations (files.c). */
+    snprintf(path, sizeof(path), "/proc/%d/root", (int)pid);
+    int root = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (root < 0) {
+        int e = errno;
+        close(mnt);
+        kill(pid, SIGKILL);
+        return wr_err_sys(err, e, "opening %s", path);
+    }
     ag.holder = pid;
     ag.holder_mnt = mnt;
+    ag.holder_root = root;
     log_info(NULL, "agent.pidns_start", "holder=%d", (int)pid);
     return 0;
 }
@@ -233,6 +243,10 @@ int pidns_reaped(pid_t pid, int status)
     if (ag.holder_mnt >= 0) {
         close(ag.holder_mnt);
         ag.holder_mnt = -1;
+    }
+    if (ag.holder_root >= 0) {
+        close(ag.holder_root);
+        ag.holder_root = -1;
     }
     return 1;
 }
