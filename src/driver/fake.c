@@ -269,7 +269,7 @@ static int step_overlay(struct fk_start *s, struct wr_err *err)
     char opts[3 * PATH_MAX + 64];
     snprintf(opts, sizeof(opts), "lowerdir=%s,upperdir=%s,workdir=%s,index=off",
              s->spec->image_rootfs, s->p.upper, s->p.work);
-    if (mount("overlay", s->p.root, "overlay", MS_NODEV, opts) < 0)
+    if (mount("overlay", s->p.root, "overlay", MS_NODEV | MS_NOSUID, opts) < 0)
         return wr_err_sys(err, errno, "mounting the overlay at %s", s->p.root);
     if (prepare_root(&s->p, err) < 0) {
         umount2(s->p.root, MNT_DETACH);

@@ -8,7 +8,8 @@
  *   layer/          where the image is mounted while the sandbox runs; holds
  *                   upper/ and work/ for the overlay
  *   rootfs/         host overlayfs (lower = shared image, upper/work above),
- *                   given to runsc as the OCI root with --overlay2=none so
+ *                   nodev,nosuid like the image's mount, given to
+ *                   runsc as the OCI root with --overlay2=none so
  *                   writes land in upper/ on the host (bundle.c)
  *   config.json     the OCI bundle spec, rewritten on every start (bundle.c)
  *   agent.log       the agent's stderr (and runsc's own start-up errors)

@@ -295,3 +295,38 @@ def test_file_api_reads_see_the_commands_proc_not_the_agent(client, make_sandbox
         assert client.read_file(sid, "/proc/version")
         if round_ == "first start":
             _restart(client, sid)
+
+
+# ---- the sandbox's mounts on the host are nodev,nosuid ----
+
+def _host_mounts_under(directory):
+    """(mount point, per-mount options, fs type) of the host's mounts at or below directory."""
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            point = fields[4].replace("\\040", " ")
+            fstype = fields[fields.index("-") + 1]
+            if point == directory or point.startswith(directory + "/"):
+                out.append((point, set(fields[5].split(",")), fstype))
+    return out
+
+
+def test_sandbox_mounts_are_nodev_nosuid(client, make_sandbox, daemon):
+    sid = make_sandbox(memory_mib=256)["id"]
+    sdir = os.path.realpath(os.path.join(daemon.state_dir, "sandboxes", sid))
+    mounts = _host_mounts_under(sdir)
+    types = sorted(t for _, _, t in mounts)
+    assert "overlay" in types and "ext4" in types, f"expected the layer and the overlay: {mounts}"
+    for point, opts, fstype in mounts:
+        assert {"nodev", "nosuid"} <= opts, f"{point} ({fstype}) is mounted {sorted(opts)}"
+    # and the mounts runsc is asked for: /proc and the agent's bind mount are nodev,nosuid too
+    with open(os.path.join(sdir, "config.json")) as f:
+        spec = json.load(f)
+    by_dest = {m["destination"]: set(m.get("options", [])) for m in spec["mounts"]}
+    for dest in ("/proc", "/.withruntime/agent", "/sys", "/dev/shm"):
+        assert {"nodev", "nosuid"} <= by_dest[dest], f"OCI mount {dest}: {by_dest[dest]}"
+    # setuid still means something inside (gVisor applies it itself); the sandbox still works
+    r = client.exec(sid, "cp /bin/true /workspace/t && chmod u+s /workspace/t && "
+                         "stat -c %A /workspace/t && /workspace/t && echo ran")
+    assert r["exit_code"] == 0 and r["stdout"] == "-rwsr-xr-x\nran\n", r
