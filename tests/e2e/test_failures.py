@@ -567,3 +567,33 @@ def test_hostile_million_directory_entries(hs):
     names = [e["name"] for e in listing["entries"]]
     assert names == sorted(names)
     assert hs.req("GET", f"/v1/sandboxes/{sid}").json()["state"] == "running"
+
+
+# ---- an agent that cannot isolate its commands refuses to start ----
+
+
+def test_agent_without_cap_sys_admin_refuses_to_start(fk):
+    """Without CAP_SYS_ADMIN the agent cannot put commands in their own pid namespace; rather
+    than run them beside itself (where `kill -9 1` or ptrace reach it) it says so and exits."""
+    fk.set_faults("fake.agent.no_sys_admin=EPERM:1")
+    r = create(fk, expect=500)
+    code, msg, _ = r.error
+    assert code == "internal" and "refuses to run" in msg and "CAP_SYS_ADMIN" in msg, r
+    fk.assert_nothing_left()
+    # the same on a start: the sandbox is failed, saying why
+    sid = create(fk).json()["id"]
+    assert fk.req("POST", f"/v1/sandboxes/{sid}/stop", {}).status == 200
+    fk.set_faults("fake.agent.no_sys_admin=EPERM:1")
+    r = fk.req("POST", f"/v1/sandboxes/{sid}/start", {})
+    assert r.status == 500 and "refuses to run" in r.error[1], r
+    sb = fk.wait_state(sid, "failed")
+    assert sb["state_reason"] == "start_failed", sb
+    assert "agent refused to start" in sb["state_detail"], sb
+    assert "unshare(CLONE_NEWPID)" in sb["state_detail"], sb
+    assert b"agent.no_isolation" in open(
+        os.path.join(fk.state_dir, "sandboxes", sid, "agent.log"), "rb").read()
+    # with the capability back, it starts and runs commands out of the agent's reach
+    r = fk.req("POST", f"/v1/sandboxes/{sid}/start", {})
+    assert r.status == 200, r
+    assert exec_ok(fk, sid, "sh", "-c", "kill -0 1 && cat /proc/1/cmdline")["stdout"] == \
+        "wr-ns-init\0"
