@@ -91,11 +91,12 @@ struct agent {
     struct req *hash[AGENT_HASH_SIZE];
     unsigned nreqs;
     struct rlimit nofile; /* as inherited; restored in commands */
-    /* Commands run in a child pid namespace (pidns.c); 0 when not PID 1 or when the sandbox
-     * does not allow it (no CAP_SYS_ADMIN): then they run beside the agent, as before. */
+    /* Commands run in a child pid namespace (pidns.c); 0 only when not PID 1 (the agent run
+     * on a host, in tests): as PID 1 without one the agent refuses to start. */
     int pidns;
     pid_t holder;       /* the namespace's init, in our pid view; 0: none (yet, or it died) */
     int holder_mnt;     /* its mount namespace (with the namespace's own /proc), or -1 */
+    int holder_root;    /* its root directory (O_PATH), where file operations start, or -1 */
     int self_pidns;     /* our own pid namespace, or -1 */
     char exe[PATH_MAX]; /* this binary, run again as the holder */
     uint64_t bounding;  /* our capability bounding set (as PID 1), which caps_limit trims */
@@ -215,8 +216,9 @@ void file_free(struct req *r);
 /* ---- the commands' pid namespace (pidns.c) ---- */
 
 /**
- * As PID 1: puts the commands in a child pid namespace with its holder, or logs why not and
- * leaves ag.pidns 0. Called once, at the end of set-up.
+ * As PID 1: puts the commands in a child pid namespace with its holder. If it cannot, sends
+ * ERROR (id 0, before HELLO) saying why and exits 3: commands never run beside the agent.
+ * Called once, at the end of set-up.
  */
 void pidns_init(void);
 /**

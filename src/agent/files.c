@@ -1,18 +1,24 @@
 /*
- * File operations inside the sandbox. The agent runs inside the sandbox's own
- * kernel and filesystem view, so paths are resolved the ordinary way (the
- * sandbox boundary, not this code, keeps them from the host). What matters
- * here is not trusting the request: every field is checked, reads and
- * listings run as jobs that only produce while the outbound queue has room,
+ * File operations inside the sandbox. Paths resolve as the sandbox's commands see them: from
+ * the root of the commands' mount namespace (pidns.c), whose /proc is theirs, not the agent's.
+ * The kernel is never handed a whole path: resolve() walks it one component at a time with
+ * O_NOFOLLOW, following ordinary symlinks itself and refusing every symlink that lives in a
+ * /proc (the "magic" ones: fd/N, root, cwd, exe, map_files/..., self, thread-self), whose
+ * target is an open file or a process's root rather than a path. A link planted in the
+ * workspace (ln -s /proc/1/fd/2 x) can then never turn a write into a write to a descriptor
+ * the agent or the sandbox's init holds. Requests are not trusted either: every field is
+ * checked, reads and listings run as jobs that only produce while the outbound queue has room,
  * and a recursive remove never follows a symlink out of the tree.
  */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "agent/agent.h"
@@ -28,6 +34,10 @@
 #define REMOVE_PASSES 8
 
 #define W_KNOWN (PROTO_W_PARENTS | PROTO_W_APPEND | PROTO_W_RECURSIVE | PROTO_W_EXCL)
+/* Symlinks one resolution follows before ELOOP (Linux's MAXSYMLINKS). */
+#define MAX_LINKS 40
+/* A path being resolved, with the targets of the symlinks met spliced in. */
+#define RESOLVE_BUF (2 * PROTO_MAX_PATH + 2)
 
 struct read_job {
     struct req r;
@@ -148,35 +158,197 @@ static void put_stat(struct proto_buf *b, const struct stat *st, int dirfd, cons
     }
 }
 
-static void send_stat(uint32_t id, const struct stat *st, const char *path)
+static void send_stat(uint32_t id, const struct stat *st, int dirfd, const char *name)
 {
     struct proto_buf b = {0};
-    put_stat(&b, st, AT_FDCWD, path);
+    put_stat(&b, st, dirfd, name);
     chan_send_fields(id, PROTO_STAT_RESULT, &b);
     proto_buf_free(&b);
 }
 
-/* Creates every missing ancestor of path with mode 0755, following symlinks like mkdir -p. */
-static int mkdir_parents(const char *path, struct wr_err *err)
+/* ---- paths in the commands' view ---- */
+
+#define R_FOLLOW 1  /* follow a symlink in the last component too */
+#define R_PARENTS 2 /* create missing directories on the way (mode 0755), like mkdir -p */
+
+/* Where a path ends: its last component, name, in the directory open (O_PATH) at dir. The
+ * name may not exist yet; it is "." for the root and may be "." or "..". */
+struct rpath {
+    int dir;
+    char name[NAME_MAX + 1];
+    int slash; /* the path ended in '/': the last component must be a directory */
+};
+
+static void rpath_close(struct rpath *rp)
 {
-    char buf[AGENT_PATH_BUF];
-    size_t n = strlen(path);
-    memcpy(buf, path, n + 1);
-    for (size_t i = 1; i < n; i++) {
-        if (buf[i] != '/' || buf[i - 1] == '/')
-            continue;
-        buf[i] = '\0';
-        if (mkdir(buf, 0755) < 0) {
-            int e = errno;
-            struct stat st;
-            if (e != EEXIST)
-                return wr_err_sys(err, e, "mkdir %s", buf);
-            if (stat(buf, &st) < 0 || !S_ISDIR(st.st_mode))
-                return wr_err_sys(err, ENOTDIR, "mkdir %s", buf);
-        }
-        buf[i] = '/';
+    if (rp->dir >= 0)
+        close(rp->dir);
+    rp->dir = -1;
+}
+
+/* The root of the commands' view: that of their namespace, whose holder is started afresh if
+ * it died; the agent's own when there is no namespace (the agent run on a host, in tests). */
+static int view_root(struct wr_err *err)
+{
+    static int own = -1;
+    if (ag.pidns) {
+        if (pidns_ready(err) < 0)
+            return -1;
+        if (ag.holder_root < 0)
+            return wr_err_set(err, ESRCH, "the commands' namespace has no root");
+        return ag.holder_root;
     }
-    return 0;
+    if (own < 0 && (own = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0)
+        return wr_err_sys(err, errno, "opening /");
+    return own;
+}
+
+static int is_root(int fd, const struct stat *root)
+{
+    struct stat st;
+    return fstat(fd, &st) == 0 && st.st_dev == root->st_dev && st.st_ino == root->st_ino;
+}
+
+/*
+ * Resolves path (absolute, as agent_path makes it) from the root of the commands' view, one
+ * component at a time, into rp. Symlinks are followed here, never by the kernel, except one in
+ * /proc: those are refused with ELOOP, whatever they point to. The last component is followed
+ * only with R_FOLLOW or a trailing '/'. `what` and path make the messages. Returns 0, or -1
+ * with err set and rp->dir -1.
+ */
+static int resolve(const char *path, int flags, const char *what, struct rpath *rp,
+                   struct wr_err *err)
+{
+    char buf[RESOLVE_BUF], link[PROTO_MAX_PATH + 1], name[NAME_MAX + 1];
+    struct stat rst, st;
+    int links = 0, tries = 0, cur = -1, fresh = 1;
+    size_t pos = 0;
+
+    rp->dir = -1;
+    rp->slash = 0;
+    int root = view_root(err);
+    if (root < 0)
+        return -1;
+    if (fstat(root, &rst) < 0)
+        return wr_err_sys(err, errno, "%s %s", what, path);
+    size_t len = strlen(path);
+    if (len >= sizeof(buf))
+        return wr_err_sys(err, ENAMETOOLONG, "%s %s", what, path);
+    memcpy(buf, path, len + 1);
+    for (;;) {
+        if (fresh) {
+            /* A new path to walk: the request's, or a symlink's target and what followed it. */
+            fresh = 0;
+            pos = 0;
+            if (buf[0] == '/' || cur < 0) {
+                if (cur >= 0)
+                    close(cur);
+                if ((cur = fcntl(root, F_DUPFD_CLOEXEC, 0)) < 0)
+                    return wr_err_sys(err, errno, "%s %s", what, path);
+            }
+        }
+        while (buf[pos] == '/')
+            pos++;
+        if (!buf[pos]) { /* "/", or a symlink to it: the directory itself */
+            rp->dir = cur;
+            strcpy(rp->name, ".");
+            return 0;
+        }
+        size_t start = pos;
+        while (buf[pos] && buf[pos] != '/')
+            pos++;
+        if (pos - start > NAME_MAX) {
+            close(cur);
+            return wr_err_sys(err, ENAMETOOLONG, "%s %s", what, path);
+        }
+        memcpy(name, buf + start, pos - start);
+        name[pos - start] = '\0';
+        size_t after = pos;
+        while (buf[after] == '/')
+            after++;
+        int last = !buf[after], slash = last && after > pos;
+        int dots = !strcmp(name, ".") || !strcmp(name, "..");
+
+        if (dots || fstatat(cur, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+            int e = dots ? 0 : errno;
+            if (!dots && e == ENOENT && !last && (flags & R_PARENTS) && tries++ < MAX_LINKS) {
+                if (mkdirat(cur, name, 0755) < 0 && errno != EEXIST) {
+                    e = errno;
+                    close(cur);
+                    return wr_err_sys(err, e, "%s %s: mkdir %s", what, path, name);
+                }
+                pos = start; /* look again: it is there now (or a racing symlink is) */
+                continue;
+            }
+            if (!dots && !(e == ENOENT && last)) {
+                close(cur);
+                return wr_err_sys(err, e, "%s %s", what, path);
+            }
+            if (last) { /* ".", "..", or a name to create */
+                rp->dir = cur;
+                rp->slash = slash;
+                strcpy(rp->name, !strcmp(name, "..") && is_root(cur, &rst) ? "." : name);
+                return 0;
+            }
+            if (!strcmp(name, ".."))
+                goto enter;
+            continue; /* "." */
+        }
+        if (S_ISLNK(st.st_mode) && (!last || slash || (flags & R_FOLLOW))) {
+            struct statfs fs;
+            if (fstatfs(cur, &fs) < 0) {
+                int e = errno;
+                close(cur);
+                return wr_err_sys(err, e, "%s %s", what, path);
+            }
+            if (fs.f_type == PROC_SUPER_MAGIC) {
+                close(cur);
+                return wr_err_set(err, ELOOP,
+                                  "%s %s: %s is a link in /proc, which file operations never "
+                                  "follow",
+                                  what, path, name);
+            }
+            ssize_t n = readlinkat(cur, name, link, sizeof(link));
+            int e = n < 0 ? errno : n == 0 ? ENOENT : ++links > MAX_LINKS ? ELOOP : 0;
+            if (!e && (size_t)n + strlen(buf + pos) >= sizeof(buf))
+                e = ENAMETOOLONG;
+            if (e) {
+                close(cur);
+                return wr_err_sys(err, e, "%s %s", what, path);
+            }
+            /* The target, then the rest of the path (with its trailing '/', if any). */
+            memmove(buf + n, buf + pos, strlen(buf + pos) + 1);
+            memcpy(buf, link, (size_t)n);
+            fresh = 1;
+            continue;
+        }
+        if (last) {
+            if (slash && !S_ISDIR(st.st_mode)) {
+                close(cur);
+                return wr_err_sys(err, ENOTDIR, "%s %s", what, path);
+            }
+            rp->dir = cur;
+            rp->slash = slash;
+            strcpy(rp->name, name);
+            return 0;
+        }
+        if (!S_ISDIR(st.st_mode)) {
+            close(cur);
+            return wr_err_sys(err, ENOTDIR, "%s %s", what, path);
+        }
+    enter:;
+        /* ".." of the root is the root, as for a process chrooted there. */
+        if (!strcmp(name, "..") && is_root(cur, &rst))
+            continue;
+        int next = openat(cur, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (next < 0) {
+            int e = errno;
+            close(cur);
+            return wr_err_sys(err, e, "%s %s", what, path);
+        }
+        close(cur);
+        cur = next;
+    }
 }
 
 /* ---- FILE_READ ---- */
@@ -187,6 +359,7 @@ void file_read_start(uint32_t id, const uint8_t *payload, size_t len)
     struct wr_err err = {0};
     uint64_t off = 0, length = UINT64_MAX;
     struct stat st;
+    struct rpath rp = {.dir = -1};
     int fd = -1;
 
     if (req_admit(id) < 0)
@@ -204,8 +377,11 @@ void file_read_start(uint32_t id, const uint8_t *payload, size_t len)
         wr_err_set(&err, EINVAL, "OFFSET past the largest file offset");
         goto fail;
     }
+    if (resolve(path, R_FOLLOW, "read", &rp, &err) < 0)
+        goto fail;
     /* O_NONBLOCK: opening a FIFO must not hang the loop (it is refused below anyway). */
-    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    fd = openat(rp.dir, rp.name, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | O_NOFOLLOW);
+    rpath_close(&rp);
     if (fd < 0) {
         wr_err_sys(&err, errno, "read %s", path);
         goto fail;
@@ -222,7 +398,7 @@ void file_read_start(uint32_t id, const uint8_t *payload, size_t len)
         wr_err_set(&err, EINVAL, "read %s: not a regular file", path);
         goto fail;
     }
-    send_stat(id, &st, NULL);
+    send_stat(id, &st, -1, NULL);
     struct read_job *j = xcalloc(1, sizeof(*j));
     j->r.id = id;
     j->r.kind = REQ_READ;
@@ -235,6 +411,7 @@ void file_read_start(uint32_t id, const uint8_t *payload, size_t len)
     req_add(&j->r);
     return;
 fail:
+    rpath_close(&rp);
     if (fd >= 0)
         close(fd);
     chan_error(id, err.code, "%s", err.msg);
@@ -282,6 +459,7 @@ void file_write_start(uint32_t id, const uint8_t *payload, size_t len)
     uint32_t mode = 0644, wflags = 0;
     int have_mode = 0, fd = -1;
     struct stat st;
+    struct rpath rp = {.dir = -1};
 
     if (req_admit(id) < 0)
         return;
@@ -289,14 +467,23 @@ void file_write_start(uint32_t id, const uint8_t *payload, size_t len)
         (have_mode = get_mode(payload, len, &mode, &err)) < 0 ||
         get_wflags(payload, len, &wflags, &err) < 0)
         goto fail;
-    if ((wflags & PROTO_W_PARENTS) && mkdir_parents(path, &err) < 0)
+    /* O_EXCL fails on an existing symlink rather than following it, as open(2) does. */
+    if (resolve(path,
+                ((wflags & PROTO_W_PARENTS) ? R_PARENTS : 0) |
+                    ((wflags & PROTO_W_EXCL) ? 0 : R_FOLLOW),
+                "write", &rp, &err) < 0)
         goto fail;
+    if (rp.slash) {
+        wr_err_sys(&err, EISDIR, "write %s", path);
+        goto fail;
+    }
     int flags = O_WRONLY | O_CREAT | O_CLOEXEC | O_NOCTTY | O_NONBLOCK;
     flags |= (wflags & PROTO_W_APPEND) ? O_APPEND : O_TRUNC;
     if (wflags & PROTO_W_EXCL)
         flags |= O_EXCL;
     /* O_NONBLOCK: a FIFO without a reader fails (ENXIO) instead of hanging the loop. */
-    fd = open(path, flags, (mode_t)mode);
+    fd = openat(rp.dir, rp.name, flags | O_NOFOLLOW, (mode_t)mode);
+    rpath_close(&rp);
     if (fd < 0 || fstat(fd, &st) < 0) {
         wr_err_sys(&err, errno, "write %s", path);
         goto fail;
@@ -317,6 +504,7 @@ void file_write_start(uint32_t id, const uint8_t *payload, size_t len)
     req_add(&w->r);
     return;
 fail:
+    rpath_close(&rp);
     if (fd >= 0)
         close(fd);
     chan_error(id, err.code, "%s", err.msg);
@@ -342,7 +530,7 @@ void file_write_data(struct req *r, const uint8_t *data, size_t len, int fin)
         chan_error(r->id, errno, "write %s: %s", w->path, strerror(errno));
         goto done;
     }
-    send_stat(r->id, &st, NULL);
+    send_stat(r->id, &st, -1, NULL);
     chan_ok(r->id);
 done:
     req_remove(r);
@@ -362,9 +550,19 @@ void file_list_start(uint32_t id, const uint8_t *payload, size_t len)
         chan_error(id, err.code, "%s", err.msg);
         return;
     }
-    DIR *d = opendir(path);
+    struct rpath rp;
+    if (resolve(path, R_FOLLOW, "list", &rp, &err) < 0) {
+        chan_error(id, err.code, "%s", err.msg);
+        return;
+    }
+    int dfd = openat(rp.dir, rp.name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    rpath_close(&rp);
+    DIR *d = dfd < 0 ? NULL : fdopendir(dfd);
     if (!d) {
-        chan_error(id, errno, "list %s: %s", path, strerror(errno));
+        int e = errno;
+        if (dfd >= 0)
+            close(dfd);
+        chan_error(id, e, "list %s: %s", path, strerror(e));
         return;
     }
     struct list_job *j = xcalloc(1, sizeof(*j));
@@ -463,12 +661,32 @@ void file_stat(uint32_t id, const uint8_t *payload, size_t len)
         chan_error(id, err.code, "%s", err.msg);
         return;
     }
-    if (lstat(path, &st) < 0) {
-        chan_error(id, errno, "stat %s: %s", path, strerror(errno));
+    struct rpath rp;
+    if (resolve(path, 0, "stat", &rp, &err) < 0) {
+        chan_error(id, err.code, "%s", err.msg);
         return;
     }
-    send_stat(id, &st, path);
+    if (fstatat(rp.dir, rp.name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+        int e = errno;
+        rpath_close(&rp);
+        chan_error(id, e, "stat %s: %s", path, strerror(e));
+        return;
+    }
+    send_stat(id, &st, rp.dir, rp.name);
+    rpath_close(&rp);
     chan_ok(id);
+}
+
+/* Whether path, its last symlink followed too, is a directory. */
+static int is_dir(const char *path)
+{
+    struct rpath rp;
+    struct stat st;
+    if (resolve(path, R_FOLLOW, "mkdir", &rp, NULL) < 0)
+        return 0;
+    int r = fstatat(rp.dir, rp.name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode);
+    rpath_close(&rp);
+    return r;
 }
 
 void file_mkdir(uint32_t id, const uint8_t *payload, size_t len)
@@ -477,18 +695,17 @@ void file_mkdir(uint32_t id, const uint8_t *payload, size_t len)
     struct wr_err err = {0};
     uint32_t mode = 0755, wflags = 0;
     int have_mode = 0;
-    struct stat st;
+    struct rpath rp = {.dir = -1};
 
     if (req_path(payload, len, "FILE_MKDIR", path, &err) < 0 ||
         (have_mode = get_mode(payload, len, &mode, &err)) < 0 ||
-        get_wflags(payload, len, &wflags, &err) < 0)
+        get_wflags(payload, len, &wflags, &err) < 0 ||
+        resolve(path, (wflags & PROTO_W_PARENTS) ? R_PARENTS : 0, "mkdir", &rp, &err) < 0)
         goto fail;
-    if ((wflags & PROTO_W_PARENTS) && mkdir_parents(path, &err) < 0)
-        goto fail;
-    if (mkdir(path, (mode_t)mode) < 0) {
+    if (mkdirat(rp.dir, rp.name, (mode_t)mode) < 0) {
         int e = errno;
-        if (e == EEXIST && (wflags & PROTO_W_PARENTS) && stat(path, &st) == 0 &&
-            S_ISDIR(st.st_mode)) {
+        if (e == EEXIST && (wflags & PROTO_W_PARENTS) && is_dir(path)) {
+            rpath_close(&rp);
             chan_ok(id);
             return;
         }
@@ -496,13 +713,21 @@ void file_mkdir(uint32_t id, const uint8_t *payload, size_t len)
         goto fail;
     }
     /* mkdir's mode passes through the umask; an explicit MODE is meant exactly. */
-    if (have_mode && chmod(path, (mode_t)mode) < 0) {
-        wr_err_sys(&err, errno, "mkdir %s", path);
-        goto fail;
+    if (have_mode) {
+        int fd = openat(rp.dir, rp.name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0 || fchmod(fd, (mode_t)mode) < 0) {
+            wr_err_sys(&err, errno, "mkdir %s", path);
+            if (fd >= 0)
+                close(fd);
+            goto fail;
+        }
+        close(fd);
     }
+    rpath_close(&rp);
     chan_ok(id);
     return;
 fail:
+    rpath_close(&rp);
     chan_error(id, err.code, "%s", err.msg);
 }
 
@@ -581,6 +806,7 @@ void file_remove(uint32_t id, const uint8_t *payload, size_t len)
     struct wr_err err = {0};
     uint32_t wflags = 0;
     struct stat st;
+    struct rpath rp = {.dir = -1};
 
     if (req_path(payload, len, "FILE_REMOVE", path, &err) < 0 ||
         get_wflags(payload, len, &wflags, &err) < 0)
@@ -589,18 +815,20 @@ void file_remove(uint32_t id, const uint8_t *payload, size_t len)
     size_t n = strlen(path);
     while (n > 1 && path[n - 1] == '/')
         path[--n] = '\0';
-    if (lstat(path, &st) < 0) {
+    if (resolve(path, 0, "remove", &rp, &err) < 0)
+        goto fail;
+    if (fstatat(rp.dir, rp.name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
         wr_err_sys(&err, errno, "remove %s", path);
         goto fail;
     }
     if (!S_ISDIR(st.st_mode)) {
-        if (unlink(path) < 0) {
+        if (unlinkat(rp.dir, rp.name, 0) < 0) {
             wr_err_sys(&err, errno, "remove %s", path);
             goto fail;
         }
     } else {
         if (wflags & PROTO_W_RECURSIVE) {
-            int dfd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            int dfd = openat(rp.dir, rp.name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
             if (dfd < 0) {
                 wr_err_sys(&err, errno, "remove %s", path);
                 goto fail;
@@ -610,13 +838,15 @@ void file_remove(uint32_t id, const uint8_t *payload, size_t len)
             if (remove_tree(dfd, shown, n, 0, &err) < 0)
                 goto fail;
         }
-        if (rmdir(path) < 0) {
+        if (unlinkat(rp.dir, rp.name, AT_REMOVEDIR) < 0) {
             wr_err_sys(&err, errno, "remove %s", path);
             goto fail;
         }
     }
+    rpath_close(&rp);
     chan_ok(id);
     return;
 fail:
+    rpath_close(&rp);
     chan_error(id, err.code, "%s", err.msg);
 }

@@ -291,6 +291,7 @@ static void setup(void)
     ag.in_fd = 0;
     ag.out_fd = 1;
     ag.holder_mnt = -1;
+    ag.holder_root = -1;
     ag.self_pidns = -1;
 
     if (fcntl(0, F_GETFD) < 0 || fcntl(1, F_GETFD) < 0) {

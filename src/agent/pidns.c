@@ -19,6 +19,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -173,32 +174,53 @@ static int pidns_start(struct wr_err *err)
         kill(pid, SIGKILL);
         return wr_err_sys(err, e, "opening %s", path);
     }
+    /* The commands' view of the filesystem (their /proc), for file operations (files.c). */
+    snprintf(path, sizeof(path), "/proc/%d/root", (int)pid);
+    int root = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (root < 0) {
+        int e = errno;
+        close(mnt);
+        kill(pid, SIGKILL);
+        return wr_err_sys(err, e, "opening %s", path);
+    }
     ag.holder = pid;
     ag.holder_mnt = mnt;
+    ag.holder_root = root;
     log_info(NULL, "agent.pidns_start", "holder=%d", (int)pid);
     return 0;
+}
+
+/*
+ * Commands beside the agent could signal, stop or ptrace it and read its memory: rather than
+ * run them so, the agent tells the daemon why (an ERROR on id 0 in place of HELLO, which makes
+ * the start fail with that message) and exits.
+ */
+static __attribute__((noreturn)) void refuse(int e, const char *what)
+{
+    log_error(NULL, "agent.no_isolation", "error=\"%s: %s\"", what, strerror(e));
+    chan_error(0, e,
+               "the agent cannot isolate commands from itself (%s: %s) and refuses to run them; "
+               "the sandbox must give it CAP_SYS_ADMIN",
+               what, strerror(e));
+    for (int i = 0; i < 10 && chan_pending(); i++) {
+        struct pollfd p = {.fd = ag.out_fd, .events = POLLOUT};
+        if (chan_flush() < 0 || (chan_pending() && poll(&p, 1, 100) < 0))
+            break;
+    }
+    exit(3);
 }
 
 void pidns_init(void)
 {
     struct wr_err err = {0};
     ssize_t n = readlink("/proc/self/exe", ag.exe, sizeof(ag.exe) - 1);
-    if (n <= 0 || (size_t)n >= sizeof(ag.exe) - 1) {
-        log_warn(NULL, "agent.pidns_off", "error=\"readlink /proc/self/exe: %s\"",
-                 n < 0 ? strerror(errno) : "too long");
-        return;
-    }
+    if (n <= 0 || (size_t)n >= sizeof(ag.exe) - 1)
+        refuse(n < 0 ? errno : ENAMETOOLONG, "readlink /proc/self/exe");
     ag.exe[n] = '\0';
     ag.self_pidns = open("/proc/self/ns/pid", O_RDONLY | O_CLOEXEC);
-    /* Without CAP_SYS_ADMIN the first unshare fails and nothing has changed yet: the commands
-     * run beside the agent, as they always did, and kill -9 1 from one ends the sandbox. */
-    if (unshare(CLONE_NEWPID) < 0) {
-        log_warn(NULL, "agent.pidns_off",
-                 "error=\"unshare(CLONE_NEWPID): %s\" detail=\"commands can signal the agent; it "
-                 "needs CAP_SYS_ADMIN\"",
-                 strerror(errno));
-        return;
-    }
+    /* Without CAP_SYS_ADMIN the first unshare fails: commands would run beside the agent. */
+    if (unshare(CLONE_NEWPID) < 0)
+        refuse(errno, "unshare(CLONE_NEWPID)");
     /* From here on our children are born in another namespace: there is no going back (gVisor
      * has no setns for pid namespaces), so a holder that fails to start is retried at EXEC. */
     ag.pidns = 1;
@@ -233,6 +255,10 @@ int pidns_reaped(pid_t pid, int status)
     if (ag.holder_mnt >= 0) {
         close(ag.holder_mnt);
         ag.holder_mnt = -1;
+    }
+    if (ag.holder_root >= 0) {
+        close(ag.holder_root);
+        ag.holder_root = -1;
     }
     return 1;
 }

@@ -181,6 +181,22 @@ static void dispatch(struct agentconn *c, const struct proto_header *h, const ui
         return;
     }
     if (!c->ready) {
+        if (h->type == PROTO_ERROR && h->id == 0) {
+            /* The agent refuses to start (it cannot isolate its commands): its words, made
+             * printable and bounded, are the start's failure. */
+            char msg[300] = "", why[400];
+            struct proto_field f;
+            if (proto_find(payload, h->len, PT_MESSAGE, &f) == 1) {
+                size_t n = f.len < sizeof(msg) - 1 ? f.len : sizeof(msg) - 1;
+                for (size_t i = 0; i < n; i++)
+                    msg[i] = f.data[i] >= 0x20 && f.data[i] < 0x7f ? (char)f.data[i] : '?';
+                msg[n] = '\0';
+            }
+            snprintf(why, sizeof(why), "agent refused to start: %s",
+                     msg[0] ? msg : "(no reason given)");
+            die(c, why);
+            return;
+        }
         die(c, "agent sent a frame before HELLO");
         return;
     }

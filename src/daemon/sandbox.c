@@ -525,8 +525,13 @@ static void start_job(struct sandbox *sb, int is_create, sandbox_done_cb done, v
     struct sandbox_job *j = job_new(sb, JOB_START, done, arg);
     j->is_create = is_create;
     if (mkdir(sb->dir, 0700) < 0 && errno != EEXIST) {
+        /* The path is the host's: the log has it, the API the words. */
         char why[WR_ERR_MSG_MAX];
-        snprintf(why, sizeof(why), "cannot create %s: %s", sb->dir, strerror(errno));
+        int e = errno;
+        log_error(sb->id, "sandbox.mkdir_failed", "path=\"%s\" error=\"%s\"", sb->dir, strerror(e));
+        snprintf(why, sizeof(why),
+                 "cannot create the directory of sandbox %s: %s (the daemon log has the details)",
+                 sb->id, strerror(e));
         start_fail(j, why);
         return;
     }

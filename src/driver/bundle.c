@@ -82,7 +82,9 @@ int bundle_mount_overlay(const struct sb_paths *sp, const char *lower, struct wr
     char opts[3 * PATH_MAX + 64];
     snprintf(opts, sizeof(opts), "lowerdir=%s,upperdir=%s,workdir=%s,index=off", lower, sp->upper,
              sp->work);
-    if (mount("overlay", sp->rootfs, "overlay", MS_NODEV, opts) < 0)
+    /* nodev, nosuid: what a sandbox writes (a device node, a setuid-root binary) means nothing
+     * on the host. gVisor applies the modes inside on its own, so setuid still works there. */
+    if (mount("overlay", sp->rootfs, "overlay", MS_NODEV | MS_NOSUID, opts) < 0)
         return wr_err_sys(err, errno, "mounting the overlay at %s", sp->rootfs);
     return 0;
 }
@@ -308,7 +310,8 @@ static json_t *build_spec(const struct driver_spec *spec, const struct sb_paths 
                                            "mode=0620"};
     static const char *const shm_opts[] = {"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"};
     static const char *const sys_opts[] = {"nosuid", "noexec", "nodev", "ro"};
-    static const char *const agent_opts[] = {"bind", "ro"};
+    static const char *const proc_opts[] = {"nosuid", "noexec", "nodev"};
+    static const char *const agent_opts[] = {"bind", "ro", "nosuid", "nodev"};
 
     size_t ncaps = WR_ARRAY_LEN(sandbox_caps);
     json_t *caps =
@@ -329,7 +332,8 @@ static json_t *build_spec(const struct driver_spec *spec, const struct sb_paths 
                   "cwd", "/workspace", "capabilities", caps, "rlimits", rlimits);
 
     json_t *mounts = json_array();
-    json_array_append_new(mounts, mount_obj("/proc", "proc", "proc", NULL, 0));
+    json_array_append_new(mounts,
+                          mount_obj("/proc", "proc", "proc", proc_opts, WR_ARRAY_LEN(proc_opts)));
     json_array_append_new(mounts,
                           mount_obj("/dev", "tmpfs", "tmpfs", dev_opts, WR_ARRAY_LEN(dev_opts)));
     json_array_append_new(

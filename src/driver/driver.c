@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "common/util.h"
 #include "driver/fake.h"
 #include "driver/gvisor.h"
@@ -117,23 +118,52 @@ static void check_thread(const char *op)
 #endif
 }
 
+/*
+ * A driver's messages name host paths (the state directory, images, loop devices) and quote
+ * runsc's output: they go to the daemon's log, and err keeps only what an API client may see:
+ * the operation, the sandbox, the step that failed ("(step NAME)" in the driver's message) and
+ * the errno's words. The kind is kept. Returns rc.
+ */
+static int public_failure(const struct driver_spec *spec, const char *op, const char *verb, int rc,
+                          struct wr_err *err)
+{
+    if (rc >= 0 || !err)
+        return rc;
+    const char *id = spec && spec->id ? spec->id : "(none)";
+    log_error(spec ? spec->id : NULL, "driver.failed", "op=%s error=\"%s\"", op, err->msg);
+    char step[32] = "";
+    const char *s = strstr(err->msg, "(step ");
+    if (s) {
+        s += strlen("(step ");
+        size_t n = strspn(s, "abcdefghijklmnopqrstuvwxyz_");
+        if (n > 0 && n < sizeof(step) && s[n] == ')')
+            snprintf(step, sizeof(step), " at step %.*s", (int)n, s);
+    }
+    enum wr_kind kind = err->kind;
+    int code = err->code > 0 ? err->code : EIO;
+    wr_err_set(err, code, "%s sandbox %.64s failed%s: %s (the daemon log has the details)", verb,
+               id, step, strerror(code));
+    err->kind = kind;
+    return rc;
+}
+
 int driver_start(const struct driver_ops *drv, const struct driver_spec *spec, int *chan_fd,
                  struct wr_err *err)
 {
     check_thread("start");
-    return drv->start(spec, chan_fd, err);
+    return public_failure(spec, "start", "starting", drv->start(spec, chan_fd, err), err);
 }
 
 int driver_stop(const struct driver_ops *drv, const struct driver_spec *spec, struct wr_err *err)
 {
     check_thread("stop");
-    return drv->stop(spec, err);
+    return public_failure(spec, "stop", "stopping", drv->stop(spec, err), err);
 }
 
 int driver_destroy(const struct driver_ops *drv, const struct driver_spec *spec, struct wr_err *err)
 {
     check_thread("destroy");
-    return drv->destroy(spec, err);
+    return public_failure(spec, "destroy", "deleting", drv->destroy(spec, err), err);
 }
 
 int driver_stats(const struct driver_ops *drv, const struct driver_spec *spec,

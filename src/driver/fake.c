@@ -26,8 +26,9 @@
  *
  * Start is an ordered list of steps, each with its undo (nsjail's shape): dir, overlay,
  * socketpair, spawn. Each step first checks its fault point (fake.start.STEP); a failure at
- * any step undoes the earlier ones in reverse. Limits (cpus, memory, pids, disk) are not
- * enforced: this is not isolation, only its shape.
+ * any step undoes the earlier ones in reverse. The fault point fake.agent.no_sys_admin (checked
+ * at spawn) starts the agent without CAP_SYS_ADMIN, which it must refuse (agent/pidns.c). Limits
+ * (cpus, memory, pids, disk) are not enforced: this is not isolation, only its shape.
  */
 #include "driver/fake.h"
 
@@ -36,12 +37,14 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <limits.h>
+#include <linux/capability.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -269,7 +272,7 @@ static int step_overlay(struct fk_start *s, struct wr_err *err)
     char opts[3 * PATH_MAX + 64];
     snprintf(opts, sizeof(opts), "lowerdir=%s,upperdir=%s,workdir=%s,index=off",
              s->spec->image_rootfs, s->p.upper, s->p.work);
-    if (mount("overlay", s->p.root, "overlay", MS_NODEV, opts) < 0)
+    if (mount("overlay", s->p.root, "overlay", MS_NODEV | MS_NOSUID, opts) < 0)
         return wr_err_sys(err, errno, "mounting the overlay at %s", s->p.root);
     if (prepare_root(&s->p, err) < 0) {
         umount2(s->p.root, MNT_DETACH);
@@ -314,6 +317,7 @@ static void undo_socketpair(struct fk_start *s)
 struct child_plan {
     int chan, logfd, report;
     bool contain;
+    bool no_sys_admin;      /* the agent starts without CAP_SYS_ADMIN (fault point) */
     const char *dir;        /* cwd of a script agent */
     const char *agent_host; /* spec->agent_path */
     char root[PATH_MAX];
@@ -323,7 +327,7 @@ struct child_plan {
 };
 
 /* The step of the child's set-up that failed, sent up the report pipe. */
-enum child_stage { C_PRIVATE = 1, C_BIND, C_PROC, C_DEV, C_PIVOT, C_STDIO, C_EXEC };
+enum child_stage { C_PRIVATE = 1, C_BIND, C_PROC, C_DEV, C_PIVOT, C_STDIO, C_CAPS, C_EXEC };
 
 static const char *child_stage_name(int stage)
 {
@@ -334,6 +338,7 @@ static const char *child_stage_name(int stage)
     case C_DEV: return "making /dev";
     case C_PIVOT: return "pivot_root into the overlay";
     case C_STDIO: return "setting up stdio";
+    case C_CAPS: return "dropping CAP_SYS_ADMIN";
     case C_EXEC: return "exec";
     default: return "setting up";
     }
@@ -407,6 +412,10 @@ static __attribute__((noreturn)) void child_main(const struct child_plan *c)
     umask(022);
     if (dup2(c->chan, 0) < 0 || dup2(c->chan, 1) < 0 || dup2(c->logfd, 2) < 0)
         child_fail(c, C_STDIO);
+    /* A sandbox that cannot give its agent CAP_SYS_ADMIN: the agent cannot make its commands'
+     * pid namespace and must refuse to run (src/agent/pidns.c). */
+    if (c->no_sys_admin && prctl(PR_CAPBSET_DROP, CAP_SYS_ADMIN, 0, 0, 0) < 0)
+        child_fail(c, C_CAPS);
     const char *path = c->contain ? AGENT_IN_ROOT : c->agent_host;
     char *const argv[] = {(char *)path, NULL};
     execve(path, argv, env);
@@ -443,6 +452,7 @@ static int step_spawn(struct fk_start *s, struct wr_err *err)
         .contain = !script,
         .dir = s->p.dir,
         .agent_host = spec->agent_path,
+        .no_sys_admin = fault_hit("fake.agent.no_sys_admin", NULL) < 0,
     };
     snprintf(c.root, sizeof(c.root), "%s", s->p.root);
     snprintf(c.agent_bind, sizeof(c.agent_bind), "%s%s", s->p.root, AGENT_IN_ROOT);

@@ -8,7 +8,8 @@
  *   layer/          where the image is mounted while the sandbox runs; holds
  *                   upper/ and work/ for the overlay
  *   rootfs/         host overlayfs (lower = shared image, upper/work above),
- *                   given to runsc as the OCI root with --overlay2=none so
+ *                   nodev,nosuid like the image's mount, given to
+ *                   runsc as the OCI root with --overlay2=none so
  *                   writes land in upper/ on the host (bundle.c)
  *   config.json     the OCI bundle spec, rewritten on every start (bundle.c)
  *   agent.log       the agent's stderr (and runsc's own start-up errors)
@@ -328,7 +329,7 @@ static int unwind(struct gv_run *r, size_t n, struct wr_err *err)
         struct wr_err e;
         if (!steps[n].undo || steps[n].undo(r, &e) == 0)
             continue;
-        wr_err_prefix(&e, "%s", steps[n].name);
+        wr_err_prefix(&e, "(step %s)", steps[n].name);
         if (ret == 0)
             *err = e;
         else
@@ -350,7 +351,8 @@ static int teardown(struct gv_run *r, struct wr_err *err)
 /*
  * Runs the steps in order. When step k fails (or its fault point is armed), the undos of
  * the steps before it run in reverse, and its own when it ran, since it may have done part
- * of its work; err names step k. Fills ms[] with each step's duration. Returns 0 or -1.
+ * of its work; err names step k as "(step NAME)", which driver.c shows to API clients. Fills ms[]
+ * with each step's duration. Returns 0 or -1.
  */
 static int steps_run(struct gv_run *r, uint64_t ms[NSTEPS], struct wr_err *err)
 {
@@ -367,7 +369,7 @@ static int steps_run(struct gv_run *r, uint64_t ms[NSTEPS], struct wr_err *err)
         ms[k] = now_ms_monotonic() - t0;
         if (!failed)
             continue;
-        wr_err_prefix(err, "%s", steps[k].name);
+        wr_err_prefix(err, "(step %s)", steps[k].name);
         struct wr_err e;
         if (unwind(r, done, &e) < 0)
             log_warn(r->spec->id, "gvisor.cleanup_failed", "error=\"%s\"", e.msg);

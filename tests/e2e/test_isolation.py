@@ -212,3 +212,121 @@ def test_internet_true_still_has_no_network(client, make_sandbox, daemon):
     assert probe["daemon_port"] == "ConnectionRefusedError", probe
     # ... until the sandbox listens itself (the probe can connect when there is a path)
     assert probe["own_listener"] == "connected", probe
+
+
+# ---- the file API resolves paths as commands see them; /proc links never reach the agent ----
+
+def _agent_log(daemon, sid):
+    path = os.path.join(daemon.state_dir, "sandboxes", sid, "agent.log")
+    assert os.path.isfile(path), f"no agent log at {path}"
+    return path
+
+
+def _restart(client, sid):
+    r = client.request("POST", f"/v1/sandboxes/{sid}/stop")
+    assert r.status == 200 and r.json()["state"] == "stopped", r
+    r = client.request("POST", f"/v1/sandboxes/{sid}/start")
+    assert r.status == 200 and r.json()["state"] == "running", r
+
+
+@pytest.mark.timeout(300)
+def test_file_api_write_through_proc_fd_link_is_refused(client, make_sandbox, daemon):
+    """The reproduced attack: `ln -s /proc/1/fd/2 x` then a PUT to x appended to the host's
+    agent.log. Now it is refused, the log does not grow, and it stays so after stop/start."""
+    sid = make_sandbox(memory_mib=256)["id"]
+    log = _agent_log(daemon, sid)
+    marker = f"EVIL-{secrets.token_hex(8)}\n".encode()
+    payload = marker * ((8 << 20) // len(marker))
+    for round_ in ("first start", "after stop/start"):
+        targets = ["/proc/1/fd/2", "/proc/1/fd/1", "/proc/self/fd/2", "/dev/stderr",
+                   "/proc/1/root/workspace/through-root"]
+        r = client.exec(sid, " && ".join(f"ln -sfn {t} /workspace/x{i}"
+                                         for i, t in enumerate(targets)))
+        assert r["exit_code"] == 0, r
+        for i, t in enumerate(targets):
+            before = os.path.getsize(log)
+            r = client.files("PUT", sid, "content", data=payload, path=f"x{i}")
+            grown = os.path.getsize(log) - before
+            assert r.status == 422, f"{round_}: a PUT through a link to {t} was not refused: {r!r}"
+            code, msg, err_no = r.error
+            assert code == "file_error" and "/proc" in msg and err_no == 40, (round_, t, r.error)
+            assert grown < 64 << 10, f"{round_}: agent.log grew by {grown} bytes via {t}"
+            with open(log, "rb") as f:
+                assert marker not in f.read(), f"{round_}: the payload reached agent.log via {t}"
+        # positive control: an ordinary symlink is followed and the write lands in the sandbox
+        client.exec(sid, "ln -sfn /workspace/real.txt /workspace/ok-link")
+        client.write_file(sid, "ok-link", b"through an ordinary link")
+        r = client.exec(sid, "cat /workspace/real.txt")
+        assert r["exit_code"] == 0 and r["stdout"] == "through an ordinary link", r
+        if round_ == "first start":
+            _restart(client, sid)
+
+
+@pytest.mark.timeout(300)
+def test_file_api_reads_see_the_commands_proc_not_the_agent(client, make_sandbox, daemon):
+    sid = make_sandbox(memory_mib=256)["id"]
+    with open(os.path.join(daemon.state_dir, "sandboxes", sid, "config.json")) as f:
+        agent_env = json.load(f)["process"]["env"]
+    assert agent_env and any(e.startswith("PATH=") for e in agent_env)
+    for round_ in ("first start", "after stop/start"):
+        # the same /proc as commands: /proc/1 is their namespace's init, not the agent
+        r = client.exec(sid, "cat /proc/1/cmdline")
+        assert r["exit_code"] == 0 and r["stdout"], r
+        assert client.read_file(sid, "/proc/1/cmdline") == r["stdout"].encode()
+        assert b"agent" not in client.read_file(sid, "/proc/1/cmdline")
+        # the agent's environment never comes back, directly or through a planted link
+        r = client.exec(sid, "ln -sfn /proc/1/environ /workspace/env && "
+                             "ln -sfn /proc/1/fd/1 /workspace/fd1 && "
+                             "ln -sfn /proc/1/root/etc/hostname /workspace/rootlink && "
+                             "ln -sfn /proc/self/environ /workspace/selfenv")
+        assert r["exit_code"] == 0, r
+        for path in ("/proc/1/environ", "env"):
+            data = client.read_file(sid, path)
+            for e in agent_env:
+                assert e.encode() not in data, f"{round_}: {path} returned the agent's {e}"
+        for path in ("fd1", "rootlink", "selfenv", "/proc/1/fd/2", "/proc/self/environ"):
+            r = client.files("GET", sid, "content", path=path)
+            assert r.status == 422 and "/proc" in r.error[1], f"{round_}: {path}: {r!r}"
+        # listing and stat through them are refused as well; plain /proc files stay readable
+        r = client.files("GET", sid, "list", path="/proc/1/root")
+        assert r.status == 422 and "/proc" in r.error[1], r
+        r = client.files("GET", sid, "stat", path="/proc/1/cwd/")
+        assert r.status == 422 and "/proc" in r.error[1], r
+        assert client.read_file(sid, "/proc/version")
+        if round_ == "first start":
+            _restart(client, sid)
+
+
+# ---- the sandbox's mounts on the host are nodev,nosuid ----
+
+def _host_mounts_under(directory):
+    """(mount point, per-mount options, fs type) of the host's mounts at or below directory."""
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            point = fields[4].replace("\\040", " ")
+            fstype = fields[fields.index("-") + 1]
+            if point == directory or point.startswith(directory + "/"):
+                out.append((point, set(fields[5].split(",")), fstype))
+    return out
+
+
+def test_sandbox_mounts_are_nodev_nosuid(client, make_sandbox, daemon):
+    sid = make_sandbox(memory_mib=256)["id"]
+    sdir = os.path.realpath(os.path.join(daemon.state_dir, "sandboxes", sid))
+    mounts = _host_mounts_under(sdir)
+    types = sorted(t for _, _, t in mounts)
+    assert "overlay" in types and "ext4" in types, f"expected the layer and the overlay: {mounts}"
+    for point, opts, fstype in mounts:
+        assert {"nodev", "nosuid"} <= opts, f"{point} ({fstype}) is mounted {sorted(opts)}"
+    # and the mounts runsc is asked for: /proc and the agent's bind mount are nodev,nosuid too
+    with open(os.path.join(sdir, "config.json")) as f:
+        spec = json.load(f)
+    by_dest = {m["destination"]: set(m.get("options", [])) for m in spec["mounts"]}
+    for dest in ("/proc", "/.withruntime/agent", "/sys", "/dev/shm"):
+        assert {"nodev", "nosuid"} <= by_dest[dest], f"OCI mount {dest}: {by_dest[dest]}"
+    # setuid still means something inside (gVisor applies it itself); the sandbox still works
+    r = client.exec(sid, "cp /bin/true /workspace/t && chmod u+s /workspace/t && "
+                         "stat -c %A /workspace/t && /workspace/t && echo ran")
+    assert r["exit_code"] == 0 and r["stdout"] == "-rwsr-xr-x\nran\n", r

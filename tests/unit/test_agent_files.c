@@ -393,6 +393,117 @@ static void test_flow_control(struct agent *a)
     unlink(path);
 }
 
+static uint32_t write_small(struct agent *a, const char *path, uint32_t wflags, const char *text)
+{
+    uint32_t id = path_req(a, PROTO_FILE_WRITE, path, wflags, -1);
+    send_frame(a, id, PROTO_DATA, PROTO_F_FIN, text, strlen(text));
+    return id;
+}
+
+static off_t file_size(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 ? st.st_size : -1;
+}
+
+/* Symlinks are followed by the agent itself, one component at a time; links in /proc never. */
+static void test_files_links(struct agent *a)
+{
+    struct result r = {0};
+    char path[PATH_MAX], p2[PATH_MAX], buf[64];
+    uint32_t id;
+
+    tpath(path, sizeof(path), "lk");
+    mkdir(path, 0755);
+    tpath(path, sizeof(path), "lk/real");
+    mkdir(path, 0755);
+    tpath(p2, sizeof(p2), "lk/dirlink");
+    symlink(path, p2); /* absolute */
+    tpath(p2, sizeof(p2), "lk/rel");
+    symlink("target.txt", p2);
+
+    tpath(path, sizeof(path), "lk/rel");
+    id = write_small(a, path, 0, "hello");
+    tpath(p2, sizeof(p2), "lk/target.txt");
+    ok(collect(a, id, &r) == 0 && r.ok && file_size(p2) == 5,
+       "a write through a relative symlink creates its target");
+    result_free(&r);
+
+    tpath(path, sizeof(path), "lk/dirlink/sub.txt");
+    id = write_small(a, path, 0, "sub");
+    tpath(p2, sizeof(p2), "lk/real/sub.txt");
+    ok(collect(a, id, &r) == 0 && r.ok && file_size(p2) == 3,
+       "a write through an absolute symlink to a directory lands in the directory");
+    result_free(&r);
+
+    tpath(path, sizeof(path), "lk/dirlink/../target.txt");
+    id = read_req(a, path, -1, -1);
+    ok(collect(a, id, &r) == 0 && r.ok && r.data.len == 5 && !memcmp(r.data.data, "hello", 5),
+       "\"..\" after a symlink is the parent of its target");
+    result_free(&r);
+
+    tpath(path, sizeof(path), "lk/dirlink");
+    id = path_req(a, PROTO_FILE_LIST, path, 0, -1);
+    ok(collect(a, id, &r) == 0 && r.ok && r.nentries == 1 && !strcmp(r.entries[0].name, "sub.txt"),
+       "FILE_LIST follows a symlink to a directory");
+    result_free(&r);
+
+    tpath(path, sizeof(path), "lk/new1/new2/f");
+    id = write_small(a, path, PROTO_W_PARENTS, "p");
+    ok(collect(a, id, &r) == 0 && r.ok && file_size(path) == 1,
+       "FILE_WRITE with PARENTS makes the missing directories");
+    result_free(&r);
+
+    tpath(path, sizeof(path), "lk/rel");
+    id = write_small(a, path, PROTO_W_EXCL, "x");
+    tpath(p2, sizeof(p2), "lk/target.txt");
+    ok(collect(a, id, &r) == 0 && r.error && r.err_no == EEXIST && file_size(p2) == 5,
+       "EXCL on an existing symlink: EEXIST, its target untouched");
+    result_free(&r);
+
+    tpath(path, sizeof(path), "lk/loop1");
+    symlink("loop2", path);
+    tpath(p2, sizeof(p2), "lk/loop2");
+    symlink("loop1", p2);
+    id = read_req(a, path, -1, -1);
+    ok(collect(a, id, &r) == 0 && r.error && r.err_no == ELOOP, "a symlink loop: ELOOP");
+    result_free(&r);
+
+    /* The agent's stderr is the harness's log file: no write may reach it through /proc. */
+    snprintf(buf, sizeof(buf), "/proc/%d/fd/2", (int)a->pid);
+    const char *magic[] = {"/proc/self/fd/2", buf, "/dev/stderr", "/proc/thread-self/fd/2"};
+    for (size_t i = 0; i < WR_ARRAY_LEN(magic); i++) {
+        off_t before = file_size(logpath);
+        tpath(path, sizeof(path), "lk/magic");
+        unlink(path);
+        symlink(magic[i], path);
+        id = write_small(a, path, 0, "EVIL-WRITE-THROUGH-PROC\n");
+        int refused = collect(a, id, &r) == 0 && r.error && r.err_no == ELOOP &&
+                      strstr(r.msg, "/proc") != NULL;
+        result_free(&r);
+        id = write_small(a, magic[i], 0, "EVIL-WRITE-THROUGH-PROC\n");
+        refused = refused && collect(a, id, &r) == 0 && r.error && r.err_no == ELOOP;
+        result_free(&r);
+        ok(refused && file_size(logpath) == before,
+           "a write through a symlink to %s, or to it directly: ELOOP, the log did not grow",
+           magic[i]);
+    }
+    snprintf(buf, sizeof(buf), "/proc/%d/root/etc/hostname", (int)a->pid);
+    const char *reads[] = {"/proc/self/environ", buf, "/proc/self/cwd/x"};
+    for (size_t i = 0; i < WR_ARRAY_LEN(reads); i++) {
+        tpath(path, sizeof(path), "lk/magic");
+        unlink(path);
+        symlink(reads[i], path);
+        id = read_req(a, path, -1, -1);
+        ok(collect(a, id, &r) == 0 && r.error && r.err_no == ELOOP && r.data.len == 0,
+           "a read through a symlink to %s: ELOOP", reads[i]);
+        result_free(&r);
+    }
+    id = read_req(a, "/proc/version", -1, -1);
+    ok(collect(a, id, &r) == 0 && r.ok && r.data.len > 0, "a plain file in /proc is readable");
+    result_free(&r);
+}
+
 int main(int argc, char **argv)
 {
     struct agent a;
@@ -402,6 +513,7 @@ int main(int argc, char **argv)
     test_files_rw(&a);
     test_files_meta(&a);
     test_flow_control(&a);
+    test_files_links(&a);
     harness_stop_agent(&a);
     return harness_done();
 }
