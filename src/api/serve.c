@@ -27,13 +27,17 @@ static void usage(FILE *out)
             "usage: withruntime serve [--state-dir DIR] [--listen HOST:PORT|none] [--socket PATH]\n"
             "                         [--agent PATH] [--driver gvisor|fake]\n"
             "                         [--platform systrap|ptrace|kvm] [--debug] [--print-enums]\n"
+            "                         [--output-memory-mib N]\n"
             "\n"
             "Runs the daemon: the HTTP API on HOST:PORT (default 127.0.0.1:7070) and on the Unix\n"
             "socket (default STATE_DIR/withruntime.sock). State lives in STATE_DIR (default\n"
             "$WITHRUNTIME_STATE_DIR or /var/lib/withruntime). SIGTERM stops it cleanly.\n"
             "--driver picks the isolation driver (default: the first this host can run, as\n"
             "`withruntime doctor` says; `fake` runs agents as plain host processes, for tests).\n"
-            "--print-enums prints the sandbox states and state reasons as JSON and exits.\n");
+            "--print-enums prints the sandbox states and state reasons as JSON and exits.\n"
+            "--output-memory-mib N bounds the command output and transfers the daemon holds at\n"
+            "once (default: a quarter of the host's memory, at most 4096); past it, new execs\n"
+            "and downloads are answered 503.\n");
 }
 
 /* The states and reasons the API can report, for the tests that check the spec against them. */
@@ -56,6 +60,7 @@ static int parse_args(int argc, char **argv, struct daemon_config *cfg)
                                          {"driver", required_argument, NULL, 'D'},
                                          {"debug", no_argument, NULL, 'd'},
                                          {"print-enums", no_argument, NULL, 'E'},
+                                         {"output-memory-mib", required_argument, NULL, 'O'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     optind = 1;
@@ -87,6 +92,17 @@ static int parse_args(int argc, char **argv, struct daemon_config *cfg)
         case 'D': snprintf(cfg->driver, sizeof(cfg->driver), "%s", optarg); break;
         case 'd': cfg->debug = 1; break;
         case 'E': print_enums(); exit(0);
+        case 'O': {
+            char *end;
+            long v = strtol(optarg, &end, 10);
+            if (*end || end == optarg || v < 1 || v > 1048576) {
+                fprintf(stderr, "withruntime serve: --output-memory-mib wants 1..1048576, got %s\n",
+                        optarg);
+                return -1;
+            }
+            cfg->output_budget = (size_t)v << 20;
+            break;
+        }
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
         }

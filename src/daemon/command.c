@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "daemon/agentconn.h"
+#include "daemon/daemon.h"
 #include "daemon/sandbox.h"
 #include "daemon/service.h"
 
@@ -42,6 +43,9 @@ static void trim_finished_output(struct sandbox *sb);
 static void finish(struct command *c)
 {
     c->req_id = 0;
+    /* Finished output is bounded per sandbox (trim_finished_output), not by the budget. */
+    daemon_release_output(c->sb->d, c->reserved);
+    c->reserved = 0;
     c->ended_ms = now_ms_wall();
     if (c->timer)
         event_del(c->timer);
@@ -246,9 +250,16 @@ struct command *command_start(struct sandbox *sb, const struct proto_buf *exec, 
     snprintf(c->id, sizeof(c->id), "cmd-%u", ++sb->command_seq);
     c->argv = json_incref(argv);
     c->cap = cap < COMMAND_TAIL_MAX ? cap : COMMAND_TAIL_MAX;
+    if (daemon_reserve_output(sb->d, 2 * c->cap, "background command", err) < 0) {
+        json_decref(c->argv);
+        free(c);
+        return NULL;
+    }
+    c->reserved = 2 * c->cap;
     c->started_ms = now_ms_wall();
     c->req_id = agentconn_request(sb->conn, PROTO_EXEC, exec->data, exec->len, on_frame, c);
     if (!c->req_id) {
+        daemon_release_output(sb->d, c->reserved);
         json_decref(c->argv);
         free(c);
         wr_err_kind(err, WR_E_CONFLICT, 0, "the sandbox's agent is not reachable");

@@ -51,7 +51,8 @@ struct command {
     char error[256];    /* CMD_FAILED: why */
     int64_t started_ms; /* wall clock */
     int64_t ended_ms;
-    size_t cap; /* ring size, per stream */
+    size_t cap;      /* ring size, per stream */
+    size_t reserved; /* of the daemon's output budget, while running */
     struct command_out out[2];
     struct event *timer; /* optional timeout */
     struct command_waiter *waiters;

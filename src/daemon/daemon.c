@@ -47,6 +47,11 @@ void daemon_config_defaults(struct daemon_config *cfg)
     cfg->hello_timeout_ms = 30000;
     cfg->pids_max = 1024;
     cfg->default_disk_mib = 10240;
+    /* A quarter of the host's memory, at most 4 GiB, for output held in the daemon. */
+    long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
+    uint64_t ram = pages > 0 && psize > 0 ? (uint64_t)pages * (uint64_t)psize : (1ULL << 32);
+    uint64_t budget = ram / 4 < (4ULL << 30) ? ram / 4 : (4ULL << 30);
+    cfg->output_budget = (size_t)budget;
 }
 
 /* The agent binary: --agent, else beside this binary, else in ../lib/withruntime/. */
@@ -172,6 +177,27 @@ int daemon_open(struct daemon *d, struct wr_err *err)
     while (work_pending(d->wq) > 0)
         event_base_loop(d->base, EVLOOP_ONCE);
     return 0;
+}
+
+int daemon_reserve_output(struct daemon *d, size_t n, const char *what, struct wr_err *err)
+{
+    if (n > d->cfg.output_budget - d->output_reserved) {
+        log_warn(NULL, "daemon.output_budget", "what=%s want=%zu reserved=%zu budget=%zu", what, n,
+                 d->output_reserved, d->cfg.output_budget);
+        return wr_err_kind(err, WR_E_UNAVAILABLE, 0,
+                           "the daemon is holding %zu MiB of output for running commands and "
+                           "transfers (its limit is %zu MiB); this %s needs %zu MiB more: retry "
+                           "later, or ask for a smaller max_output_bytes",
+                           d->output_reserved >> 20, d->cfg.output_budget >> 20, what,
+                           (n + (1 << 20) - 1) >> 20);
+    }
+    d->output_reserved += n;
+    return 0;
+}
+
+void daemon_release_output(struct daemon *d, size_t n)
+{
+    d->output_reserved = n > d->output_reserved ? 0 : d->output_reserved - n;
 }
 
 /* How often the heap's free memory goes back to the system (see daemon_tick). */

@@ -32,6 +32,7 @@ struct daemon_config {
     int hello_timeout_ms;     /* how long a new sandbox's agent has to say HELLO */
     int pids_max;             /* processes per sandbox */
     int default_disk_mib;     /* writable-layer quota when create does not say */
+    size_t output_budget;     /* bytes of command output and transfers held at once, daemon-wide */
 };
 
 struct driver_ops;
@@ -49,9 +50,10 @@ struct daemon {
     struct sandbox *sandboxes; /* every known sandbox, newest first */
     int nsandboxes;
     int shutting_down;
-    int lock_fd;         /* flock on the state directory: one daemon per directory */
-    int reaper_started;  /* proc_reaper_start succeeded */
-    uint64_t trimmed_ms; /* when free heap memory last went back to the system */
+    int lock_fd;            /* flock on the state directory: one daemon per directory */
+    int reaper_started;     /* proc_reaper_start succeeded */
+    uint64_t trimmed_ms;    /* when free heap memory last went back to the system */
+    size_t output_reserved; /* of cfg.output_budget, held by running execs and transfers */
 };
 
 /**
@@ -73,6 +75,17 @@ void daemon_shutdown(struct daemon *d);
 
 /** daemon_shutdown if not done, then frees everything daemon_open made. */
 void daemon_close(struct daemon *d);
+
+/**
+ * Reserves n bytes of the daemon's output budget for an exec, a background command or a
+ * transfer (what it may hold in memory at worst). Returns 0, or -1 with err set
+ * (WR_E_UNAVAILABLE) if the budget would be exceeded: memory stays bounded however many
+ * callers come, and each is told to retry (or ask for less) instead.
+ */
+int daemon_reserve_output(struct daemon *d, size_t n, const char *what, struct wr_err *err);
+
+/** Gives back what daemon_reserve_output reserved. */
+void daemon_release_output(struct daemon *d, size_t n);
 
 /** Fills cfg with defaults (state dir from $WITHRUNTIME_STATE_DIR or /var/lib/withruntime). */
 void daemon_config_defaults(struct daemon_config *cfg);

@@ -18,6 +18,7 @@
 #include "common/util.h"
 #include "daemon/agentconn.h"
 #include "daemon/command.h"
+#include "daemon/daemon.h"
 #include "daemon/sandbox.h"
 #include "daemon/service.h"
 
@@ -61,6 +62,7 @@ struct exec_op {
     int exit_code, exit_signal;
     uint64_t start_ms;
     uint64_t oom_kills_before; /* the sandbox's OOM-kill count when the command started */
+    size_t reserved;           /* of the daemon's output budget */
 };
 
 static void op_free(struct exec_op *op)
@@ -69,6 +71,7 @@ static void op_free(struct exec_op *op)
         event_free(op->timer);
     for (int i = 0; i < 2; i++)
         free(op->out[i].data);
+    daemon_release_output(op->d, op->reserved);
     sandbox_unref(op->sb);
     free(op);
 }
@@ -434,7 +437,15 @@ void svc_exec(struct daemon *d, const char *id, const struct exec_request *r, st
             sink_reply(s, SINK_CREATED, command_to_json(c));
         return;
     }
+    /* At worst a command holds both streams up to the cap; a stream holds its windows. */
+    size_t reserve = r->stream ? 2 * (size_t)STREAM_WINDOW : 2 * r->max_output;
+    if (daemon_reserve_output(d, reserve, "command", &err) < 0) {
+        proto_buf_free(&b);
+        sink_fail(s, &err);
+        return;
+    }
     struct exec_op *op = xcalloc(1, sizeof(*op));
+    op->reserved = reserve;
     op->d = d;
     op->sb = sb;
     sandbox_ref(sb);

@@ -45,6 +45,7 @@ struct file_op {
     int waiting_drain; /* FOP_READ: credit waits for the caller to catch up */
     uint64_t bytes;
     uint64_t sent, total;           /* FOP_WRITE: upload bytes handed to the agent, and in all */
+    size_t reserved;                /* FOP_READ: of the daemon's output budget */
     uint64_t length;                /* FOP_READ: at most this many bytes go to the caller */
     int truncated;                  /* FOP_LIST: the agent had more than LIST_MAX_ENTRIES */
     json_t *result;                 /* stat entry or entries array */
@@ -53,6 +54,7 @@ struct file_op {
 
 static void fop_free(struct file_op *op)
 {
+    daemon_release_output(op->d, op->reserved);
     json_decref(op->result);
     sandbox_unref(op->sb);
     free(op);
@@ -411,6 +413,13 @@ void svc_file_read(struct daemon *d, const char *id, const char *path, uint64_t 
     struct file_op *op = fop_new(d, id, FOP_READ, path, s);
     if (!op)
         return;
+    struct wr_err err = {0};
+    if (daemon_reserve_output(d, 2 * (size_t)READ_WINDOW, "download", &err) < 0) {
+        sink_fail(s, &err);
+        fop_free(op);
+        return;
+    }
+    op->reserved = 2 * (size_t)READ_WINDOW;
     op->length = length;
     struct proto_buf b = {0};
     proto_put_str(&b, PT_PATH, op->path);
