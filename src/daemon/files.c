@@ -371,7 +371,7 @@ void svc_file_read(struct daemon *d, const char *id, const char *path, uint64_t 
 }
 
 void svc_file_write(struct daemon *d, const char *id, const char *path, unsigned mode, int parents,
-                    struct sink *s)
+                    uint64_t offset, struct sink *s)
 {
     size_t total = s->ops->input_len(s);
     if (total > d->cfg.max_upload) {
@@ -384,8 +384,13 @@ void svc_file_write(struct daemon *d, const char *id, const char *path, unsigned
         return;
     struct proto_buf b = {0};
     proto_put_str(&b, PT_PATH, op->path);
-    proto_put_u32(&b, PT_MODE, mode);
+    if (mode != SVC_MODE_UNSET)
+        proto_put_u32(&b, PT_MODE, mode);
+    else if (offset == SVC_OFFSET_NONE)
+        proto_put_u32(&b, PT_MODE, 0644); /* a replaced file gets the default mode */
     proto_put_u32(&b, PT_WFLAGS, parents ? PROTO_W_PARENTS : 0);
+    if (offset != SVC_OFFSET_NONE)
+        proto_put_u64(&b, PT_OFFSET, offset);
     struct agentconn *conn = op->sb->conn;
     char sid[DRIVER_ID_LEN + 1];
     snprintf(sid, sizeof(sid), "%s", op->sb->id);
@@ -404,7 +409,8 @@ void svc_file_write(struct daemon *d, const char *id, const char *path, unsigned
     if (rc < 0)
         log_warn(sid, "files.write_unsent", "path=\"%s\"", path);
     else
-        log_info(sid, "files.write", "path=\"%s\" bytes=%zu", path, total);
+        log_info(sid, "files.write", "path=\"%s\" bytes=%zu offset=%lld", path, total,
+                 offset == SVC_OFFSET_NONE ? -1LL : (long long)offset);
 }
 
 void svc_file_list(struct daemon *d, const char *id, const char *path, struct sink *s)
