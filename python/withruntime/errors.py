@@ -24,6 +24,7 @@ __all__ = [
     "PayloadTooLarge",
     "SandboxError",
     "FileError",
+    "FileTooLarge",
     "ExecFailed",
     "ServerError",
     "DaemonUnavailable",
@@ -117,6 +118,19 @@ class FileError(SandboxError):
     number (e.g. 21 for "Is a directory")."""
 
     default_code = "file_error"
+
+
+class FileTooLarge(FileError):
+    """Raised by the SDK, not the daemon: a read would return more than its ``max_bytes``
+    (``sbx.files.read`` defaults to 100 MiB). Read such a file in parts with
+    ``sbx.files.read_stream(path)`` or ``sbx.files.read(path, offset, length)``, or pass a
+    larger ``max_bytes``. ``size`` is the file's size when known."""
+
+    default_code = "file_too_large"
+
+    def __init__(self, message: str, *, size: Optional[int] = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.size = size
 
 
 class ExecFailed(SandboxError):

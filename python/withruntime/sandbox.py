@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import (
     Any,
+    BinaryIO,
     Dict,
     Iterator,
     List,
@@ -30,9 +31,15 @@ from typing import (
 from urllib.parse import quote
 
 from .client import Client
-from .errors import NotFound, WithruntimeError, error_from_response
+from .errors import FileTooLarge, NotFound, WithruntimeError, error_from_response
 
 __all__ = ["Sandbox", "ExecResult", "ExecEvent", "FileInfo", "Files", "Command", "CommandOutput"]
+
+# sbx.files.read returns at most this many bytes unless told otherwise.
+DEFAULT_READ_MAX = 100 << 20
+# Uploads bigger than this go in pieces (the daemon takes at most 64 MiB in one request by default),
+# and read_stream fetches pieces of this size.
+PIECE_SIZE = 8 << 20
 
 # Seconds added to a command's own timeout before the SDK gives up waiting for the daemon.
 _EXEC_MARGIN = 60.0
@@ -201,40 +208,158 @@ class Files:
     def _path(self, leaf: str) -> str:
         return f"{self._sbx._path}/files{leaf}"
 
-    def read(self, path: str, offset: Optional[int] = None, length: Optional[int] = None) -> bytes:
-        """Reads a file's bytes (optionally ``length`` bytes from ``offset``).
+    def read(
+        self,
+        path: str,
+        offset: Optional[int] = None,
+        length: Optional[int] = None,
+        *,
+        max_bytes: Optional[int] = DEFAULT_READ_MAX,
+    ) -> bytes:
+        """Reads a file's bytes (optionally ``length`` bytes from ``offset``) into memory.
+
+        At most ``max_bytes`` (default 100 MiB) are read: a larger answer raises
+        :class:`FileTooLarge` before it is transferred, when the file's size says so. Read a
+        bigger file in parts with :meth:`read_stream` or ``read(path, offset, length)``, or pass
+        a larger ``max_bytes`` (``None``: no limit).
 
         Raises:
             NotFound: The file does not exist.
             FileError: It cannot be read (e.g. it is a directory).
+            FileTooLarge: It holds more than ``max_bytes`` from ``offset`` on.
         """
-        return self._sbx._client.request(
+        if max_bytes is not None and max_bytes < 0:
+            raise ValueError("max_bytes must be >= 0 or None")
+        want = length
+        if max_bytes is not None and (length is None or length > max_bytes):
+            info = self.stat(path)
+            if info.is_file:
+                left = max(0, info.size - (offset or 0))
+                if length is not None:
+                    left = min(left, length)
+                if left > max_bytes:
+                    raise self._too_large(path, info.size, max_bytes)
+            # The size can change (or path be a symlink): never take more than max_bytes + 1.
+            want = max_bytes + 1 if length is None else min(length, max_bytes + 1)
+        data = self._sbx._client.request(
             "GET", self._path("/content"),
-            query={"path": path, "offset": offset, "length": length}).body
+            query={"path": path, "offset": offset, "length": want}).body
+        if max_bytes is not None and len(data) > max_bytes:
+            raise self._too_large(path, None, max_bytes)
+        return data
 
-    def read_text(self, path: str, encoding: str = "utf-8", errors: str = "strict") -> str:
-        """Reads a file and decodes it (UTF-8 unless told otherwise)."""
-        return self.read(path).decode(encoding, errors)
+    @staticmethod
+    def _too_large(path: str, size: Optional[int], max_bytes: int) -> FileTooLarge:
+        what = f"{size} bytes" if size is not None else f"more than {max_bytes} bytes"
+        return FileTooLarge(
+            f"{path} is {what}, more than max_bytes={max_bytes}: read it in parts with "
+            f"files.read_stream(path) or files.read(path, offset, length), or pass a larger "
+            f"max_bytes (None for no limit)", size=size)
+
+    def read_stream(
+        self,
+        path: str,
+        offset: int = 0,
+        length: Optional[int] = None,
+        *,
+        chunk_size: int = PIECE_SIZE,
+    ) -> Iterator[bytes]:
+        """Yields a file's bytes from ``offset`` (``length`` of them, or to the end) in pieces of
+        at most ``chunk_size`` bytes, each fetched as it is needed (one request per piece), so
+        a file of any size can be copied without holding it in memory::
+
+            with open("big.bin", "wb") as out:
+                for piece in sbx.files.read_stream("big.bin"):
+                    out.write(piece)
+        """
+        if chunk_size <= 0:
+            raise ValueError("chunk_size must be > 0")
+        if offset < 0 or (length is not None and length < 0):
+            raise ValueError("offset and length must be >= 0")
+        pos, left = offset, length
+        while left is None or left > 0:
+            n = chunk_size if left is None else min(chunk_size, left)
+            data = self._sbx._client.request(
+                "GET", self._path("/content"),
+                query={"path": path, "offset": pos, "length": n}).body
+            if data:
+                yield data
+            if len(data) < n:  # the end of the file
+                return
+            pos += len(data)
+            if left is not None:
+                left -= len(data)
+
+    def read_text(
+        self,
+        path: str,
+        encoding: str = "utf-8",
+        errors: str = "strict",
+        *,
+        max_bytes: Optional[int] = DEFAULT_READ_MAX,
+    ) -> str:
+        """Reads a file and decodes it (UTF-8 unless told otherwise); ``max_bytes`` as in
+        :meth:`read`."""
+        return self.read(path, max_bytes=max_bytes).decode(encoding, errors)
 
     def write(
         self,
         path: str,
-        data: Union[bytes, bytearray, memoryview, str],
+        data: Union[bytes, bytearray, memoryview, str, BinaryIO],
         mode: Union[int, str, None] = None,
         parents: bool = True,
+        *,
+        piece_size: int = PIECE_SIZE,
     ) -> FileInfo:
         """Creates or replaces a file; missing parent directories are made unless
-        ``parents=False``. ``str`` data is written as UTF-8. ``mode`` is an int (``0o755``) or
-        an octal string (``"0755"``). Returns the new file's :class:`FileInfo`."""
+        ``parents=False``. ``data`` is bytes, a ``str`` (written as UTF-8) or a binary file
+        object (read with ``.read(n)`` to its end, never whole). ``mode`` is an int
+        (``0o755``) or an octal string (``"0755"``). Returns the new file's :class:`FileInfo`.
+
+        Data bigger than ``piece_size`` (8 MiB) goes in pieces: the first replaces the file,
+        each next one is written at its offset. If a piece fails, the error is raised and the
+        file holds the pieces sent before it."""
+        if piece_size <= 0:
+            raise ValueError("piece_size must be > 0")
         if isinstance(data, str):
-            body = data.encode("utf-8")
-        elif isinstance(data, (bytes, bytearray, memoryview)):
-            body = bytes(data)
+            data = data.encode("utf-8")
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            view = memoryview(data).cast("B")
+            pieces: Iterator[bytes] = (
+                bytes(view[i:i + piece_size]) for i in range(0, len(view), piece_size))
+        elif hasattr(data, "read"):
+            pieces = self._file_pieces(data, piece_size)
         else:
-            raise TypeError(f"data must be bytes or str, not {type(data).__name__}")
+            raise TypeError(
+                f"data must be bytes, str or a binary file, not {type(data).__name__}")
+        info: Optional[FileInfo] = None
+        offset = 0
+        for piece in pieces:
+            info = self._put(path, piece, mode if offset == 0 else None, parents,
+                             offset if info is not None else None)
+            offset += len(piece)
+        if info is None:  # nothing to send: an empty file
+            info = self._put(path, b"", mode, parents, None)
+        return info
+
+    @staticmethod
+    def _file_pieces(f: Any, piece_size: int) -> Iterator[bytes]:
+        while True:
+            piece = f.read(piece_size)
+            if piece is None:  # a non-blocking stream with nothing yet
+                raise TypeError("data is a non-blocking file object; pass a blocking one")
+            if isinstance(piece, str):
+                raise TypeError("data is a text file object; open it in binary mode ('rb')")
+            if not piece:
+                return
+            yield bytes(piece)
+
+    def _put(self, path: str, body: bytes, mode: Union[int, str, None], parents: bool,
+             offset: Optional[int]) -> FileInfo:
         d = self._sbx._client.request_json(
             "PUT", self._path("/content"),
-            query={"path": path, "mode": _mode_str(mode), "parents": None if parents else False},
+            query={"path": path, "mode": _mode_str(mode), "parents": None if parents else False,
+                   "offset": offset},
             body=body, content_type="application/octet-stream")
         return FileInfo._from_api(d)
 

@@ -457,7 +457,8 @@ void file_write_start(uint32_t id, const uint8_t *payload, size_t len)
     char path[AGENT_PATH_BUF];
     struct wr_err err = {0};
     uint32_t mode = 0644, wflags = 0;
-    int have_mode = 0, fd = -1;
+    uint64_t off = 0;
+    int have_mode = 0, have_off = 0, fd = -1;
     struct stat st;
     struct rpath rp = {.dir = -1};
 
@@ -465,8 +466,17 @@ void file_write_start(uint32_t id, const uint8_t *payload, size_t len)
         return;
     if (req_path(payload, len, "FILE_WRITE", path, &err) < 0 ||
         (have_mode = get_mode(payload, len, &mode, &err)) < 0 ||
-        get_wflags(payload, len, &wflags, &err) < 0)
+        get_wflags(payload, len, &wflags, &err) < 0 ||
+        (have_off = opt_u64(payload, len, PT_OFFSET, "OFFSET", &off, &err)) < 0)
         goto fail;
+    if (have_off && (wflags & PROTO_W_APPEND)) {
+        wr_err_set(&err, EINVAL, "OFFSET and APPEND together");
+        goto fail;
+    }
+    if (have_off && off > INT64_MAX) {
+        wr_err_set(&err, EINVAL, "OFFSET past the largest file offset");
+        goto fail;
+    }
     /* O_EXCL fails on an existing symlink rather than following it, as open(2) does. */
     if (resolve(path,
                 ((wflags & PROTO_W_PARENTS) ? R_PARENTS : 0) |
@@ -478,12 +488,26 @@ void file_write_start(uint32_t id, const uint8_t *payload, size_t len)
         goto fail;
     }
     int flags = O_WRONLY | O_CREAT | O_CLOEXEC | O_NOCTTY | O_NONBLOCK;
-    flags |= (wflags & PROTO_W_APPEND) ? O_APPEND : O_TRUNC;
+    /* With OFFSET the file is written in place, never truncated. */
+    if (wflags & PROTO_W_APPEND)
+        flags |= O_APPEND;
+    else if (!have_off)
+        flags |= O_TRUNC;
     if (wflags & PROTO_W_EXCL)
         flags |= O_EXCL;
+    /* Only a write from the start may create the file: anything else would begin with a hole. */
+    if (have_off && off > 0)
+        flags &= ~O_CREAT;
     /* O_NONBLOCK: a FIFO without a reader fails (ENXIO) instead of hanging the loop. */
     fd = openat(rp.dir, rp.name, flags | O_NOFOLLOW, (mode_t)mode);
     rpath_close(&rp);
+    if (fd < 0 && errno == ENOENT && have_off && off > 0) {
+        wr_err_set(&err, EINVAL,
+                   "write %s: offset %llu is past the end of the file (it does not exist); a "
+                   "write at an offset may start at most at the end",
+                   path, (unsigned long long)off);
+        goto fail;
+    }
     if (fd < 0 || fstat(fd, &st) < 0) {
         wr_err_sys(&err, errno, "write %s", path);
         goto fail;
@@ -492,7 +516,19 @@ void file_write_start(uint32_t id, const uint8_t *payload, size_t len)
         wr_err_set(&err, EINVAL, "write %s: not a regular file", path);
         goto fail;
     }
+    /* A write may continue a file or rewrite part of it, but never leave a hole. */
+    if (have_off && off > (uint64_t)st.st_size) {
+        wr_err_set(&err, EINVAL,
+                   "write %s: offset %llu is past the end of the file (%lld bytes); a write at "
+                   "an offset may start at most at the end",
+                   path, (unsigned long long)off, (long long)st.st_size);
+        goto fail;
+    }
     if (fcntl(fd, F_SETFL, flags & O_APPEND) < 0 || (have_mode && fchmod(fd, (mode_t)mode) < 0)) {
+        wr_err_sys(&err, errno, "write %s", path);
+        goto fail;
+    }
+    if (have_off && lseek(fd, (off_t)off, SEEK_SET) < 0) {
         wr_err_sys(&err, errno, "write %s", path);
         goto fail;
     }

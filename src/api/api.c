@@ -85,7 +85,7 @@ static const struct route routes[] = {
     {"POST", "/v1/sandboxes/{id}/commands/{cid}/wait", H_CMD_WAIT, NULL},
     {"POST", "/v1/sandboxes/{id}/commands/{cid}/signal", H_CMD_SIGNAL, NULL},
     {"GET", "/v1/sandboxes/{id}/files/content", H_F_READ, "path,offset,length"},
-    {"PUT", "/v1/sandboxes/{id}/files/content", H_F_WRITE, "path,mode,parents"},
+    {"PUT", "/v1/sandboxes/{id}/files/content", H_F_WRITE, "path,mode,parents,offset"},
     {"GET", "/v1/sandboxes/{id}/files/list", H_F_LIST, "path"},
     {"GET", "/v1/sandboxes/{id}/files/stat", H_F_STAT, "path"},
     {"POST", "/v1/sandboxes/{id}/files/mkdir", H_F_MKDIR, NULL},

@@ -52,8 +52,15 @@ void api_files_read(struct daemon *d, struct http_req *req, struct route_match *
 
 void api_files_write(struct daemon *d, struct http_req *req, struct route_match *m)
 {
-    unsigned mode = 0644;
+    unsigned mode = SVC_MODE_UNSET;
     int parents;
+    uint64_t offset;
+    if (api_query_u64(req, "offset", SVC_OFFSET_NONE, &offset) < 0)
+        return;
+    if (offset != SVC_OFFSET_NONE && offset > (uint64_t)INT64_MAX) {
+        api_reply_invalid(req, "offset: past the largest file offset");
+        return;
+    }
     const char *ms = http_req_query(req, "mode");
     if (ms && jv_parse_mode(ms, &mode) < 0) {
         api_reply_invalid(req, "mode: must be an octal string like 0644");
@@ -65,7 +72,7 @@ void api_files_write(struct daemon *d, struct http_req *req, struct route_match 
     }
     const char *path = path_param(req, NULL);
     if (path)
-        svc_file_write(d, m->params[0], path, mode, parents, api_sink_new(req));
+        svc_file_write(d, m->params[0], path, mode, parents, offset, api_sink_new(req));
 }
 
 void api_files_list(struct daemon *d, struct http_req *req, struct route_match *m)

@@ -19,7 +19,10 @@
 struct server {
     struct daemon d;
     struct http_server *http;
+    int idle_s; /* --idle-timeout */
 };
+
+#define IDLE_TIMEOUT_S 60
 
 static void usage(FILE *out)
 {
@@ -28,6 +31,7 @@ static void usage(FILE *out)
             "                         [--agent PATH] [--driver gvisor|fake]\n"
             "                         [--platform systrap|ptrace|kvm] [--debug] [--print-enums]\n"
             "                         [--output-memory-mib N]\n"
+            "                         [--idle-timeout SECONDS]\n"
             "\n"
             "Runs the daemon: the HTTP API on HOST:PORT (default 127.0.0.1:7070) and on the Unix\n"
             "socket (default STATE_DIR/withruntime.sock). State lives in STATE_DIR (default\n"
@@ -37,7 +41,10 @@ static void usage(FILE *out)
             "--print-enums prints the sandbox states and state reasons as JSON and exits.\n"
             "--output-memory-mib N bounds the command output and transfers the daemon holds at\n"
             "once (default: a quarter of the host's memory, at most 4096); past it, new execs\n"
-            "and downloads are answered 503.\n");
+            "and downloads are answered 503.\n"
+            "--idle-timeout closes an API connection with nothing to read between requests, or\n"
+            "whose client takes no bytes of an answer, for that long (default 60); a request\n"
+            "being answered (a long exec) is not idle, nor is a streamed answer until it ends.\n");
 }
 
 /* The states and reasons the API can report, for the tests that check the spec against them. */
@@ -50,8 +57,9 @@ static void print_enums(void)
     json_decref(o);
 }
 
-static int parse_args(int argc, char **argv, struct daemon_config *cfg)
+static int parse_args(int argc, char **argv, struct server *srv)
 {
+    struct daemon_config *cfg = &srv->d.cfg;
     static const struct option opts[] = {{"state-dir", required_argument, NULL, 's'},
                                          {"listen", required_argument, NULL, 'l'},
                                          {"socket", required_argument, NULL, 'u'},
@@ -61,6 +69,7 @@ static int parse_args(int argc, char **argv, struct daemon_config *cfg)
                                          {"debug", no_argument, NULL, 'd'},
                                          {"print-enums", no_argument, NULL, 'E'},
                                          {"output-memory-mib", required_argument, NULL, 'O'},
+                                         {"idle-timeout", required_argument, NULL, 'I'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     optind = 1;
@@ -91,6 +100,19 @@ static int parse_args(int argc, char **argv, struct daemon_config *cfg)
         case 'p': snprintf(cfg->platform, sizeof(cfg->platform), "%s", optarg); break;
         case 'D': snprintf(cfg->driver, sizeof(cfg->driver), "%s", optarg); break;
         case 'd': cfg->debug = 1; break;
+        case 'I': {
+            char *end;
+            long v = strtol(optarg, &end, 10);
+            if (!*optarg || *end || optarg[0] < '0' || optarg[0] > '9' || v < 1 || v > 86400) {
+                fprintf(stderr,
+                        "withruntime serve: --idle-timeout wants seconds from 1 to 86400, "
+                        "got %s\n",
+                        optarg);
+                return -1;
+            }
+            srv->idle_s = (int)v;
+            break;
+        }
         case 'E': print_enums(); exit(0);
         case 'O': {
             char *end;
@@ -142,6 +164,7 @@ static int listen_all(struct server *s, struct wr_err *err)
     s->http = http_server_new(s->d.base, api_handle, &s->d, max_body, err);
     if (!s->http)
         return -1;
+    http_server_set_idle_timeout(s->http, s->idle_s);
     if (cfg->listen_port &&
         http_server_listen_tcp(s->http, cfg->listen_host, cfg->listen_port, err) < 0)
         return -1;
@@ -154,7 +177,8 @@ int api_serve_main(int argc, char **argv)
     memset(&s, 0, sizeof(s));
     s.d.lock_fd = -1;
     daemon_config_defaults(&s.d.cfg);
-    if (parse_args(argc, argv, &s.d.cfg) < 0)
+    s.idle_s = IDLE_TIMEOUT_S;
+    if (parse_args(argc, argv, &s) < 0)
         return 2;
     if (getenv("WITHRUNTIME_DEBUG"))
         log_set_level(WR_LOG_DEBUG);
@@ -176,9 +200,9 @@ int api_serve_main(int argc, char **argv)
     event_add(tick, &tv);
     struct daemon_config *cfg = &s.d.cfg;
     log_info(NULL, "daemon.started",
-             "state_dir=%s listen=%s:%d socket=%s agent=%s driver=%s sandboxes=%d", cfg->state_dir,
-             cfg->listen_port ? cfg->listen_host : "none", cfg->listen_port, cfg->socket_path,
-             cfg->agent_path, cfg->driver, s.d.nsandboxes);
+             "state_dir=%s listen=%s:%d socket=%s agent=%s driver=%s sandboxes=%d idle_timeout=%d",
+             cfg->state_dir, cfg->listen_port ? cfg->listen_host : "none", cfg->listen_port,
+             cfg->socket_path, cfg->agent_path, cfg->driver, s.d.nsandboxes, s.idle_s);
 
     event_base_dispatch(s.d.base);
 

@@ -17,6 +17,9 @@
 #include "cli/sandbox.h"
 #include "common/util.h"
 
+/* Uploads go in pieces of this size (the daemon's limit for one upload is 64 MiB by default). */
+#define WRITE_PIECE ((size_t)8 << 20)
+
 static const char usage_cat[] = "Usage: withruntime sandbox cat ID PATH\n"
                                 "\n"
                                 "Writes the bytes of the file PATH in the sandbox to stdout.\n"
@@ -27,6 +30,8 @@ static const char usage_write[] =
     "\n"
     "Writes the file PATH in the sandbox (created or truncated, missing parent\n"
     "directories created) from the local FILE, or from stdin when FILE is - or absent.\n"
+    "Files of any size are sent in pieces of 8 MiB; if one fails, the file in the\n"
+    "sandbox holds the pieces sent before it.\n"
     "\n"
     "Options:\n"
     "  --mode MODE      octal file mode (default 0644)\n"
@@ -219,25 +224,38 @@ int cli_sandbox_write(struct cli_ctx *c, int argc, char **argv)
     const struct cli_endpoint *ep;
     if (cli_endpoint(c, &ep) != 0)
         return CLI_EXIT_ERR;
-    char extra[32] = "";
-    if (mode)
-        snprintf(extra, sizeof(extra), "&mode=%s", mode);
-    cleanup_free char *path = file_path(id, "content", dst, extra);
-    struct cli_request req;
-    cli_request_init(&req, "PUT", path);
-    req.content_type = "application/octet-stream";
-    req.body_fd = fd;
-    req.body_len = len;
-    struct cli_response resp;
+    /* The first piece replaces the file, each next one is written at its offset. */
+    size_t sent = 0;
     struct wr_err err = {0};
-    int r = cli_request_do(ep, &req, &resp, &err);
-    if (r == 0 && as_json) {
-        json_t *o = json_loadb(resp.body, resp.body_len, 0, NULL);
-        if (o)
-            cli_print_json(o);
-        json_decref(o);
-    }
-    cli_response_free(&resp);
+    int r = 0;
+    do {
+        size_t piece = len - sent < WRITE_PIECE ? len - sent : WRITE_PIECE;
+        char extra[48] = "";
+        if (sent == 0 && mode)
+            snprintf(extra, sizeof(extra), "&mode=%s", mode);
+        else if (sent > 0)
+            snprintf(extra, sizeof(extra), "&offset=%zu", sent);
+        cleanup_free char *path = file_path(id, "content", dst, extra);
+        struct cli_request req;
+        cli_request_init(&req, "PUT", path);
+        req.content_type = "application/octet-stream";
+        req.body_fd = fd;
+        req.body_len = piece;
+        struct cli_response resp;
+        r = cli_request_do(ep, &req, &resp, &err);
+        if (r == 0)
+            sent += piece;
+        if (r == 0 && as_json && sent == len) {
+            json_t *o = json_loadb(resp.body, resp.body_len, 0, NULL);
+            if (o)
+                cli_print_json(o);
+            json_decref(o);
+        }
+        cli_response_free(&resp);
+    } while (r == 0 && sent < len);
+    if (r < 0 && sent > 0)
+        fprintf(stderr, "withruntime: %s in the sandbox holds only the first %zu bytes\n", dst,
+                sent);
     return r < 0 ? cli_fail(&err) : CLI_EXIT_OK;
 }
 

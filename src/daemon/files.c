@@ -474,7 +474,7 @@ static void upload_pump(void *arg)
 }
 
 void svc_file_write(struct daemon *d, const char *id, const char *path, unsigned mode, int parents,
-                    struct sink *s)
+                    uint64_t offset, struct sink *s)
 {
     size_t total = s->ops->input_len(s);
     if (total > d->cfg.max_upload) {
@@ -487,8 +487,13 @@ void svc_file_write(struct daemon *d, const char *id, const char *path, unsigned
         return;
     struct proto_buf b = {0};
     proto_put_str(&b, PT_PATH, op->path);
-    proto_put_u32(&b, PT_MODE, mode);
+    if (mode != SVC_MODE_UNSET)
+        proto_put_u32(&b, PT_MODE, mode);
+    else if (offset == SVC_OFFSET_NONE)
+        proto_put_u32(&b, PT_MODE, 0644); /* a replaced file gets the default mode */
     proto_put_u32(&b, PT_WFLAGS, parents ? PROTO_W_PARENTS : 0);
+    if (offset != SVC_OFFSET_NONE)
+        proto_put_u64(&b, PT_OFFSET, offset);
     if (fop_send(op, PROTO_FILE_WRITE, &b) < 0)
         return;
     op->total = total;

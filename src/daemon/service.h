@@ -118,9 +118,19 @@ void svc_command_signal(struct daemon *d, const char *id, const char *cid, int s
 void svc_file_read(struct daemon *d, const char *id, const char *path, uint64_t offset,
                    uint64_t length, struct sink *s);
 
-/** Writes the sink's input to path; answers the new file's entry. */
+/** svc_file_write's mode when the caller gave none. */
+#define SVC_MODE_UNSET (~0u)
+/** svc_file_write's offset for "replace the whole file". */
+#define SVC_OFFSET_NONE UINT64_MAX
+
+/**
+ * Writes the sink's input to path; answers the new file's entry. With offset SVC_OFFSET_NONE the
+ * file is created or replaced (mode SVC_MODE_UNSET: 0644). With an offset the input is written
+ * at that byte, the file is created if missing (offset 0) and never truncated, and an offset past
+ * its end is refused; its mode changes only when a mode is given.
+ */
 void svc_file_write(struct daemon *d, const char *id, const char *path, unsigned mode, int parents,
-                    struct sink *s);
+                    uint64_t offset, struct sink *s);
 
 /** Answers {"path", "entries": [...]}, sorted by name. */
 void svc_file_list(struct daemon *d, const char *id, const char *path, struct sink *s);

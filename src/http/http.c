@@ -27,6 +27,9 @@
 
 #define MAX_LISTENERS 4
 
+/* Idle connections close after this long unless told otherwise (serve --idle-timeout). */
+#define HTTP_DEFAULT_IDLE_S 60
+
 /* A listener that ran out of fds pauses, then tries again, instead of spinning on accept. */
 #define ACCEPT_PAUSE_MS 200
 
@@ -40,6 +43,7 @@ struct http_server {
     struct event *resume; /* re-enables paused listeners */
     uint64_t accept_errors;
     char unix_path[108];
+    int idle_s;
 };
 
 struct http_req {
@@ -179,11 +183,16 @@ struct http_server *http_server_new(struct event_base *base, http_handler handle
                                             EVHTTP_REQ_DELETE | EVHTTP_REQ_HEAD | EVHTTP_REQ_PATCH |
                                             EVHTTP_REQ_OPTIONS | EVHTTP_REQ_TRACE |
                                             EVHTTP_REQ_CONNECT);
-    /* Long-running execs stream for as long as they run; idle keep-alive connections close. */
-    evhttp_set_timeout(s->http, 3600);
+    http_server_set_idle_timeout(s, HTTP_DEFAULT_IDLE_S);
     evhttp_set_gencb(s->http, on_request, s);
     s->resume = evtimer_new(base, on_resume, s);
     return s;
+}
+
+void http_server_set_idle_timeout(struct http_server *s, int secs)
+{
+    s->idle_s = secs;
+    evhttp_set_timeout(s->http, secs);
 }
 
 int http_server_listen_tcp(struct http_server *s, const char *host, int port, struct wr_err *err)
@@ -436,6 +445,10 @@ void http_stream_start(struct http_req *r, int status, const char *content_type)
 {
     http_reply_header(r, "Content-Type", content_type);
     http_reply_header(r, "Cache-Control", "no-store");
+    /* A stream may be quiet for as long as its command runs: no idle timeout while it lasts
+     * (evhttp's would cut it between two chunks). */
+    if (r->evcon)
+        bufferevent_set_timeouts(evhttp_connection_get_bufferevent(r->evcon), NULL, NULL);
     evhttp_send_reply_start(r->req, status, reason_phrase(status));
 }
 
@@ -488,6 +501,10 @@ void http_stream_abort(struct http_req *r)
 
 void http_stream_end(struct http_req *r)
 {
+    if (r->evcon) { /* the connection may be kept alive: idle again from now on */
+        struct timeval tv = {r->server->idle_s, 0};
+        bufferevent_set_timeouts(evhttp_connection_get_bufferevent(r->evcon), &tv, &tv);
+    }
     evhttp_send_reply_end(r->req);
     req_free(r);
 }

@@ -22,6 +22,14 @@ typedef void (*http_handler)(struct http_req *req, void *ctx);
 struct http_server *http_server_new(struct event_base *base, http_handler handler, void *ctx,
                                     size_t max_body, struct wr_err *err);
 
+/**
+ * Closes a connection that has nothing to read between requests, or whose client takes no bytes
+ * of an answer, for secs seconds. A request being answered is not idle: evhttp stops reading
+ * while a handler runs and has nothing to write until the answer, and a streamed answer (a
+ * streaming exec, a download) has no idle timeout until it ends.
+ */
+void http_server_set_idle_timeout(struct http_server *s, int secs);
+
 /** Listens on host:port (TCP). */
 int http_server_listen_tcp(struct http_server *s, const char *host, int port, struct wr_err *err);
 

@@ -1,5 +1,6 @@
 """The command line, pointed at the test daemon with RUNTIME_URL."""
 
+import hashlib
 import json
 import os
 import re
@@ -107,6 +108,20 @@ def test_sandbox_round_trip(daemon, client):
         assert r.returncode == 0, r
         assert r.stdout == blob
         assert client.read_file(sid, "dir/blob.bin") == blob
+
+        # more than one upload may carry (64 MiB) goes in pieces, from a pipe too; cat streams
+        big = os.urandom((70 << 20) + 123)
+        r = wr(daemon, "sandbox", "write", sid, "dir/big.bin", stdin=big)
+        assert r.returncode == 0, r
+        r = wr(daemon, "sandbox", "cat", sid, "dir/big.bin")
+        assert r.returncode == 0 and r.stdout == big
+        # a smaller file in pieces replaces it whole: no old tail is left
+        smaller = big[:(9 << 20) + 5][::-1]
+        r = wr(daemon, "sandbox", "write", sid, "dir/big.bin", "-", stdin=smaller)
+        assert r.returncode == 0, r
+        r = wr(daemon, "sandbox", "exec", sid, "--", "sha256sum", "dir/big.bin")
+        assert r.stdout.split()[0].decode() == hashlib.sha256(smaller).hexdigest(), r
+        client.files("DELETE", sid, None, 200, path="dir/big.bin")
 
         # ls shows what is there
         r = wr(daemon, "sandbox", "ls", sid)

@@ -1,8 +1,16 @@
 """Many idle and slow clients at once: the daemon keeps answering everyone else."""
 
+import os
 import resource
+import shutil
 import socket
+import tempfile
 import time
+
+import pytest
+
+import conftest
+from wrclient import chunk_bytes as output_of
 
 IDLE = 2000
 SLOW = 200
@@ -47,3 +55,91 @@ def test_idle_and_slow_connections_do_not_starve_others(daemon, client, make_san
             s.close()
     # and once they are gone, the daemon still answers
     assert client.request("GET", "/v1/health").status == 200
+
+
+IDLE_TIMEOUT = 2
+
+
+class ShortIdleDaemon(conftest.Daemon):
+    """A daemon of its own (sharing the session's image) with a short --idle-timeout."""
+
+    def __init__(self, session):
+        parent = os.path.dirname(os.path.abspath(session.state_dir))
+        state = tempfile.mkdtemp(prefix="wr-idle-", dir=parent)
+        os.symlink(os.path.join(os.path.abspath(session.state_dir), "images"),
+                   os.path.join(state, "images"))
+        super().__init__(state_dir=state)
+
+    def build_image(self):
+        pass  # the session's, through the symlink
+
+    def serve_argv(self):
+        return super().serve_argv() + ["--idle-timeout", str(IDLE_TIMEOUT)]
+
+
+@pytest.fixture(scope="module")
+def idle_daemon(daemon):
+    d = ShortIdleDaemon(daemon)
+    d.start()
+    yield d
+    leftovers, status = d.stop()
+    shutil.rmtree(d.state_dir, ignore_errors=True)  # `images` is a symlink: removed, not followed
+    assert not leftovers, f"sandboxes left by the tests: {leftovers}"
+    assert status == 0, f"daemon did not exit cleanly on SIGTERM: {status}\n{d.log_tail()}"
+    shutil.rmtree(d.logdir, ignore_errors=True)
+
+
+def closed_by_peer_within(sock, seconds):
+    """Waits (polling, up to seconds) for the daemon to close sock; True if it did."""
+    sock.settimeout(0.5)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if sock.recv(4096) == b"":
+                return True
+        except socket.timeout:
+            continue
+        except ConnectionResetError:
+            return True
+    return False
+
+
+def test_idle_connections_are_closed(idle_daemon):
+    # a connection that never sends anything
+    quiet = socket.create_connection(("127.0.0.1", idle_daemon.port), timeout=10)
+    # a kept-alive connection after one answer
+    kept = socket.create_connection(("127.0.0.1", idle_daemon.port), timeout=10)
+    kept.sendall(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    first = kept.recv(65536)
+    assert first.startswith(b"HTTP/1.1 200"), first
+    t0 = time.monotonic()
+    try:
+        assert closed_by_peer_within(quiet, 30), "an idle connection was never closed"
+        assert closed_by_peer_within(kept, 30), "an idle kept-alive connection was never closed"
+        # not before its time
+        assert time.monotonic() - t0 >= IDLE_TIMEOUT - 0.5
+    finally:
+        quiet.close()
+        kept.close()
+    assert idle_daemon.client.request("GET", "/v1/health").status == 200
+
+
+def test_a_long_exec_outlives_the_idle_timeout(idle_daemon):
+    c = idle_daemon.client
+    sid = c.create(memory_mib=256)["id"]
+    try:
+        # answered whole at the end: no byte on the wire for longer than the idle timeout
+        t0 = time.monotonic()
+        r = c.exec(sid, f"sleep {3 * IDLE_TIMEOUT}; echo woke", timeout_seconds=60)
+        assert r["stdout"] == "woke\n" and r["exit_code"] == 0, r
+        assert time.monotonic() - t0 >= 3 * IDLE_TIMEOUT
+        # streamed, with a silent gap longer than the idle timeout
+        with c.stream(sid, {"command": f"echo a; sleep {3 * IDLE_TIMEOUT}; echo b",
+                            "timeout_seconds": 60}) as s:
+            assert s.status == 200
+            events = s.read_all()
+        out = b"".join(output_of(e) for e in events if e["type"] == "stdout")
+        assert out == b"a\nb\n", events
+        assert events[-1]["type"] == "exit" and events[-1]["exit_code"] == 0, events
+    finally:
+        c.request("DELETE", f"/v1/sandboxes/{sid}")

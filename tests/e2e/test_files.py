@@ -62,6 +62,75 @@ def test_write_truncates_and_empty_file(client, sandbox, d):
     assert client.exec(sandbox, f"wc -c < {d}/f")["stdout"].strip() == "0"
 
 
+def test_write_at_an_offset(client, sandbox, d):
+    f = f"{d}/pieces.bin"
+    # offset 0 on a missing file creates it
+    st = client.write_file(sandbox, f, b"hello world", offset=0)
+    assert st["size"] == 11 and st["mode"] == "0644"
+    # in place: never truncated
+    st = client.write_file(sandbox, f, b"WORLD", offset=6)
+    assert st["size"] == 11
+    assert client.read_file(sandbox, f) == b"hello WORLD"
+    # at the end: the file grows
+    st = client.write_file(sandbox, f, b"!!", offset=11)
+    assert st["size"] == 13
+    assert client.read_file(sandbox, f) == b"hello WORLD!!"
+    # across the end
+    client.write_file(sandbox, f, b"XYZ", offset=12)
+    assert client.read_file(sandbox, f) == b"hello WORLD!XYZ"
+    # an offset write keeps the file's mode unless one is given
+    client.exec(sandbox, f"chmod 0751 {f}")
+    assert client.write_file(sandbox, f, b"h", offset=0)["mode"] == "0751"
+    assert client.write_file(sandbox, f, b"h", offset=0, mode="0640")["mode"] == "0640"
+    assert client.exec(sandbox, f"stat -c %a {f}")["stdout"].strip() == "640"
+    # without an offset the file is replaced (and gets the default mode) as before
+    st = client.write_file(sandbox, f, b"new")
+    assert st["size"] == 3 and st["mode"] == "0644"
+
+
+def test_write_past_the_end_is_refused(client, sandbox, d):
+    f = f"{d}/short.bin"
+    client.write_file(sandbox, f, b"12345")
+    r = client.files("PUT", sandbox, "content", data=b"x", path=f, offset=6)
+    assert r.status == 422, r
+    code, message, errno = r.error
+    assert code == "file_error" and errno == 22
+    assert "past the end" in message and "5 bytes" in message
+    assert client.read_file(sandbox, f) == b"12345"  # untouched: no hole, no byte
+    # a missing file takes offset 0 only, and is not created by a refused write
+    r = client.files("PUT", sandbox, "content", data=b"x", path=f"{d}/none", offset=1)
+    assert r.status == 422 and r.error[2] == 22, r
+    assert "past the end" in r.error[1]
+    assert client.files("GET", sandbox, "stat", path=f"{d}/none").status == 404
+    # a sparse file made inside cannot be grown with a hole either
+    client.exec(sandbox, f"truncate -s 1M {d}/sparse")
+    r = client.files("PUT", sandbox, "content", data=b"x", path=f"{d}/sparse", offset=2 << 20)
+    assert r.status == 422, r
+    # bad offsets
+    for bad in ("-1", "x", "9223372036854775808", "1e3"):
+        r = client.files("PUT", sandbox, "content", data=b"x", path=f, offset=bad)
+        assert r.status == 400 and r.error[0] == "invalid_request", (bad, r)
+    assert client.read_file(sandbox, f) == b"12345"
+
+
+MAX_UPLOAD = 64 << 20
+
+
+def test_upload_limit_and_a_big_file_in_pieces(client, sandbox, d):
+    f = f"{d}/big.bin"
+    # exactly the limit works in one request
+    first = os.urandom(MAX_UPLOAD)
+    assert client.write_file(sandbox, f, first)["size"] == MAX_UPLOAD
+    # (one byte more is 413 before the body is read: tests/e2e/test_body_limits.py)
+    # bigger files go in pieces at offsets
+    second = os.urandom(MAX_UPLOAD // 2)
+    st = client.write_file(sandbox, f, second, offset=MAX_UPLOAD)
+    assert st["size"] == MAX_UPLOAD + len(second)
+    want = hashlib.sha256(first + second).hexdigest()
+    assert client.exec(sandbox, f"sha256sum {f}")["stdout"].split()[0] == want
+    client.files("DELETE", sandbox, None, 200, path=f)
+
+
 def test_write_mode_and_parents(client, sandbox, d):
     st = client.write_file(sandbox, f"{d}/a/b/c.txt", b"xyz")
     assert st["mode"] == "0644"

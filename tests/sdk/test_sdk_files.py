@@ -105,3 +105,87 @@ def test_paths_stay_inside_the_sandbox(sandbox):
     assert sandbox.files.read_text("../../etc/hostname").strip() == "sandbox"
     sandbox.exec("ln -s / rootlink")
     assert sandbox.files.read_text("rootlink/etc/hostname").strip() == "sandbox"
+
+
+PIECE = 8 << 20
+
+
+@pytest.mark.timeout(600)
+def test_a_200_mib_file_goes_in_pieces_both_ways(sandbox, tmp_path):
+    import hashlib
+    import os
+
+    size = 200 << 20
+    src = tmp_path / "big.bin"
+    h = hashlib.sha256()
+    with open(src, "wb") as f:
+        for _ in range(size // (4 << 20)):
+            block = os.urandom(4 << 20)
+            h.update(block)
+            f.write(block)
+    # from a file object: streamed in pieces, never read whole
+    with open(src, "rb") as f:
+        info = sandbox.files.write("big.bin", f)
+    assert info.size == size
+    assert sandbox.exec("sha256sum big.bin").stdout.split()[0] == h.hexdigest()
+    # bytes bigger than a piece (and than the daemon's 64 MiB upload limit) work too
+    data = os.urandom(70 << 20)
+    assert sandbox.files.write("b2.bin", data).size == len(data)
+    assert sandbox.exec("sha256sum b2.bin").stdout.split()[0] == hashlib.sha256(data).hexdigest()
+    del data
+    # read back in pages
+    back = hashlib.sha256()
+    sizes = []
+    for piece in sandbox.files.read_stream("big.bin"):
+        sizes.append(len(piece))
+        back.update(piece)
+    assert back.hexdigest() == h.hexdigest()
+    assert sum(sizes) == size and max(sizes) == PIECE
+    # a part of it, in small pages
+    with open(src, "rb") as f:
+        f.seek(12345)
+        want = f.read(1 << 20)
+    got = b"".join(sandbox.files.read_stream("big.bin", offset=12345, length=1 << 20,
+                                             chunk_size=100_000))
+    assert got == want
+    # a replaced file is replaced, not patched: the old tail is gone
+    assert sandbox.files.write("big.bin", b"small").size == 5
+    assert sandbox.files.read("big.bin") == b"small"
+
+
+def test_read_has_a_default_maximum(sandbox):
+    from withruntime import FileTooLarge
+
+    sandbox.exec("head -c 3000000 /dev/urandom > three.bin")
+    with pytest.raises(FileTooLarge) as e:
+        sandbox.files.read("three.bin", max_bytes=1_000_000)
+    assert e.value.size == 3_000_000
+    assert "read_stream" in str(e.value) and "max_bytes" in str(e.value)
+    assert isinstance(e.value, FileError)
+    # a range within the limit, or a larger limit, reads
+    assert len(sandbox.files.read("three.bin", offset=2_500_000, max_bytes=1_000_000)) == 500_000
+    assert len(sandbox.files.read("three.bin", length=10, max_bytes=1_000_000)) == 10
+    assert len(sandbox.files.read("three.bin", max_bytes=None)) == 3_000_000
+    # a symlink is not sized by stat: the bounded read still refuses
+    sandbox.exec("ln -sf three.bin link.bin")
+    with pytest.raises(FileTooLarge):
+        sandbox.files.read("link.bin", max_bytes=1_000_000)
+
+
+@pytest.mark.timeout(120)
+def test_a_one_terabyte_sparse_file_is_refused_not_read(sandbox):
+    from withruntime import FileTooLarge
+
+    assert sandbox.exec("truncate -s 1T huge.bin").exit_code == 0
+    # refused from its size, before a byte of it is sent
+    with pytest.raises(FileTooLarge) as e:
+        sandbox.files.read("huge.bin")
+    assert e.value.size == 1 << 40
+    with pytest.raises(FileTooLarge):
+        sandbox.files.read_text("huge.bin")
+    # a part of it streams
+    pieces = list(sandbox.files.read_stream("huge.bin", offset=(1 << 40) - 1000, length=5000))
+    assert b"".join(pieces) == b"\0" * 1000
+    gen = sandbox.files.read_stream("huge.bin", offset=1 << 39, chunk_size=1 << 20)
+    assert next(gen) == b"\0" * (1 << 20)
+    gen.close()
