@@ -4,11 +4,16 @@ of memory and the sandbox no work; a caller that goes away stops the agent; a bi
 not keep the sandbox from answering anything else."""
 
 import json
+import shutil
 import socket
 import threading
 import time
 import urllib.parse
 
+import pytest
+
+import conftest
+from test_connections import ShortIdleDaemon
 from test_output import RssWatch, rss
 
 MIB = 1024 * 1024
@@ -208,3 +213,56 @@ def test_background_output_memory_is_bounded(daemon, client, make_sandbox):
     assert client.request("DELETE", f"/v1/sandboxes/{sb}").status == 200
     wait_for(lambda: rss(daemon.proc.pid) < before + 24 * MIB, 15,
              "the daemon's memory to return close to where it was")
+
+
+class SmallBudgetDaemon(ShortIdleDaemon):
+    """A daemon of its own (sharing the session's image) with an 8 MiB output budget."""
+
+    def serve_argv(self):
+        return conftest.Daemon.serve_argv(self) + ["--output-memory-mib", "8"]
+
+
+@pytest.fixture(scope="module")
+def budget_daemon(daemon):
+    d = SmallBudgetDaemon(daemon)
+    d.start()
+    yield d
+    leftovers, status = d.stop()
+    shutil.rmtree(d.state_dir, ignore_errors=True)  # `images` is a symlink: removed, not followed
+    assert not leftovers, f"sandboxes left by the tests: {leftovers}"
+    assert status == 0, f"daemon did not exit cleanly on SIGTERM: {status}\n{d.log_tail()}"
+    shutil.rmtree(d.logdir, ignore_errors=True)
+
+
+def test_output_budget_refuses_what_does_not_fit(budget_daemon):
+    """With 8 MiB for output in all: an exec that could keep 2 x 16 MiB is refused with 503
+    saying why; four slow downloads (2 MiB each) fit, a fifth does not, nor an exec; once they
+    end the budget is free again."""
+    d = budget_daemon
+    c = d.client
+    sid = c.request("POST", "/v1/sandboxes", {"memory_mib": 512}).json()["id"]
+    try:
+        r = c.request("POST", f"/v1/sandboxes/{sid}/exec",
+                      {"command": "true", "max_output_bytes": 16 * MIB})
+        assert r.status == 503 and r.error[0] == "unavailable", r
+        assert "max_output_bytes" in r.error[1], r
+        make_huge_file(c, sid)
+        held = []
+        for _ in range(4):  # 4 x 2 MiB: exactly the budget
+            s, status, _ = raw_request(d, "GET", f"/v1/sandboxes/{sid}/files/content",
+                                       {"path": "/workspace/huge"})
+            held.append((s, status))
+        assert [st for _, st in held] == [200] * 4
+        s, status, head = raw_request(d, "GET", f"/v1/sandboxes/{sid}/files/content",
+                                      {"path": "/workspace/huge"})
+        s.close()
+        assert status == 503, head
+        r = c.request("POST", f"/v1/sandboxes/{sid}/exec", {"command": "true"})
+        assert r.status == 503, r
+        for s, _ in held:
+            s.close()
+        wait_for(lambda: c.request("POST", f"/v1/sandboxes/{sid}/exec",
+                                   {"command": "echo ok"}).status == 200,
+                 15, "the budget to be given back")
+    finally:
+        assert c.request("DELETE", f"/v1/sandboxes/{sid}").status == 200
