@@ -37,7 +37,7 @@ __all__ = ["Sandbox", "ExecResult", "ExecEvent", "FileInfo", "Files", "Command",
 
 # sbx.files.read returns at most this many bytes unless told otherwise.
 DEFAULT_READ_MAX = 100 << 20
-# Uploads bigger than this go in pieces (the daemon takes at most 64 MiB in one request by default),
+# Uploads bigger than this go in pieces (the daemon takes at most 8 MiB in one request by default),
 # and read_stream fetches pieces of this size.
 PIECE_SIZE = 8 << 20
 

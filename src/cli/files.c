@@ -17,7 +17,7 @@
 #include "cli/sandbox.h"
 #include "common/util.h"
 
-/* Uploads go in pieces of this size (the daemon's limit for one upload is 64 MiB by default). */
+/* Uploads go in pieces of this size (the daemon's limit for one upload, 8 MiB by default). */
 #define WRITE_PIECE ((size_t)8 << 20)
 
 static const char usage_cat[] = "Usage: withruntime sandbox cat ID PATH\n"

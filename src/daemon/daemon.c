@@ -36,7 +36,7 @@ void daemon_config_defaults(struct daemon_config *cfg)
     snprintf(cfg->listen_host, sizeof(cfg->listen_host), "127.0.0.1");
     cfg->listen_port = 7070;
     cfg->max_json_body = 1 << 20;
-    cfg->max_upload = (size_t)64 << 20; /* bigger files go in pieces (writes at an offset) */
+    cfg->max_upload = (size_t)8 << 20; /* bigger files go in pieces (writes at an offset) */
     cfg->default_output_cap = 1 << 20;
     cfg->max_output_cap = 16 << 20;
     long n = sysconf(_SC_NPROCESSORS_ONLN);

@@ -109,7 +109,7 @@ def test_sandbox_round_trip(daemon, client):
         assert r.stdout == blob
         assert client.read_file(sid, "dir/blob.bin") == blob
 
-        # more than one upload may carry (64 MiB) goes in pieces, from a pipe too; cat streams
+        # more than one upload may carry (8 MiB) goes in pieces, from a pipe too; cat streams
         big = os.urandom((70 << 20) + 123)
         r = wr(daemon, "sandbox", "write", sid, "dir/big.bin", stdin=big)
         assert r.returncode == 0, r

@@ -128,7 +128,7 @@ def test_a_200_mib_file_goes_in_pieces_both_ways(sandbox, tmp_path):
         info = sandbox.files.write("big.bin", f)
     assert info.size == size
     assert sandbox.exec("sha256sum big.bin").stdout.split()[0] == h.hexdigest()
-    # bytes bigger than a piece (and than the daemon's 64 MiB upload limit) work too
+    # bytes bigger than a piece (and than the daemon's 8 MiB upload limit) work too
     data = os.urandom(70 << 20)
     assert sandbox.files.write("b2.bin", data).size == len(data)
     assert sandbox.exec("sha256sum b2.bin").stdout.split()[0] == hashlib.sha256(data).hexdigest()
