@@ -406,7 +406,8 @@ static int build_exec(struct sandbox *sb, const struct exec_request *r, struct p
     proto_put_str(b, PT_CWD, r->cwd ? r->cwd : "/workspace");
     if (r->stdin_data)
         proto_put_u32(b, PT_STDIN_PIPE, 1);
-    if (b->len > PROTO_MAX_PAYLOAD)
+    /* Room is left for the WINDOW field a stream adds (agentconn_request_windowed). */
+    if (b->len > PROTO_MAX_PAYLOAD - 64)
         return wr_err_kind(err, WR_E_INVALID, 0,
                            "command, argv, env and cwd together exceed %u bytes",
                            PROTO_MAX_PAYLOAD);
