@@ -31,7 +31,7 @@ static void usage(FILE *out)
             "                         [--agent PATH] [--driver gvisor|fake]\n"
             "                         [--platform systrap|ptrace|kvm] [--debug] [--print-enums]\n"
             "                         [--output-memory-mib N]\n"
-            "                         [--idle-timeout SECONDS]\n"
+            "                         [--idle-timeout SECONDS] [--agent-deadline SECONDS]\n"
             "\n"
             "Runs the daemon: the HTTP API on HOST:PORT (default 127.0.0.1:7070) and on the Unix\n"
             "socket (default STATE_DIR/withruntime.sock). State lives in STATE_DIR (default\n"
@@ -44,7 +44,10 @@ static void usage(FILE *out)
             "and downloads are answered 503.\n"
             "--idle-timeout closes an API connection with nothing to read between requests, or\n"
             "whose client takes no bytes of an answer, for that long (default 60); a request\n"
-            "being answered (a long exec) is not idle, nor is a streamed answer until it ends.\n");
+            "being answered (a long exec) is not idle, nor is a streamed answer until it ends.\n"
+            "--agent-deadline: a file operation that waits this long (default 60) on a sandbox's\n"
+            "agent without a sign of progress means the agent is stuck: the sandbox is failed\n"
+            "(agent_unresponsive) and everything waiting on it is answered.\n");
 }
 
 /* The states and reasons the API can report, for the tests that check the spec against them. */
@@ -70,6 +73,7 @@ static int parse_args(int argc, char **argv, struct server *srv)
                                          {"print-enums", no_argument, NULL, 'E'},
                                          {"output-memory-mib", required_argument, NULL, 'O'},
                                          {"idle-timeout", required_argument, NULL, 'I'},
+                                         {"agent-deadline", required_argument, NULL, 'T'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     optind = 1;
@@ -114,6 +118,18 @@ static int parse_args(int argc, char **argv, struct server *srv)
             break;
         }
         case 'E': print_enums(); exit(0);
+        case 'T': {
+            char *end;
+            long v = strtol(optarg, &end, 10);
+            if (*end || end == optarg || v < 1 || v > 86400) {
+                fprintf(stderr,
+                        "withruntime serve: --agent-deadline wants 1..86400 seconds, got %s\n",
+                        optarg);
+                return -1;
+            }
+            cfg->agent_deadline_ms = (int)v * 1000;
+            break;
+        }
         case 'O': {
             char *end;
             long v = strtol(optarg, &end, 10);

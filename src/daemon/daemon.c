@@ -23,6 +23,7 @@
 #include "common/log.h"
 #include "common/proc.h"
 #include "common/util.h"
+#include "daemon/agentconn.h"
 #include "daemon/sandbox.h"
 #include "daemon/work.h"
 #include "driver/driver.h"
@@ -45,6 +46,7 @@ void daemon_config_defaults(struct daemon_config *cfg)
     cfg->max_timeout = 86400;
     cfg->default_exec_timeout = 300;
     cfg->hello_timeout_ms = 30000;
+    cfg->agent_deadline_ms = AGENTCONN_DEADLINE_MS;
     cfg->pids_max = 1024;
     cfg->default_disk_mib = 10240;
     /* A quarter of the host's memory, at most 4 GiB, for output held in the daemon. */

@@ -30,6 +30,7 @@ struct daemon_config {
     int max_timeout;
     int default_exec_timeout; /* seconds */
     int hello_timeout_ms;     /* how long a new sandbox's agent has to say HELLO */
+    int agent_deadline_ms;    /* how long a request may wait on a stuck agent */
     int pids_max;             /* processes per sandbox */
     int default_disk_mib;     /* writable-layer quota when create does not say */
     size_t output_budget;     /* bytes of command output and transfers held at once, daemon-wide */

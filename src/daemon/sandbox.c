@@ -517,6 +517,7 @@ static void create_start_done(void *p)
     int fd = steal_fd(&j->fd);
     sb->create_job = j;
     sb->conn = agentconn_new(sb->d->base, fd, sb->d->cfg.hello_timeout_ms, on_agent_state, sb);
+    agentconn_set_deadline(sb->conn, sb->d->cfg.agent_deadline_ms);
 }
 
 static void start_job(struct sandbox *sb, int is_create, sandbox_done_cb done, void *arg)

@@ -40,7 +40,8 @@ class DaemonBroken(Exception):
 class FakeDaemon(Daemon):
     """A daemon with the fake driver, its own state directory and a fault file."""
 
-    def __init__(self, agent):
+    def __init__(self, agent, extra_args=()):
+        self.extra_args = list(extra_args)
         self.tmp = tempfile.mkdtemp(prefix="wr-fail-")
         state = os.path.join(self.tmp, "state")
         os.makedirs(os.path.join(state, "sandboxes"))
@@ -66,7 +67,7 @@ class FakeDaemon(Daemon):
         time.sleep(0.02)  # the mtime check has nanosecond resolution, but be safe on coarse fs
 
     def serve_argv(self):
-        return super().serve_argv() + ["--driver", "fake"]
+        return super().serve_argv() + ["--driver", "fake"] + self.extra_args
 
     def serve_env(self):
         env = dict(os.environ, WR_FAULTS_FILE=self.faults_path)
@@ -131,8 +132,8 @@ class FakeDaemon(Daemon):
         return problems
 
 
-def _daemon(agent):
-    d = FakeDaemon(agent)
+def _daemon(agent, extra_args=()):
+    d = FakeDaemon(agent, extra_args)
     try:
         d.start()
     except Exception:
@@ -163,6 +164,9 @@ def fake():
     yield from _daemon(WR_AGENT)
 
 
+HOSTILE_DEADLINE = 3
+
+
 @pytest.fixture(scope="module")
 def hostile():
     """A fake-driver daemon whose 'agent' is hostile_agent.py (its mode: set_mode)."""
@@ -170,7 +174,8 @@ def hostile():
     agent = os.path.join(tmp, "hostile_agent.py")
     shutil.copy(os.path.join(HERE, "hostile_agent.py"), agent)
     os.chmod(agent, 0o755)
-    for d in _daemon(agent):
+    # a short deadline, so that an agent that never answers a file request is caught quickly
+    for d in _daemon(agent, ["--agent-deadline", str(HOSTILE_DEADLINE)]):
         d.mode_path = os.path.join(tmp, "hostile.mode")
         yield d
     shutil.rmtree(tmp, ignore_errors=True)
@@ -361,7 +366,7 @@ def lose_agent(d, sid, slow_cleanup_ms=1500):
     d.set_faults(f"fake.stop=delay{slow_cleanup_ms}:1")
     os.kill(agent_pid(d, sid), signal.SIGKILL)
     sb = d.wait_state(sid, "failed", timeout=5)
-    assert sb.get("reason") in (None, "agent_died"), sb
+    assert sb.get("state_reason") == "agent_died", sb
 
 
 def test_delete_deferred_during_cleanup(fk):
@@ -492,7 +497,7 @@ def test_hostile_frames_fail_the_sandbox(hs, mode, reason):
     assert r.status == 500 and r.error[0] == "sandbox_failed", r
     assert reason in r.error[1], r
     sb = hs.wait_state(sid, "failed")
-    assert sb.get("reason") in (None, "agent_died"), sb
+    assert sb.get("state_reason") == "agent_died", sb
     # A failed sandbox is refused, not hung on.
     r = hs.req("POST", f"/v1/sandboxes/{sid}/exec", {"argv": ["x"]})
     assert r.status == 409, r
@@ -515,7 +520,7 @@ def test_hostile_silence_after_hello(hs):
     assert r.status == 500 and r.error[0] == "sandbox_failed", r
     assert time.monotonic() - t0 < 45
     sb = hs.wait_state(sid, "failed")
-    assert sb.get("reason") in (None, "agent_unresponsive"), sb
+    assert sb.get("state_reason") == "agent_unresponsive", sb
 
 
 def wrong_terminal_frame(make, method, path, query=None, body=None):
@@ -609,3 +614,18 @@ def test_agent_without_cap_sys_admin_refuses_to_start(fk):
     assert r.status == 200, r
     assert exec_ok(fk, sid, "sh", "-c", "kill -0 1 && cat /proc/1/cmdline")["stdout"] == \
         "wr-ns-init\0"
+
+
+@pytest.mark.parametrize("op", ["content", "list", "stat"])
+def test_hostile_agent_that_never_answers_a_file_request(hs, op):
+    """An agent that answers pings but never a file request: the request is answered once the
+    deadline passes (not left hanging), and the sandbox is failed as unresponsive."""
+    sid = hostile_sandbox(hs, "no_files")
+    t0 = time.monotonic()
+    r = hs.req("GET", f"/v1/sandboxes/{sid}/files/{op}", query={"path": "/x"}, timeout=60)
+    waited = time.monotonic() - t0
+    assert r.status == 500 and r.error[0] == "sandbox_failed", r
+    assert "did not answer" in r.error[1], r
+    assert waited >= HOSTILE_DEADLINE - 0.5, waited  # not before the deadline
+    sb = hs.wait_state(sid, "failed")
+    assert sb.get("state_reason") == "agent_unresponsive", sb
