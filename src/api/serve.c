@@ -4,6 +4,7 @@
  * until SIGTERM or SIGINT. Shutdown stops accepting, answers what is in
  * flight, and lets the daemon stop (not delete) running sandboxes.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <signal.h>
@@ -27,13 +28,29 @@ static void usage(FILE *out)
             "usage: withruntime serve [--state-dir DIR] [--listen HOST:PORT|none] [--socket PATH]\n"
             "                         [--agent PATH] [--driver gvisor|fake]\n"
             "                         [--platform systrap|ptrace|kvm] [--debug] [--print-enums]\n"
+            "                         [--max-running N] [--max-sandboxes N]\n"
+            "                         [--memory-overcommit F] [--disk-overcommit F]\n"
+            "                         [--disk-reserve-mib N] [--max-loop-devices N]\n"
             "\n"
             "Runs the daemon: the HTTP API on HOST:PORT (default 127.0.0.1:7070) and on the Unix\n"
             "socket (default STATE_DIR/withruntime.sock). State lives in STATE_DIR (default\n"
             "$WITHRUNTIME_STATE_DIR or /var/lib/withruntime). SIGTERM stops it cleanly.\n"
             "--driver picks the isolation driver (default: the first this host can run, as\n"
             "`withruntime doctor` says; `fake` runs agents as plain host processes, for tests).\n"
-            "--print-enums prints the sandbox states and state reasons as JSON and exits.\n");
+            "--print-enums prints the sandbox states and state reasons as JSON and exits.\n"
+            "\n"
+            "Admission: a create (or a start of a stopped sandbox) past one of these limits is\n"
+            "refused with 503 `unavailable`, naming the limit and the numbers:\n"
+            "  --max-running N        sandboxes creating, starting or running (default 100)\n"
+            "  --max-sandboxes N      sandboxes kept, stopped and failed ones too (default 1000)\n"
+            "  --memory-overcommit F  running sandboxes' memory_mib in total up to the host's\n"
+            "                         memory x F (default 1.5); one alone never more than it\n"
+            "  --disk-overcommit F    kept sandboxes' disk_mib in total up to the state\n"
+            "                         directory's free space, less the reserve, x F (default 4);\n"
+            "                         one alone never more than that free space less the reserve\n"
+            "  --disk-reserve-mib N   free space never promised to sandboxes (default 2048)\n"
+            "  --max-loop-devices N   loop devices bound on the host (each running gvisor\n"
+            "                         sandbox holds one for its disk) (default 256)\n");
 }
 
 /* The states and reasons the API can report, for the tests that check the spec against them. */
@@ -46,6 +63,36 @@ static void print_enums(void)
     json_decref(o);
 }
 
+/* A whole number in [lo, hi] for flag, or -1 with a message. */
+static int flag_int(const char *flag, const char *arg, long lo, long hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(arg, &end, 10);
+    if (!*arg || *end || errno || v < lo || v > hi) {
+        fprintf(stderr, "withruntime serve: %s wants a whole number from %ld to %ld, got %s\n",
+                flag, lo, hi, arg);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+/* A number in (0, hi] for flag, or -1 with a message. */
+static int flag_factor(const char *flag, const char *arg, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(arg, &end);
+    if (!*arg || *end || errno || !(v > 0) || v > hi) {
+        fprintf(stderr, "withruntime serve: %s wants a number above 0 and up to %g, got %s\n", flag,
+                hi, arg);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
 static int parse_args(int argc, char **argv, struct daemon_config *cfg)
 {
     static const struct option opts[] = {{"state-dir", required_argument, NULL, 's'},
@@ -56,6 +103,12 @@ static int parse_args(int argc, char **argv, struct daemon_config *cfg)
                                          {"driver", required_argument, NULL, 'D'},
                                          {"debug", no_argument, NULL, 'd'},
                                          {"print-enums", no_argument, NULL, 'E'},
+                                         {"max-running", required_argument, NULL, 'R'},
+                                         {"max-sandboxes", required_argument, NULL, 'S'},
+                                         {"memory-overcommit", required_argument, NULL, 'M'},
+                                         {"disk-overcommit", required_argument, NULL, 'K'},
+                                         {"disk-reserve-mib", required_argument, NULL, 'V'},
+                                         {"max-loop-devices", required_argument, NULL, 'L'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     optind = 1;
@@ -87,6 +140,30 @@ static int parse_args(int argc, char **argv, struct daemon_config *cfg)
         case 'D': snprintf(cfg->driver, sizeof(cfg->driver), "%s", optarg); break;
         case 'd': cfg->debug = 1; break;
         case 'E': print_enums(); exit(0);
+        case 'R':
+            if (flag_int("--max-running", optarg, 1, 100000, &cfg->max_running) < 0)
+                return -1;
+            break;
+        case 'S':
+            if (flag_int("--max-sandboxes", optarg, 1, 1000000, &cfg->max_sandboxes) < 0)
+                return -1;
+            break;
+        case 'M':
+            if (flag_factor("--memory-overcommit", optarg, 100, &cfg->memory_overcommit) < 0)
+                return -1;
+            break;
+        case 'K':
+            if (flag_factor("--disk-overcommit", optarg, 1000, &cfg->disk_overcommit) < 0)
+                return -1;
+            break;
+        case 'V':
+            if (flag_int("--disk-reserve-mib", optarg, 0, 1 << 30, &cfg->disk_reserve_mib) < 0)
+                return -1;
+            break;
+        case 'L':
+            if (flag_int("--max-loop-devices", optarg, 1, 1 << 20, &cfg->max_loop_devices) < 0)
+                return -1;
+            break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
         }

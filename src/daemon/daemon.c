@@ -46,6 +46,12 @@ void daemon_config_defaults(struct daemon_config *cfg)
     cfg->hello_timeout_ms = 30000;
     cfg->pids_max = 1024;
     cfg->default_disk_mib = 10240;
+    cfg->max_running = 100;
+    cfg->max_sandboxes = 1000;
+    cfg->memory_overcommit = 1.5;
+    cfg->disk_overcommit = 4.0;
+    cfg->disk_reserve_mib = 2048;
+    cfg->max_loop_devices = 256;
 }
 
 /* The agent binary: --agent, else beside this binary, else in ../lib/withruntime/. */
@@ -120,6 +126,8 @@ int daemon_open(struct daemon *d, struct wr_err *err)
     signal(SIGPIPE, SIG_IGN);
     umask(022);
     raise_fd_limit();
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    d->host_memory_mib = pages > 0 && page > 0 ? (long long)pages * page / (1 << 20) : 0;
     find_agent(cfg);
     if (!cfg->agent_path[0] || access(cfg->agent_path, X_OK) != 0)
         return wr_err_set(err, ENOENT, "cannot find withruntime-agent (give --agent PATH)");

@@ -31,6 +31,13 @@ struct daemon_config {
     int hello_timeout_ms;     /* how long a new sandbox's agent has to say HELLO */
     int pids_max;             /* processes per sandbox */
     int default_disk_mib;     /* writable-layer quota when create does not say */
+    /* Admission (daemon/admission.c): a create or start past one of these is refused. */
+    int max_running;          /* sandboxes creating, starting, running or stopping */
+    int max_sandboxes;        /* sandboxes kept, stopped and failed ones too */
+    double memory_overcommit; /* running sandboxes' memory_mib up to host memory x this */
+    double disk_overcommit;   /* kept sandboxes' disk_mib up to (free - reserve) x this */
+    int disk_reserve_mib;     /* free space in the state directory never promised */
+    int max_loop_devices;     /* loop devices bound on the host, starts in flight included */
 };
 
 struct driver_ops;
@@ -48,8 +55,9 @@ struct daemon {
     struct sandbox *sandboxes; /* every known sandbox, newest first */
     int nsandboxes;
     int shutting_down;
-    int lock_fd;        /* flock on the state directory: one daemon per directory */
-    int reaper_started; /* proc_reaper_start succeeded */
+    int lock_fd;               /* flock on the state directory: one daemon per directory */
+    int reaper_started;        /* proc_reaper_start succeeded */
+    long long host_memory_mib; /* physical memory, read at open */
 };
 
 /**

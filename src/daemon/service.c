@@ -12,6 +12,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
+#include "daemon/admission.h"
 #include "daemon/daemon.h"
 #include "daemon/sandbox.h"
 #include "driver/driver.h"
@@ -95,6 +96,12 @@ void svc_sandbox_create(struct daemon *d, const struct sandbox_opts *o, struct s
         json_decref(sb->network);
         sb->network = json_deep_copy(o->network);
     }
+    if (admission_check(d, sb, 1, &err) < 0) {
+        log_warn(NULL, "sandbox.refused", "error=\"%s\"", err.msg);
+        sandbox_unref(sb);
+        sink_fail(s, &err);
+        return;
+    }
     sandbox_create(sb, answer_created, s);
     sandbox_unref(sb); /* the daemon's list holds it now */
 }
@@ -152,14 +159,24 @@ void svc_sandbox_start(struct daemon *d, const char *id, struct sink *s)
 {
     struct sandbox *sb = lookup(d, id, s);
     struct wr_err err = {0};
-    if (!sb || sandbox_defer(sb, SB_DEFER_START, answer_sandbox, s) == 0)
+    if (!sb)
         return;
-    if (sandbox_check_idle(sb, &err) < 0) {
+    if (sb->state == SB_RUNNING && !sb->busy) {
+        sink_reply(s, SINK_OK, sandbox_to_json(sb));
+        return;
+    }
+    /* Admitted before it is queued behind a failed one's cleanup: it counts as starting from
+     * here, so no create takes its place meanwhile. */
+    if ((sb->state == SB_STOPPED || sb->state == SB_FAILED) && sb->deferred == SB_DEFER_NONE &&
+        admission_check(d, sb, 0, &err) < 0) {
+        log_warn(sb->id, "sandbox.refused", "error=\"%s\"", err.msg);
         sink_fail(s, &err);
         return;
     }
-    if (sb->state == SB_RUNNING) {
-        sink_reply(s, SINK_OK, sandbox_to_json(sb));
+    if (sandbox_defer(sb, SB_DEFER_START, answer_sandbox, s) == 0)
+        return;
+    if (sandbox_check_idle(sb, &err) < 0) {
+        sink_fail(s, &err);
         return;
     }
     if (!sb->rootfs[0]) {
