@@ -31,6 +31,7 @@ static void usage(FILE *out)
             "                         [--max-running N] [--max-sandboxes N]\n"
             "                         [--memory-overcommit F] [--disk-overcommit F]\n"
             "                         [--disk-reserve-mib N] [--max-loop-devices N]\n"
+            "                         [--max-agent-log-kib N]\n"
             "\n"
             "Runs the daemon: the HTTP API on HOST:PORT (default 127.0.0.1:7070) and on the Unix\n"
             "socket (default STATE_DIR/withruntime.sock). State lives in STATE_DIR (default\n"
@@ -50,7 +51,11 @@ static void usage(FILE *out)
             "                         one alone never more than that free space less the reserve\n"
             "  --disk-reserve-mib N   free space never promised to sandboxes (default 2048)\n"
             "  --max-loop-devices N   loop devices bound on the host (each running gvisor\n"
-            "                         sandbox holds one for its disk) (default 256)\n");
+            "                         sandbox holds one for its disk) (default 256)\n"
+            "\n"
+            "--max-agent-log-kib N caps each running sandbox's agent.log (the agent's stderr, a\n"
+            "host file): checked every 2 s, a larger one is cut to its newest quarter behind a\n"
+            "log.truncated line (default 1024; the agent also logs at most 5 lines a second).\n");
 }
 
 /* The states and reasons the API can report, for the tests that check the spec against them. */
@@ -109,6 +114,7 @@ static int parse_args(int argc, char **argv, struct daemon_config *cfg)
                                          {"disk-overcommit", required_argument, NULL, 'K'},
                                          {"disk-reserve-mib", required_argument, NULL, 'V'},
                                          {"max-loop-devices", required_argument, NULL, 'L'},
+                                         {"max-agent-log-kib", required_argument, NULL, 'G'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     optind = 1;
@@ -164,6 +170,13 @@ static int parse_args(int argc, char **argv, struct daemon_config *cfg)
             if (flag_int("--max-loop-devices", optarg, 1, 1 << 20, &cfg->max_loop_devices) < 0)
                 return -1;
             break;
+        case 'G': {
+            int kib;
+            if (flag_int("--max-agent-log-kib", optarg, 4, 1 << 22, &kib) < 0)
+                return -1;
+            cfg->agent_log_max = (uint64_t)kib << 10;
+            break;
+        }
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
         }

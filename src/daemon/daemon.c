@@ -52,6 +52,7 @@ void daemon_config_defaults(struct daemon_config *cfg)
     cfg->disk_overcommit = 4.0;
     cfg->disk_reserve_mib = 2048;
     cfg->max_loop_devices = 256;
+    cfg->agent_log_max = 1 << 20;
 }
 
 /* The agent binary: --agent, else beside this binary, else in ../lib/withruntime/. */
@@ -179,8 +180,10 @@ int daemon_open(struct daemon *d, struct wr_err *err)
 
 void daemon_tick(struct daemon *d)
 {
-    if (!d->shutting_down)
+    if (!d->shutting_down) {
         sandbox_check_leases(d);
+        sandbox_cap_logs(d);
+    }
 }
 
 void daemon_shutdown(struct daemon *d)

@@ -8,6 +8,7 @@
 #include <event2/event.h>
 #include <limits.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/err.h"
 
@@ -38,6 +39,7 @@ struct daemon_config {
     double disk_overcommit;   /* kept sandboxes' disk_mib up to (free - reserve) x this */
     int disk_reserve_mib;     /* free space in the state directory never promised */
     int max_loop_devices;     /* loop devices bound on the host, starts in flight included */
+    uint64_t agent_log_max;   /* bytes of a sandbox's agent.log before it is cut */
 };
 
 struct driver_ops;
@@ -58,6 +60,8 @@ struct daemon {
     int lock_fd;               /* flock on the state directory: one daemon per directory */
     int reaper_started;        /* proc_reaper_start succeeded */
     long long host_memory_mib; /* physical memory, read at open */
+    uint64_t logcap_next_ms;   /* when the agents' logs are next checked (monotonic) */
+    int logcap_running;        /* a check is on a worker */
 };
 
 /**

@@ -183,6 +183,12 @@ int sandbox_defer(struct sandbox *sb, enum sb_deferred what, sandbox_done_cb don
 void sandbox_check_leases(struct daemon *d);
 
 /**
+ * Every few seconds: cuts the agent.log of each running sandbox that has passed the daemon's
+ * limit down to its newest lines (driver/logcap.h), on a worker thread.
+ */
+void sandbox_cap_logs(struct daemon *d);
+
+/**
  * At start-up: loads stored sandboxes. Those that were running are stopped through the driver
  * (files kept) and marked stopped with reason daemon_restart; half-created or half-deleted ones
  * are destroyed. The driver work is queued on worker threads; it is done once the daemon's

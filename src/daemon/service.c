@@ -215,7 +215,7 @@ void svc_sandbox_events(struct daemon *d, const char *id, struct sink *s)
         return;
     json_t *arr = json_array();
     struct wr_err err = {0};
-    if (store_event_foreach(d->store, sb->id, 1000, add_event, arr, &err) < 0) {
+    if (store_event_foreach(d->store, sb->id, STORE_EVENTS_KEPT, add_event, arr, &err) < 0) {
         json_decref(arr);
         sink_fail(s, &err);
         return;
