@@ -104,8 +104,8 @@ int main(void)
     /* A sandbox's history keeps its newest STORE_EVENTS_KEPT events. */
     int added = 0;
     for (int i = 0; i < STORE_EVENTS_KEPT + 50; i++)
-        added += store_event_add(s, "sb-many", "state", "running", i < 50 ? "old" : "new",
-                                 &err) == 0;
+        added +=
+            store_event_add(s, "sb-many", "state", "running", i < 50 ? "old" : "new", &err) == 0;
     struct events e3 = {0};
     ok(added == STORE_EVENTS_KEPT + 50 &&
            store_event_foreach(s, "sb-many", STORE_EVENTS_KEPT * 2, collect_event, &e3, &err) ==
