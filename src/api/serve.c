@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "api/api.h"
+#include "common/duration.h"
 #include "common/log.h"
 #include "daemon/daemon.h"
 #include "daemon/service.h"
@@ -31,7 +32,7 @@ static void usage(FILE *out)
             "                         [--max-running N] [--max-sandboxes N]\n"
             "                         [--memory-overcommit F] [--disk-overcommit F]\n"
             "                         [--disk-reserve-mib N] [--max-loop-devices N]\n"
-            "                         [--max-agent-log-kib N]\n"
+            "                         [--max-agent-log-kib N] [--stopped-retention DURATION]\n"
             "\n"
             "Runs the daemon: the HTTP API on HOST:PORT (default 127.0.0.1:7070) and on the Unix\n"
             "socket (default STATE_DIR/withruntime.sock). State lives in STATE_DIR (default\n"
@@ -55,7 +56,11 @@ static void usage(FILE *out)
             "\n"
             "--max-agent-log-kib N caps each running sandbox's agent.log (the agent's stderr, a\n"
             "host file): checked every 2 s, a larger one is cut to its newest quarter behind a\n"
-            "log.truncated line (default 1024; the agent also logs at most 5 lines a second).\n");
+            "log.truncated line (default 1024; the agent also logs at most 5 lines a second).\n"
+            "\n"
+            "--stopped-retention DURATION: a sandbox stopped or failed for this long is deleted\n"
+            "by the daemon (seconds, or with s, m, h, d: 90s, 15m, 12h, 7d; default 7d; 0 keeps\n"
+            "them for ever). `withruntime sandbox prune` removes them sooner.\n");
 }
 
 /* The states and reasons the API can report, for the tests that check the spec against them. */
@@ -115,6 +120,7 @@ static int parse_args(int argc, char **argv, struct daemon_config *cfg)
                                          {"disk-reserve-mib", required_argument, NULL, 'V'},
                                          {"max-loop-devices", required_argument, NULL, 'L'},
                                          {"max-agent-log-kib", required_argument, NULL, 'G'},
+                                         {"stopped-retention", required_argument, NULL, 'T'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     optind = 1;
@@ -177,6 +183,15 @@ static int parse_args(int argc, char **argv, struct daemon_config *cfg)
             cfg->agent_log_max = (uint64_t)kib << 10;
             break;
         }
+        case 'T':
+            if (duration_parse(optarg, &cfg->stopped_retention) < 0) {
+                fprintf(stderr,
+                        "withruntime serve: --stopped-retention wants a duration (90s, 15m, 12h, "
+                        "7d, or seconds; 0 = for ever), got %s\n",
+                        optarg);
+                return -1;
+            }
+            break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
         }

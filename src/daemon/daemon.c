@@ -53,6 +53,7 @@ void daemon_config_defaults(struct daemon_config *cfg)
     cfg->disk_reserve_mib = 2048;
     cfg->max_loop_devices = 256;
     cfg->agent_log_max = 1 << 20;
+    cfg->stopped_retention = 7 * 86400;
 }
 
 /* The agent binary: --agent, else beside this binary, else in ../lib/withruntime/. */
@@ -183,6 +184,7 @@ void daemon_tick(struct daemon *d)
     if (!d->shutting_down) {
         sandbox_check_leases(d);
         sandbox_cap_logs(d);
+        sandbox_check_retention(d);
     }
 }
 

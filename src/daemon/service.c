@@ -138,6 +138,56 @@ void svc_sandbox_delete(struct daemon *d, const char *id, struct sink *s)
     sandbox_delete(sb, answer_deleted, s);
 }
 
+/* A prune in flight: its deletes, and what to answer when the last one is done. */
+struct prune {
+    struct sink *s;
+    int pending;
+    int64_t older_than;
+    json_t *deleted, *errors;
+};
+
+static void prune_settle(struct prune *p)
+{
+    if (--p->pending > 0)
+        return;
+    log_info(NULL, "sandbox.pruned", "deleted=%zu errors=%zu older_than_seconds=%lld",
+             json_array_size(p->deleted), json_array_size(p->errors), (long long)p->older_than);
+    sink_reply(p->s, SINK_OK,
+               json_pack("{s:o, s:o, s:I}", "deleted", p->deleted, "errors", p->errors,
+                         "older_than_seconds", (json_int_t)p->older_than));
+    free(p);
+}
+
+static void prune_one_done(struct sandbox *sb, int ok, const char *message, void *arg)
+{
+    struct prune *p = arg;
+    if (ok)
+        json_array_append_new(p->deleted, json_string(sb->id));
+    else
+        json_array_append_new(p->errors, json_pack("{s:s, s:s}", "id", sb->id, "message", message));
+    prune_settle(p);
+}
+
+void svc_sandbox_prune(struct daemon *d, int64_t older_than_seconds, struct sink *s)
+{
+    struct prune *p = xcalloc(1, sizeof(*p));
+    p->s = s;
+    p->older_than = older_than_seconds;
+    p->deleted = json_array();
+    p->errors = json_array();
+    p->pending = 1; /* this function's own, so no delete can answer before all are queued */
+    int64_t now = now_unix();
+    struct sandbox *next;
+    for (struct sandbox *sb = d->sandboxes; sb; sb = next) {
+        next = sb->next;
+        if (!sandbox_expired(sb, now, older_than_seconds))
+            continue;
+        p->pending++;
+        sandbox_delete_reason(sb, "pruned", prune_one_done, p);
+    }
+    prune_settle(p);
+}
+
 void svc_sandbox_stop(struct daemon *d, const char *id, struct sink *s)
 {
     struct sandbox *sb = lookup(d, id, s);
