@@ -178,7 +178,7 @@ static int parse_args(int argc, char **argv, struct daemon_config *cfg)
             break;
         case 'G': {
             int kib;
-            if (flag_int("--max-agent-log-kib", optarg, 4, 1 << 22, &kib) < 0)
+            if (flag_int("--max-agent-log-kib", optarg, 1, 1 << 22, &kib) < 0)
                 return -1;
             cfg->agent_log_max = (uint64_t)kib << 10;
             break;
