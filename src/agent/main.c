@@ -370,6 +370,9 @@ int main(int argc, char **argv)
     size_t cap = 0;
     int timeout = -1;
 
+    /* Our stderr is a file on the host that a command can make us write to (kill -STOP 1 in a
+     * loop): 50 lines at once, then 5 a second (the host caps the file as well). */
+    log_set_rate(50, 5);
     /* The same binary is the commands' namespace init (pidns.c), which only the agent starts:
      * PID 1 of a namespace that a command, lacking CAP_SYS_ADMIN, cannot create. */
     if (argc > 0 && !strcmp(argv[0], AGENT_HOLDER_NAME) && getpid() == 1)

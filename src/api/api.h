@@ -61,6 +61,7 @@ void api_sandboxes_start(struct daemon *d, struct http_req *req, struct route_ma
 void api_sandboxes_timeout(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_sandboxes_events(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_sandboxes_stats(struct daemon *d, struct http_req *req, struct route_match *m);
+void api_sandboxes_prune(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_exec(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_files_read(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_files_write(struct daemon *d, struct http_req *req, struct route_match *m);

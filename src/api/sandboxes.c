@@ -124,6 +124,25 @@ void api_sandboxes_start(struct daemon *d, struct http_req *req, struct route_ma
     svc_sandbox_start(d, m->params[0], api_sink_new(req));
 }
 
+static const char *const prune_fields[] = {"older_than_seconds", NULL};
+
+void api_sandboxes_prune(struct daemon *d, struct http_req *req, struct route_match *m)
+{
+    json_t *o = api_json_body(d, req, 1);
+    if (!o)
+        return;
+    struct wr_err err = {0};
+    long long age;
+    /* Up to 100 years, in seconds. */
+    int bad = jv_only(o, prune_fields, &err) < 0 ||
+              jv_int(o, "older_than_seconds", 0, 3153600000LL, 0, &age, &err) < 0;
+    json_decref(o);
+    if (bad)
+        api_reply_err(req, &err);
+    else
+        svc_sandbox_prune(d, (int64_t)age, api_sink_new(req));
+}
+
 static const char *const timeout_fields[] = {"timeout_seconds", NULL};
 
 void api_sandboxes_timeout(struct daemon *d, struct http_req *req, struct route_match *m)

@@ -4,6 +4,7 @@
  * until SIGTERM or SIGINT. Shutdown stops accepting, answers what is in
  * flight, and lets the daemon stop (not delete) running sandboxes.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <signal.h>
@@ -12,6 +13,7 @@
 #include <string.h>
 
 #include "api/api.h"
+#include "common/duration.h"
 #include "common/log.h"
 #include "daemon/daemon.h"
 #include "daemon/service.h"
@@ -32,6 +34,10 @@ static void usage(FILE *out)
             "                         [--platform systrap|ptrace|kvm] [--debug] [--print-enums]\n"
             "                         [--output-memory-mib N]\n"
             "                         [--idle-timeout SECONDS] [--agent-deadline SECONDS]\n"
+            "                         [--max-running N] [--max-sandboxes N]\n"
+            "                         [--memory-overcommit F] [--disk-overcommit F]\n"
+            "                         [--disk-reserve-mib N] [--max-loop-devices N]\n"
+            "                         [--max-agent-log-kib N] [--stopped-retention DURATION]\n"
             "\n"
             "Runs the daemon: the HTTP API on HOST:PORT (default 127.0.0.1:7070) and on the Unix\n"
             "socket (default STATE_DIR/withruntime.sock). State lives in STATE_DIR (default\n"
@@ -47,7 +53,28 @@ static void usage(FILE *out)
             "being answered (a long exec) is not idle, nor is a streamed answer until it ends.\n"
             "--agent-deadline: a file operation that waits this long (default 60) on a sandbox's\n"
             "agent without a sign of progress means the agent is stuck: the sandbox is failed\n"
-            "(agent_unresponsive) and everything waiting on it is answered.\n");
+            "(agent_unresponsive) and everything waiting on it is answered.\n"
+            "\n"
+            "Admission: a create (or a start of a stopped sandbox) past one of these limits is\n"
+            "refused with 503 `unavailable`, naming the limit and the numbers:\n"
+            "  --max-running N        sandboxes creating, starting or running (default 100)\n"
+            "  --max-sandboxes N      sandboxes kept, stopped and failed ones too (default 1000)\n"
+            "  --memory-overcommit F  running sandboxes' memory_mib in total up to the host's\n"
+            "                         memory x F (default 1.5); one alone never more than it\n"
+            "  --disk-overcommit F    kept sandboxes' disk_mib in total up to the state\n"
+            "                         directory's free space, less the reserve, x F (default 4);\n"
+            "                         one alone never more than that free space less the reserve\n"
+            "  --disk-reserve-mib N   free space never promised to sandboxes (default 2048)\n"
+            "  --max-loop-devices N   loop devices bound on the host (each running gvisor\n"
+            "                         sandbox holds one for its disk) (default 256)\n"
+            "\n"
+            "--max-agent-log-kib N caps each running sandbox's agent.log (the agent's stderr, a\n"
+            "host file): checked every 2 s, a larger one is cut to its newest quarter behind a\n"
+            "log.truncated line (default 1024; the agent also logs at most 5 lines a second).\n"
+            "\n"
+            "--stopped-retention DURATION: a sandbox stopped or failed for this long is deleted\n"
+            "by the daemon (seconds, or with s, m, h, d: 90s, 15m, 12h, 7d; default 7d; 0 keeps\n"
+            "them for ever). `withruntime sandbox prune` removes them sooner.\n");
 }
 
 /* The states and reasons the API can report, for the tests that check the spec against them. */
@@ -58,6 +85,36 @@ static void print_enums(void)
     printf("%s\n", text);
     free(text);
     json_decref(o);
+}
+
+/* A whole number in [lo, hi] for flag, or -1 with a message. */
+static int flag_int(const char *flag, const char *arg, long lo, long hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(arg, &end, 10);
+    if (!*arg || *end || errno || v < lo || v > hi) {
+        fprintf(stderr, "withruntime serve: %s wants a whole number from %ld to %ld, got %s\n",
+                flag, lo, hi, arg);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+/* A number in (0, hi] for flag, or -1 with a message. */
+static int flag_factor(const char *flag, const char *arg, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(arg, &end);
+    if (!*arg || *end || errno || !(v > 0) || v > hi) {
+        fprintf(stderr, "withruntime serve: %s wants a number above 0 and up to %g, got %s\n", flag,
+                hi, arg);
+        return -1;
+    }
+    *out = v;
+    return 0;
 }
 
 static int parse_args(int argc, char **argv, struct server *srv)
@@ -73,7 +130,15 @@ static int parse_args(int argc, char **argv, struct server *srv)
                                          {"print-enums", no_argument, NULL, 'E'},
                                          {"output-memory-mib", required_argument, NULL, 'O'},
                                          {"idle-timeout", required_argument, NULL, 'I'},
-                                         {"agent-deadline", required_argument, NULL, 'T'},
+                                         {"agent-deadline", required_argument, NULL, 'X'},
+                                         {"max-running", required_argument, NULL, 'R'},
+                                         {"max-sandboxes", required_argument, NULL, 'S'},
+                                         {"memory-overcommit", required_argument, NULL, 'M'},
+                                         {"disk-overcommit", required_argument, NULL, 'K'},
+                                         {"disk-reserve-mib", required_argument, NULL, 'V'},
+                                         {"max-loop-devices", required_argument, NULL, 'L'},
+                                         {"max-agent-log-kib", required_argument, NULL, 'G'},
+                                         {"stopped-retention", required_argument, NULL, 'T'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     optind = 1;
@@ -118,7 +183,7 @@ static int parse_args(int argc, char **argv, struct server *srv)
             break;
         }
         case 'E': print_enums(); exit(0);
-        case 'T': {
+        case 'X': {
             char *end;
             long v = strtol(optarg, &end, 10);
             if (*end || end == optarg || v < 1 || v > 86400) {
@@ -141,6 +206,46 @@ static int parse_args(int argc, char **argv, struct server *srv)
             cfg->output_budget = (size_t)v << 20;
             break;
         }
+        case 'R':
+            if (flag_int("--max-running", optarg, 1, 100000, &cfg->max_running) < 0)
+                return -1;
+            break;
+        case 'S':
+            if (flag_int("--max-sandboxes", optarg, 1, 1000000, &cfg->max_sandboxes) < 0)
+                return -1;
+            break;
+        case 'M':
+            if (flag_factor("--memory-overcommit", optarg, 100, &cfg->memory_overcommit) < 0)
+                return -1;
+            break;
+        case 'K':
+            if (flag_factor("--disk-overcommit", optarg, 1000, &cfg->disk_overcommit) < 0)
+                return -1;
+            break;
+        case 'V':
+            if (flag_int("--disk-reserve-mib", optarg, 0, 1 << 30, &cfg->disk_reserve_mib) < 0)
+                return -1;
+            break;
+        case 'L':
+            if (flag_int("--max-loop-devices", optarg, 1, 1 << 20, &cfg->max_loop_devices) < 0)
+                return -1;
+            break;
+        case 'G': {
+            int kib;
+            if (flag_int("--max-agent-log-kib", optarg, 1, 1 << 22, &kib) < 0)
+                return -1;
+            cfg->agent_log_max = (uint64_t)kib << 10;
+            break;
+        }
+        case 'T':
+            if (duration_parse(optarg, &cfg->stopped_retention) < 0) {
+                fprintf(stderr,
+                        "withruntime serve: --stopped-retention wants a duration (90s, 15m, 12h, "
+                        "7d, or seconds; 0 = for ever), got %s\n",
+                        optarg);
+                return -1;
+            }
+            break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
         }

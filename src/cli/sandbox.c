@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cli/sandbox.h"
+#include "common/duration.h"
 #include "common/util.h"
 
 static const char usage_sandbox[] =
@@ -25,6 +26,7 @@ static const char usage_sandbox[] =
     "  write [--mode MODE] ID PATH [FILE|-]  write a file from FILE or stdin\n"
     "  ls ID [PATH]                       list a directory (default /workspace)\n"
     "  rm ID [ID...]                      delete sandboxes\n"
+    "  prune [--older-than DURATION]      delete stopped and failed sandboxes\n"
     "\n"
     "Run 'withruntime sandbox COMMAND --help' for a command's options.\n";
 
@@ -39,6 +41,17 @@ static const char usage_get[] = "Usage: withruntime sandbox get ID\n"
 static const char usage_rm[] = "Usage: withruntime sandbox rm ID [ID...]\n"
                                "\n"
                                "Deletes sandboxes, printing each id deleted.\n";
+
+static const char usage_prune[] =
+    "Usage: withruntime sandbox prune [--older-than DURATION] [--json]\n"
+    "\n"
+    "Deletes every stopped or failed sandbox that has been so for at least DURATION\n"
+    "(seconds, or with s, m, h, d; default 0: all of them), printing each id deleted.\n"
+    "Running sandboxes are never touched. The daemon also deletes them by itself after\n"
+    "`serve --stopped-retention` (default 7d).\n"
+    "\n"
+    "Example:\n"
+    "  withruntime sandbox prune --older-than 1d\n";
 
 /* ---- helpers ---- */
 
@@ -212,6 +225,61 @@ int cli_sandbox_rm(struct cli_ctx *c, int argc, char **argv)
     return code;
 }
 
+int cli_sandbox_prune(struct cli_ctx *c, int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"older-than", required_argument, 0, 'o'},
+        {"json", no_argument, 0, OPT_JSON},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    int64_t age = 0;
+    bool as_json = false;
+    int opt;
+    optind = 0;
+    opterr = 0;
+    while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        if (opt == 'h')
+            return cli_print_usage(usage_prune);
+        if (opt == OPT_JSON)
+            as_json = true;
+        else if (opt == 'o' && duration_parse(optarg, &age) < 0)
+            return cli_usage_error("sandbox prune",
+                                   "--older-than wants a duration (90s, 15m, 12h, 7d), got '%s'",
+                                   optarg);
+        else if (opt != 'o')
+            return cli_bad_option("sandbox prune", argc, argv);
+    }
+    if (optind < argc)
+        return cli_usage_error("sandbox prune", "unexpected argument '%s'", argv[optind]);
+    const struct cli_endpoint *ep;
+    if (cli_endpoint(c, &ep) != 0)
+        return CLI_EXIT_ERR;
+    struct wr_err err = {0};
+    json_t *res = NULL;
+    json_t *body = json_pack("{s:I}", "older_than_seconds", (json_int_t)age);
+    int rc = cli_json_call(ep, "POST", "/v1/sandboxes/prune", body, &res, &err);
+    json_decref(body);
+    if (rc < 0)
+        return cli_fail(&err);
+    if (as_json) {
+        cli_print_json(res);
+        json_decref(res);
+        return CLI_EXIT_OK;
+    }
+    size_t i;
+    json_t *v;
+    json_array_foreach(json_object_get(res, "deleted"), i, v) printf("%s\n", json_string_value(v));
+    int code = CLI_EXIT_OK;
+    json_array_foreach(json_object_get(res, "errors"), i, v)
+    {
+        cli_errorf("%s: %s", cli_str_or(v, "id", "?"), cli_str_or(v, "message", "?"));
+        code = CLI_EXIT_ERR;
+    }
+    json_decref(res);
+    return code;
+}
+
 /* ---- dispatch ---- */
 
 int cli_cmd_sandbox(struct cli_ctx *c, int argc, char **argv)
@@ -223,7 +291,7 @@ int cli_cmd_sandbox(struct cli_ctx *c, int argc, char **argv)
         {"run", cli_sandbox_run},     {"create", cli_sandbox_create}, {"list", cli_sandbox_list},
         {"get", cli_sandbox_get},     {"exec", cli_sandbox_exec},     {"cat", cli_sandbox_cat},
         {"write", cli_sandbox_write}, {"ls", cli_sandbox_ls},         {"rm", cli_sandbox_rm},
-        {"delete", cli_sandbox_rm},
+        {"delete", cli_sandbox_rm},   {"prune", cli_sandbox_prune},
     };
     if (argc < 2)
         return cli_usage_error("sandbox", "missing command");

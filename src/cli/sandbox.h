@@ -132,6 +132,9 @@ int cli_sandbox_get(struct cli_ctx *c, int argc, char **argv);
 /** `sandbox rm` and `sandbox delete` (sandbox.c). */
 int cli_sandbox_rm(struct cli_ctx *c, int argc, char **argv);
 
+/** `sandbox prune`: deletes stopped and failed sandboxes older than an age. */
+int cli_sandbox_prune(struct cli_ctx *c, int argc, char **argv);
+
 /** `sandbox exec` (exec.c). */
 int cli_sandbox_exec(struct cli_ctx *c, int argc, char **argv);
 

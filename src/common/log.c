@@ -10,6 +10,47 @@
 static enum wr_log_level min_level = WR_LOG_INFO;
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* The rate limit (log_set_rate), under log_lock. */
+static int rate_burst, rate_per_sec;
+static double rate_tokens;
+static struct timespec rate_last;
+static unsigned long long rate_dropped;
+
+void log_set_rate(int burst, int per_sec)
+{
+    pthread_mutex_lock(&log_lock);
+    rate_burst = burst > 0 && per_sec > 0 ? burst : 0;
+    rate_per_sec = per_sec;
+    rate_tokens = rate_burst;
+    clock_gettime(CLOCK_MONOTONIC, &rate_last);
+    rate_dropped = 0;
+    pthread_mutex_unlock(&log_lock);
+}
+
+/* Under log_lock: takes a token for one line, or counts it dropped. Returns 1 to print. */
+static int rate_take(void)
+{
+    if (!rate_burst)
+        return 1;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    double dt =
+        (double)(now.tv_sec - rate_last.tv_sec) + (double)(now.tv_nsec - rate_last.tv_nsec) / 1e9;
+    rate_last = now;
+    if (dt > 0)
+        rate_tokens += dt * rate_per_sec;
+    if (rate_tokens > rate_burst)
+        rate_tokens = rate_burst;
+    if (rate_tokens < 1) {
+        rate_dropped++;
+        return 0;
+    }
+    /* The summary of what was dropped is a line too: it takes a token of its own (owed, if
+     * need be), so the lines written never outrun the rate. */
+    rate_tokens -= rate_dropped ? 2 : 1;
+    return 1;
+}
+
 void log_set_level(enum wr_log_level level)
 {
     min_level = level;
@@ -61,6 +102,15 @@ void log_event(enum wr_log_level level, const char *sandbox, const char *event, 
     }
     safe[o] = '\0';
     pthread_mutex_lock(&log_lock);
+    if (!rate_take()) {
+        pthread_mutex_unlock(&log_lock);
+        return;
+    }
+    if (rate_dropped) {
+        fprintf(stderr, "ts=%s.%03dZ level=warn event=log.suppressed lines=%llu\n", ts,
+                (int)(tv.tv_usec / 1000), rate_dropped);
+        rate_dropped = 0;
+    }
     fprintf(stderr, "ts=%s.%03dZ level=%s event=%s", ts, (int)(tv.tv_usec / 1000),
             level_name(level), event);
     if (sandbox)

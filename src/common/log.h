@@ -13,6 +13,14 @@ enum wr_log_level { WR_LOG_DEBUG, WR_LOG_INFO, WR_LOG_WARN, WR_LOG_ERROR };
 void log_set_level(enum wr_log_level level);
 
 /**
+ * Limits the lines printed (the agent's, whose stderr is a host file a sandbox could make it
+ * fill): a token bucket of `burst` lines refilled at `per_sec` lines a second. Lines past it
+ * are dropped and counted; the next line printed is preceded by one "event=log.suppressed
+ * lines=K", which counts as a line too. 0 (the default) = no limit.
+ */
+void log_set_rate(int burst, int per_sec);
+
+/**
  * Logs one event. `sandbox` may be NULL. `fmt` formats extra "k=v" pairs and may be NULL.
  * Example: log_event(WR_LOG_INFO, sb->id, "sandbox.created", "image=%s", image);
  */

@@ -54,6 +54,14 @@ void daemon_config_defaults(struct daemon_config *cfg)
     uint64_t ram = pages > 0 && psize > 0 ? (uint64_t)pages * (uint64_t)psize : (1ULL << 32);
     uint64_t budget = ram / 4 < (4ULL << 30) ? ram / 4 : (4ULL << 30);
     cfg->output_budget = (size_t)budget;
+    cfg->max_running = 100;
+    cfg->max_sandboxes = 1000;
+    cfg->memory_overcommit = 1.5;
+    cfg->disk_overcommit = 4.0;
+    cfg->disk_reserve_mib = 2048;
+    cfg->max_loop_devices = 256;
+    cfg->agent_log_max = 1 << 20;
+    cfg->stopped_retention = 7 * 86400;
 }
 
 /* The agent binary: --agent, else beside this binary, else in ../lib/withruntime/. */
@@ -132,6 +140,8 @@ int daemon_open(struct daemon *d, struct wr_err *err)
     signal(SIGPIPE, SIG_IGN);
     umask(022);
     raise_fd_limit();
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    d->host_memory_mib = pages > 0 && page > 0 ? (long long)pages * page / (1 << 20) : 0;
     find_agent(cfg);
     if (!cfg->agent_path[0] || access(cfg->agent_path, X_OK) != 0)
         return wr_err_set(err, ENOENT, "cannot find withruntime-agent (give --agent PATH)");
@@ -207,8 +217,11 @@ void daemon_release_output(struct daemon *d, size_t n)
 
 void daemon_tick(struct daemon *d)
 {
-    if (!d->shutting_down)
+    if (!d->shutting_down) {
         sandbox_check_leases(d);
+        sandbox_cap_logs(d);
+        sandbox_check_retention(d);
+    }
     /* Bursts (big transfers, many connections) leave freed memory in malloc's arenas; hand it
      * back so the daemon returns close to its idle size when the load ends. */
     uint64_t now = now_ms_monotonic();

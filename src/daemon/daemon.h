@@ -34,6 +34,15 @@ struct daemon_config {
     int pids_max;             /* processes per sandbox */
     int default_disk_mib;     /* writable-layer quota when create does not say */
     size_t output_budget;     /* bytes of command output and transfers held at once, daemon-wide */
+    /* Admission (daemon/admission.c): a create or start past one of these is refused. */
+    int max_running;           /* sandboxes creating, starting, running or stopping */
+    int max_sandboxes;         /* sandboxes kept, stopped and failed ones too */
+    double memory_overcommit;  /* running sandboxes' memory_mib up to host memory x this */
+    double disk_overcommit;    /* kept sandboxes' disk_mib up to (free - reserve) x this */
+    int disk_reserve_mib;      /* free space in the state directory never promised */
+    int max_loop_devices;      /* loop devices bound on the host, starts in flight included */
+    uint64_t agent_log_max;    /* bytes of a sandbox's agent.log before it is cut */
+    int64_t stopped_retention; /* seconds a stopped or failed sandbox is kept; 0 = forever */
 };
 
 struct driver_ops;
@@ -51,10 +60,13 @@ struct daemon {
     struct sandbox *sandboxes; /* every known sandbox, newest first */
     int nsandboxes;
     int shutting_down;
-    int lock_fd;            /* flock on the state directory: one daemon per directory */
-    int reaper_started;     /* proc_reaper_start succeeded */
-    uint64_t trimmed_ms;    /* when free heap memory last went back to the system */
-    size_t output_reserved; /* of cfg.output_budget, held by running execs and transfers */
+    int lock_fd;               /* flock on the state directory: one daemon per directory */
+    int reaper_started;        /* proc_reaper_start succeeded */
+    uint64_t trimmed_ms;       /* when free heap memory last went back to the system */
+    size_t output_reserved;    /* of cfg.output_budget, held by running execs and transfers */
+    long long host_memory_mib; /* physical memory, read at open */
+    uint64_t logcap_next_ms;   /* when the agents' logs are next checked (monotonic) */
+    int logcap_running;        /* a check is on a worker */
 };
 
 /**

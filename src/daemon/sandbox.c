@@ -17,6 +17,7 @@
 #include "daemon/agentconn.h"
 #include "daemon/command.h"
 #include "daemon/work.h"
+#include "driver/logcap.h"
 #include "store/store.h"
 
 #define PING_EVERY_MS 5000
@@ -25,19 +26,10 @@
 const char *const sandbox_state_names[] = {"creating", "running",  "stopped",  "failed",
                                            "deleting", "stopping", "starting", NULL};
 
-const char *const sandbox_reason_names[] = {"user",
-                                            "created",
-                                            "lease_ended",
-                                            "agent_died",
-                                            "agent_unresponsive",
-                                            "oom",
-                                            "daemon_shutdown",
-                                            "daemon_restart",
-                                            "create_failed",
-                                            "start_failed",
-                                            "stop_failed",
-                                            "delete_failed",
-                                            NULL};
+const char *const sandbox_reason_names[] = {
+    "user",        "created",         "lease_ended",     "agent_died",    "agent_unresponsive",
+    "oom",         "daemon_shutdown", "daemon_restart",  "create_failed", "start_failed",
+    "stop_failed", "delete_failed",   "retention_ended", "pruned",        NULL};
 
 const char *sandbox_state_name(enum sb_state s)
 {
@@ -184,6 +176,7 @@ static char *sandbox_doc(const struct sandbox *sb)
 {
     json_t *o = sandbox_to_json(sb);
     json_object_set_new(o, "created_unix", json_integer(sb->created_at));
+    json_object_set_new(o, "state_since_unix", json_integer(sb->state_since));
     json_object_set_new(o, "lease_ends_ms", json_integer(sb->lease_ends_ms));
     json_object_set_new(o, "reason", json_string(sb->reason));
     json_object_set_new(o, "detail", json_string(sb->detail));
@@ -216,6 +209,7 @@ static void change_state(struct sandbox *sb, enum sb_state st, const char *reaso
                          const char *detail)
 {
     sb->state = st;
+    sb->state_since = now_unix();
     snprintf(sb->reason, sizeof(sb->reason), "%s", reason ? reason : "");
     snprintf(sb->detail, sizeof(sb->detail), "%s", detail ? detail : "");
     struct wr_err err = {0};
@@ -654,12 +648,13 @@ static int load_doc(struct sandbox *sb, const char *id, const char *state, const
     snprintf(sb->id, sizeof(sb->id), "%s", id);
     const char *image = NULL, *ole = NULL, *reason = NULL, *detail = NULL, *rootfs = NULL;
     json_t *env = NULL, *md = NULL, *net = NULL;
-    json_int_t created = 0, lease = 0;
-    json_unpack(o, "{s?s, s?i, s?i, s?i, s?i, s?s, s?o, s?o, s?o, s?I, s?I, s?s, s?s, s?s}",
+    json_int_t created = 0, lease = 0, since = 0;
+    json_unpack(o, "{s?s, s?i, s?i, s?i, s?i, s?s, s?o, s?o, s?o, s?I, s?I, s?s, s?s, s?s, s?I}",
                 "image", &image, "cpus", &sb->cpus, "memory_mib", &sb->memory_mib, "disk_mib",
                 &sb->disk_mib, "timeout_seconds", &sb->timeout_seconds, "on_lease_end", &ole, "env",
                 &env, "metadata", &md, "network", &net, "created_unix", &created, "lease_ends_ms",
-                &lease, "reason", &reason, "detail", &detail, "rootfs", &rootfs);
+                &lease, "reason", &reason, "detail", &detail, "rootfs", &rootfs, "state_since_unix",
+                &since);
     if (image)
         snprintf(sb->image, sizeof(sb->image), "%s", image);
     if (ole)
@@ -685,6 +680,8 @@ static int load_doc(struct sandbox *sb, const char *id, const char *state, const
     if (rootfs)
         snprintf(sb->rootfs, sizeof(sb->rootfs), "%s", rootfs);
     sb->created_at = created;
+    /* Recorded before state_since was: its retention counts from now. */
+    sb->state_since = since > 0 ? since : now_unix();
     sb->lease_ends_ms = lease;
     json_decref(o);
     snprintf(sb->dir, sizeof(sb->dir), "%s/sandboxes/%s", sb->d->cfg.state_dir, sb->id);
@@ -787,6 +784,110 @@ void sandbox_check_leases(struct daemon *d)
             sandbox_delete_reason(sb, "lease_ended", lease_done, NULL);
         else
             sandbox_stop(sb, "lease_ended", lease_done, NULL);
+    }
+}
+
+/* ---- agent logs ---- */
+
+#define LOGCAP_EVERY_MS 2000
+
+struct logcap_job {
+    struct daemon *d;
+    int n;
+    char (*ids)[DRIVER_ID_LEN + 1];
+    char (*dirs)[PATH_MAX];
+    uint64_t *dropped;
+    int *rc;
+    struct wr_err err;
+};
+
+static void logcap_run(void *p)
+{
+    struct logcap_job *j = p;
+    uint64_t max = j->d->cfg.agent_log_max;
+    for (int i = 0; i < j->n; i++) {
+        struct wr_err e = {0};
+        j->rc[i] = driver_log_cap(j->dirs[i], max, max / 4, &j->dropped[i], &e);
+        if (j->rc[i] < 0)
+            j->err = e;
+    }
+}
+
+static void logcap_done(void *p)
+{
+    struct logcap_job *j = p;
+    for (int i = 0; i < j->n; i++) {
+        if (j->rc[i] > 0)
+            log_warn(j->ids[i], "sandbox.log_cut", "bytes=%llu limit=%llu",
+                     (unsigned long long)j->dropped[i],
+                     (unsigned long long)j->d->cfg.agent_log_max);
+        else if (j->rc[i] < 0)
+            log_error(j->ids[i], "sandbox.log_cut_failed", "error=\"%s\"", j->err.msg);
+    }
+    j->d->logcap_running = 0;
+    free(j->ids);
+    free(j->dirs);
+    free(j->dropped);
+    free(j->rc);
+    free(j);
+}
+
+void sandbox_cap_logs(struct daemon *d)
+{
+    uint64_t now = now_ms_monotonic();
+    if (d->logcap_running || now < d->logcap_next_ms || !d->wq_fast)
+        return;
+    d->logcap_next_ms = now + LOGCAP_EVERY_MS;
+    int n = 0;
+    for (struct sandbox *sb = d->sandboxes; sb; sb = sb->next)
+        n += sb->state == SB_RUNNING;
+    if (n == 0)
+        return;
+    struct logcap_job *j = xcalloc(1, sizeof(*j));
+    j->d = d;
+    j->ids = xcalloc((size_t)n, sizeof(*j->ids));
+    j->dirs = xcalloc((size_t)n, sizeof(*j->dirs));
+    j->dropped = xcalloc((size_t)n, sizeof(*j->dropped));
+    j->rc = xcalloc((size_t)n, sizeof(*j->rc));
+    for (struct sandbox *sb = d->sandboxes; sb && j->n < n; sb = sb->next) {
+        if (sb->state != SB_RUNNING)
+            continue;
+        snprintf(j->ids[j->n], sizeof(j->ids[j->n]), "%s", sb->id);
+        snprintf(j->dirs[j->n], sizeof(j->dirs[j->n]), "%s", sb->dir);
+        j->n++;
+    }
+    d->logcap_running = 1;
+    work_submit(d->wq_fast, logcap_run, logcap_done, j);
+}
+
+/* ---- retention ---- */
+
+int sandbox_expired(const struct sandbox *sb, int64_t now, int64_t age)
+{
+    return (sb->state == SB_STOPPED || sb->state == SB_FAILED) && !sb->busy &&
+           sb->deferred == SB_DEFER_NONE && now - sb->state_since >= age;
+}
+
+static void retention_done(struct sandbox *sb, int ok, const char *message, void *arg)
+{
+    if (!ok)
+        log_error(sb->id, "retention.delete_failed", "error=\"%s\"", message);
+}
+
+void sandbox_check_retention(struct daemon *d)
+{
+    int64_t keep = d->cfg.stopped_retention;
+    if (keep <= 0)
+        return;
+    int64_t now = now_unix();
+    struct sandbox *next;
+    for (struct sandbox *sb = d->sandboxes; sb; sb = next) {
+        next = sb->next;
+        if (!sandbox_expired(sb, now, keep))
+            continue;
+        log_info(sb->id, "retention.ended", "state=%s since=%lld retention_seconds=%lld",
+                 sandbox_state_name(sb->state), (long long)sb->state_since, (long long)keep);
+        sandbox_delete_reason(sb, "retention_ended", retention_done, NULL);
     }
 }
 

@@ -44,6 +44,7 @@ struct sandbox {
     json_t *metadata; /* object of strings */
     json_t *network;  /* object, as given */
     int64_t created_at;
+    int64_t state_since;   /* unix seconds: when it entered its state (stopped, failed...) */
     int64_t lease_ends_ms; /* wall clock, milliseconds */
     char dir[PATH_MAX];
     char rootfs[PATH_MAX];
@@ -181,6 +182,24 @@ int sandbox_defer(struct sandbox *sb, enum sb_deferred what, sandbox_done_cb don
 
 /** Ends the leases that have run out (called every few hundred ms by the daemon). */
 void sandbox_check_leases(struct daemon *d);
+
+/**
+ * Returns 1 if sb is stopped or failed, idle, and has been so for at least age seconds
+ * (it may be deleted by retention or prune), else 0.
+ */
+int sandbox_expired(const struct sandbox *sb, int64_t now, int64_t age);
+
+/**
+ * Deletes the stopped and failed sandboxes kept longer than the daemon's retention
+ * (cfg.stopped_retention; 0 = never), with reason retention_ended.
+ */
+void sandbox_check_retention(struct daemon *d);
+
+/**
+ * Every few seconds: cuts the agent.log of each running sandbox that has passed the daemon's
+ * limit down to its newest lines (driver/logcap.h), on a worker thread.
+ */
+void sandbox_cap_logs(struct daemon *d);
 
 /**
  * At start-up: loads stored sandboxes. Those that were running are stopped through the driver

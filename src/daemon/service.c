@@ -12,6 +12,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
+#include "daemon/admission.h"
 #include "daemon/daemon.h"
 #include "daemon/sandbox.h"
 #include "driver/driver.h"
@@ -95,6 +96,12 @@ void svc_sandbox_create(struct daemon *d, const struct sandbox_opts *o, struct s
         json_decref(sb->network);
         sb->network = json_deep_copy(o->network);
     }
+    if (admission_check(d, sb, 1, &err) < 0) {
+        log_warn(NULL, "sandbox.refused", "error=\"%s\"", err.msg);
+        sandbox_unref(sb);
+        sink_fail(s, &err);
+        return;
+    }
     sandbox_create(sb, answer_created, s);
     sandbox_unref(sb); /* the daemon's list holds it now */
 }
@@ -131,6 +138,56 @@ void svc_sandbox_delete(struct daemon *d, const char *id, struct sink *s)
     sandbox_delete(sb, answer_deleted, s);
 }
 
+/* A prune in flight: its deletes, and what to answer when the last one is done. */
+struct prune {
+    struct sink *s;
+    int pending;
+    int64_t older_than;
+    json_t *deleted, *errors;
+};
+
+static void prune_settle(struct prune *p)
+{
+    if (--p->pending > 0)
+        return;
+    log_info(NULL, "sandbox.pruned", "deleted=%zu errors=%zu older_than_seconds=%lld",
+             json_array_size(p->deleted), json_array_size(p->errors), (long long)p->older_than);
+    sink_reply(p->s, SINK_OK,
+               json_pack("{s:o, s:o, s:I}", "deleted", p->deleted, "errors", p->errors,
+                         "older_than_seconds", (json_int_t)p->older_than));
+    free(p);
+}
+
+static void prune_one_done(struct sandbox *sb, int ok, const char *message, void *arg)
+{
+    struct prune *p = arg;
+    if (ok)
+        json_array_append_new(p->deleted, json_string(sb->id));
+    else
+        json_array_append_new(p->errors, json_pack("{s:s, s:s}", "id", sb->id, "message", message));
+    prune_settle(p);
+}
+
+void svc_sandbox_prune(struct daemon *d, int64_t older_than_seconds, struct sink *s)
+{
+    struct prune *p = xcalloc(1, sizeof(*p));
+    p->s = s;
+    p->older_than = older_than_seconds;
+    p->deleted = json_array();
+    p->errors = json_array();
+    p->pending = 1; /* this function's own, so no delete can answer before all are queued */
+    int64_t now = now_unix();
+    struct sandbox *next;
+    for (struct sandbox *sb = d->sandboxes; sb; sb = next) {
+        next = sb->next;
+        if (!sandbox_expired(sb, now, older_than_seconds))
+            continue;
+        p->pending++;
+        sandbox_delete_reason(sb, "pruned", prune_one_done, p);
+    }
+    prune_settle(p);
+}
+
 void svc_sandbox_stop(struct daemon *d, const char *id, struct sink *s)
 {
     struct sandbox *sb = lookup(d, id, s);
@@ -152,14 +209,24 @@ void svc_sandbox_start(struct daemon *d, const char *id, struct sink *s)
 {
     struct sandbox *sb = lookup(d, id, s);
     struct wr_err err = {0};
-    if (!sb || sandbox_defer(sb, SB_DEFER_START, answer_sandbox, s) == 0)
+    if (!sb)
         return;
-    if (sandbox_check_idle(sb, &err) < 0) {
+    if (sb->state == SB_RUNNING && !sb->busy) {
+        sink_reply(s, SINK_OK, sandbox_to_json(sb));
+        return;
+    }
+    /* Admitted before it is queued behind a failed one's cleanup: it counts as starting from
+     * here, so no create takes its place meanwhile. */
+    if ((sb->state == SB_STOPPED || sb->state == SB_FAILED) && sb->deferred == SB_DEFER_NONE &&
+        admission_check(d, sb, 0, &err) < 0) {
+        log_warn(sb->id, "sandbox.refused", "error=\"%s\"", err.msg);
         sink_fail(s, &err);
         return;
     }
-    if (sb->state == SB_RUNNING) {
-        sink_reply(s, SINK_OK, sandbox_to_json(sb));
+    if (sandbox_defer(sb, SB_DEFER_START, answer_sandbox, s) == 0)
+        return;
+    if (sandbox_check_idle(sb, &err) < 0) {
+        sink_fail(s, &err);
         return;
     }
     if (!sb->rootfs[0]) {
@@ -198,7 +265,7 @@ void svc_sandbox_events(struct daemon *d, const char *id, struct sink *s)
         return;
     json_t *arr = json_array();
     struct wr_err err = {0};
-    if (store_event_foreach(d->store, sb->id, 1000, add_event, arr, &err) < 0) {
+    if (store_event_foreach(d->store, sb->id, STORE_EVENTS_KEPT, add_event, arr, &err) < 0) {
         json_decref(arr);
         sink_fail(s, &err);
         return;

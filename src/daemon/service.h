@@ -47,6 +47,13 @@ void svc_sandbox_get(struct daemon *d, const char *id, struct sink *s);
 /** Deletes a sandbox (waiting for a failed one's cleanup first); answers {"id", "deleted"}. */
 void svc_sandbox_delete(struct daemon *d, const char *id, struct sink *s);
 
+/**
+ * Deletes every stopped or failed sandbox that has been so for at least older_than_seconds
+ * (0 = all of them; running ones are never touched). Answers, once every delete finished,
+ * {"deleted": [ids], "errors": [{"id", "message"}], "older_than_seconds"}.
+ */
+void svc_sandbox_prune(struct daemon *d, int64_t older_than_seconds, struct sink *s);
+
 /** Stops a running sandbox, files kept; answers it stopped (at once if it already is). */
 void svc_sandbox_stop(struct daemon *d, const char *id, struct sink *s);
 

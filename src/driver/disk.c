@@ -36,6 +36,7 @@
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
@@ -183,6 +184,34 @@ static int loop_find(const char *image, const struct stat *st, char (*names)[32]
     }
     closedir(d);
     return found;
+}
+
+int disk_loops_bound(void)
+{
+    DIR *d = opendir("/sys/block");
+    if (!d)
+        return -1;
+    int bound = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (strncmp(de->d_name, "loop", 4) || strlen(de->d_name) >= 32)
+            continue;
+        char path[128], backing[PATH_MAX + 16];
+        snprintf(path, sizeof(path), "/sys/block/%s/loop/backing_file", de->d_name);
+        if (read_sysfs(path, backing, sizeof(backing)) == 0 && backing[0])
+            bound++;
+    }
+    closedir(d);
+    return bound;
+}
+
+int disk_free_mib(const char *path, long long *free_mib)
+{
+    struct statvfs vfs;
+    if (statvfs(path, &vfs) < 0)
+        return -1;
+    *free_mib = (long long)((unsigned long long)vfs.f_bavail * vfs.f_frsize >> 20);
+    return 0;
 }
 
 static void sleep_ms(int ms)

@@ -70,4 +70,16 @@ int disk_image_mount(const char *id, const char *image, const char *mountpoint, 
 int disk_image_release(const char *id, const char *image, const char *mountpoint, bool discard,
                        struct wr_err *err);
 
+/**
+ * Counts the loop devices bound to a file on this host (anyone's, not only ours), from
+ * sysfs. Returns the count, or -1 if sysfs cannot be read.
+ */
+int disk_loops_bound(void);
+
+/**
+ * Reads the space available on the filesystem holding path (what df calls Avail), in MiB, into
+ * *free_mib. Returns 0, or -1 with errno set.
+ */
+int disk_free_mib(const char *path, long long *free_mib);
+
 #endif

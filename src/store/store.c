@@ -178,6 +178,19 @@ int store_event_add(struct store *s, const char *sandbox_id, const char *type, c
     sqlite3_finalize(st);
     if (rc != SQLITE_DONE)
         return db_err(s, err, "add event");
+    /* A client can start and stop a sandbox for ever: its history keeps the newest events. */
+    if (sqlite3_prepare_v2(s->db,
+                           "DELETE FROM events WHERE sandbox_id = ?1 AND seq <= "
+                           "(SELECT seq FROM events WHERE sandbox_id = ?1 "
+                           "ORDER BY seq DESC LIMIT 1 OFFSET ?2)",
+                           -1, &st, NULL) != SQLITE_OK)
+        return db_err(s, err, "trim events");
+    sqlite3_bind_text(st, 1, sandbox_id, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 2, STORE_EVENTS_KEPT);
+    rc = sqlite3_step(st);
+    sqlite3_finalize(st);
+    if (rc != SQLITE_DONE)
+        return db_err(s, err, "trim events");
     return 0;
 }
 

@@ -29,7 +29,10 @@ int store_sandbox_foreach(struct store *s,
                           int (*cb)(void *arg, const char *id, const char *state, const char *doc),
                           void *arg, struct wr_err *err);
 
-/** Appends an event ("state change to X because Y") to a sandbox's history. */
+/** Events kept per sandbox: adding one past this drops its oldest. */
+#define STORE_EVENTS_KEPT 1000
+
+/** Appends an event ("state change to X because Y") to a sandbox's history (see above). */
 int store_event_add(struct store *s, const char *sandbox_id, const char *type, const char *state,
                     const char *reason, struct wr_err *err);
 

@@ -101,6 +101,24 @@ int main(void)
     store_event_foreach(s, "sb-a", 100, collect_event, &e2, &err);
     ok(e2.n == 2, "a deleted sandbox's events stay");
 
+    /* A sandbox's history keeps its newest STORE_EVENTS_KEPT events. */
+    int added = 0;
+    for (int i = 0; i < STORE_EVENTS_KEPT + 50; i++)
+        added +=
+            store_event_add(s, "sb-many", "state", "running", i < 50 ? "old" : "new", &err) == 0;
+    struct events e3 = {0};
+    ok(added == STORE_EVENTS_KEPT + 50 &&
+           store_event_foreach(s, "sb-many", STORE_EVENTS_KEPT * 2, collect_event, &e3, &err) ==
+               0 &&
+           e3.n == STORE_EVENTS_KEPT,
+       "events per sandbox are bounded (%d kept)", e3.n);
+    struct events e4 = {0};
+    store_event_foreach(s, "sb-many", 1, collect_event, &e4, &err);
+    ok(!strcmp(e4.last_reason, "new"), "the oldest ones went");
+    struct events e5 = {0};
+    store_event_foreach(s, "sb-b", 100, collect_event, &e5, &err);
+    ok(e5.n == 1, "other sandboxes' events are untouched");
+
     /* Fault points: the errors SQLite would give. */
     arm("store.put=EBUSY:1,store.event=ENOSPC:1,store.delete=EIO:1,store.list=EBUSY:1");
     wr_err_clear(&err);

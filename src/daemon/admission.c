@@ -1,0 +1,119 @@
+/*
+ * Admission control (admission.h). Every number is counted afresh from the daemon's list of
+ * sandboxes, so nothing can drift; the host's free disk and bound loop devices are read when
+ * asked (one statvfs, one pass over /sys/block: cheap enough for the loop thread).
+ */
+#include "daemon/admission.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "daemon/daemon.h"
+#include "daemon/sandbox.h"
+#include "driver/disk.h"
+
+/* Starting: it may be about to bind a loop device that sysfs does not show yet. */
+static int is_starting(const struct sandbox *s)
+{
+    return s->state == SB_CREATING || s->state == SB_STARTING ||
+           (s->state == SB_FAILED && s->deferred == SB_DEFER_START);
+}
+
+/* Running, or about to, or not yet done stopping: it holds (or will hold) its memory. */
+static int is_active(const struct sandbox *s)
+{
+    return is_starting(s) || s->state == SB_RUNNING || s->state == SB_STOPPING;
+}
+
+static int refuse(struct wr_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static int refuse(struct wr_err *err, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
+    va_end(ap);
+    err->kind = WR_E_UNAVAILABLE;
+    err->code = EAGAIN;
+    return -1;
+}
+
+int admission_check(struct daemon *d, const struct sandbox *sb, int is_new, struct wr_err *err)
+{
+    const struct daemon_config *cfg = &d->cfg;
+    int kept = 0, active = 0, starting = 0;
+    long long memory = 0, disk = 0;
+    for (const struct sandbox *s = d->sandboxes; s; s = s->next) {
+        if (s == sb)
+            continue;
+        kept++;
+        disk += s->disk_mib;
+        if (is_active(s)) {
+            active++;
+            memory += s->memory_mib;
+        }
+        if (is_starting(s))
+            starting++;
+    }
+    if (is_new && kept + 1 > cfg->max_sandboxes)
+        return refuse(err,
+                      "too many sandboxes: the daemon keeps %d, its limit (--max-sandboxes); "
+                      "delete some (`withruntime sandbox prune` removes stopped ones)",
+                      kept);
+    if (active + 1 > cfg->max_running)
+        return refuse(err,
+                      "too many running sandboxes: %d are running or starting, the limit "
+                      "(--max-running %d); stop or delete one first",
+                      active, cfg->max_running);
+
+    long long host = d->host_memory_mib;
+    if (host > 0) {
+        if (sb->memory_mib > host)
+            return refuse(err, "memory_mib %d is more than this host's memory (%lld MiB)",
+                          sb->memory_mib, host);
+        long long budget = (long long)((double)host * cfg->memory_overcommit);
+        if (memory + sb->memory_mib > budget)
+            return refuse(err,
+                          "not enough memory: running sandboxes have %lld MiB and this one asks "
+                          "%d MiB; the limit is %lld MiB (host memory %lld MiB x "
+                          "--memory-overcommit %g)",
+                          memory, sb->memory_mib, budget, host, cfg->memory_overcommit);
+    }
+
+    if (is_new) {
+        long long free_mib;
+        if (disk_free_mib(cfg->state_dir, &free_mib) < 0) {
+            log_warn(NULL, "admission.statvfs", "error=\"%s\"", strerror(errno));
+        } else {
+            long long avail = free_mib - cfg->disk_reserve_mib;
+            if (sb->disk_mib > avail)
+                return refuse(err,
+                              "disk_mib %d is more than the state directory's filesystem can "
+                              "hold: %lld MiB free, %d MiB of it kept in reserve "
+                              "(--disk-reserve-mib)",
+                              sb->disk_mib, free_mib, cfg->disk_reserve_mib);
+            long long budget = (long long)((double)avail * cfg->disk_overcommit);
+            if (disk + sb->disk_mib > budget)
+                return refuse(err,
+                              "not enough disk: kept sandboxes' disks total %lld MiB and this one "
+                              "asks %d MiB; the limit is %lld MiB ((%lld MiB free - %d MiB "
+                              "reserve) x --disk-overcommit %g)",
+                              disk, sb->disk_mib, budget, free_mib, cfg->disk_reserve_mib,
+                              cfg->disk_overcommit);
+        }
+    }
+
+    /* Only the gvisor driver puts a sandbox's disk on a loop device. */
+    if (strcmp(d->driver->name, "gvisor") == 0) {
+        int bound = disk_loops_bound();
+        if (bound >= 0 && bound + starting + 1 > cfg->max_loop_devices)
+            return refuse(err,
+                          "no loop device for its disk: %d are bound on this host and %d "
+                          "sandboxes are starting; the limit is %d (--max-loop-devices)",
+                          bound, starting, cfg->max_loop_devices);
+    }
+    return 0;
+}
