@@ -24,6 +24,9 @@
 #include "common/log.h"
 #include "common/util.h"
 
+/* How often the commands' namespace init is sent SIGCONT, in case a stop went unnoticed. */
+#define HOLDER_CONT_MS 1000
+
 /* Channel bytes read per loop iteration, so requests cannot starve command output. */
 #define READ_BUDGET (1u << 20)
 
@@ -369,6 +372,7 @@ int main(int argc, char **argv)
     struct req **owners = NULL;
     size_t cap = 0;
     int timeout = -1;
+    uint64_t holder_cont_ms = 0;
 
     /* Our stderr is a file on the host that a command can make us write to (kill -STOP 1 in a
      * loop): 50 lines at once, then 5 a second (the host caps the file as well). */
@@ -441,6 +445,17 @@ int main(int argc, char **argv)
         }
         uint64_t now = now_ms_monotonic();
         timeout = -1;
+        /* The holder is continued whenever a stop is reported (pidns_reaped), but a storm of
+         * SIGSTOP/SIGCONT from inside can leave it stopped with the report lost (seen under
+         * gVisor): then nothing would reap orphans. So it is also continued every second;
+         * SIGCONT to a running process does nothing. */
+        if (ag.holder > 0) {
+            if (now - holder_cont_ms >= HOLDER_CONT_MS) {
+                kill(ag.holder, SIGCONT);
+                holder_cont_ms = now;
+            }
+            timeout = HOLDER_CONT_MS;
+        }
         for (struct req *r = ag.head; r; r = next) {
             next = r->next;
             if (r->kind == REQ_EXEC && exec_check(r, now, &timeout)) {

@@ -330,3 +330,19 @@ def test_sandbox_mounts_are_nodev_nosuid(client, make_sandbox, daemon):
     r = client.exec(sid, "cp /bin/true /workspace/t && chmod u+s /workspace/t && "
                          "stat -c %A /workspace/t && /workspace/t && echo ran")
     assert r["exit_code"] == 0 and r["stdout"] == "-rwsr-xr-x\nran\n", r
+
+
+def test_the_commands_namespace_init_does_not_stay_stopped(client, sandbox):
+    """`kill -STOP 1` from a command stops the commands' namespace init (wr-ns-init, PID 1 in
+    their view); the agent continues it, so orphans keep being reaped."""
+    script = ("for round in 1 2 3 4 5; do kill -STOP 1; done; "
+              "for i in $(seq 100); do "
+              "  s=$(awk '/^State/{print $2}' /proc/1/status); "
+              "  [ \"$s\" != T ] && echo running && exit 0; sleep 0.1; "
+              "done; echo stopped")
+    r = client.exec(sandbox, script)
+    assert r["stdout"] == "running\n", r
+    # orphans are still reaped: a double-forked child that exits leaves no zombie
+    r = client.exec(sandbox, "sh -c '(sleep 0.2 &) ; true'; sleep 1; "
+                             "ps -eo stat= | grep -c '^Z' || true")
+    assert r["stdout"].strip() == "0", r
