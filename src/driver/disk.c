@@ -158,40 +158,14 @@ static int loop_backs(const char *name, const struct stat *st)
 }
 
 /*
- * Finds the loop devices bound to image (st: its stat): candidates by the backing file's
- * path in sysfs, confirmed by device and inode. Copies up to max names ("loop3") into names.
- * Returns how many are bound (may exceed max), or -1 if sysfs cannot be read.
+ * Calls fn(name, backing, arg) for each loop device with a backing file ("loop3", its path).
+ * Returns 0, or -1 if sysfs cannot be read.
  */
-static int loop_find(const char *image, const struct stat *st, char (*names)[32], int max)
+static int loop_each(void (*fn)(const char *name, const char *backing, void *arg), void *arg)
 {
     DIR *d = opendir("/sys/block");
     if (!d)
         return -1;
-    int found = 0;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        if (strncmp(de->d_name, "loop", 4) || strlen(de->d_name) >= 32)
-            continue;
-        char path[128], backing[PATH_MAX + 16];
-        snprintf(path, sizeof(path), "/sys/block/%s/loop/backing_file", de->d_name);
-        if (read_sysfs(path, backing, sizeof(backing)) < 0 || strcmp(backing, image))
-            continue;
-        if (!loop_backs(de->d_name, st))
-            continue;
-        if (found < max)
-            snprintf(names[found], sizeof(names[found]), "%s", de->d_name);
-        found++;
-    }
-    closedir(d);
-    return found;
-}
-
-int disk_loops_bound(void)
-{
-    DIR *d = opendir("/sys/block");
-    if (!d)
-        return -1;
-    int bound = 0;
     struct dirent *de;
     while ((de = readdir(d))) {
         if (strncmp(de->d_name, "loop", 4) || strlen(de->d_name) >= 32)
@@ -199,10 +173,49 @@ int disk_loops_bound(void)
         char path[128], backing[PATH_MAX + 16];
         snprintf(path, sizeof(path), "/sys/block/%s/loop/backing_file", de->d_name);
         if (read_sysfs(path, backing, sizeof(backing)) == 0 && backing[0])
-            bound++;
+            fn(de->d_name, backing, arg);
     }
     closedir(d);
-    return bound;
+    return 0;
+}
+
+struct loop_match {
+    const char *image;
+    const struct stat *st;
+    char (*names)[32];
+    int max, found;
+};
+
+static void match_one(const char *name, const char *backing, void *arg)
+{
+    struct loop_match *m = arg;
+    if (strcmp(backing, m->image) || !loop_backs(name, m->st))
+        return;
+    if (m->found < m->max)
+        snprintf(m->names[m->found], sizeof(m->names[m->found]), "%s", name);
+    m->found++;
+}
+
+/*
+ * Finds the loop devices bound to image (st: its stat): candidates by the backing file's
+ * path in sysfs, confirmed by device and inode. Copies up to max names ("loop3") into names.
+ * Returns how many are bound (may exceed max), or -1 if sysfs cannot be read.
+ */
+static int loop_find(const char *image, const struct stat *st, char (*names)[32], int max)
+{
+    struct loop_match m = {.image = image, .st = st, .names = names, .max = max};
+    return loop_each(match_one, &m) < 0 ? -1 : m.found;
+}
+
+static void count_one(const char *name, const char *backing, void *arg)
+{
+    (*(int *)arg)++;
+}
+
+int disk_loops_bound(void)
+{
+    int bound = 0;
+    return loop_each(count_one, &bound) < 0 ? -1 : bound;
 }
 
 int disk_free_mib(const char *path, long long *free_mib)

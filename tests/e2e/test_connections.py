@@ -77,9 +77,9 @@ class ShortIdleDaemon(conftest.Daemon):
         return super().serve_argv() + ["--idle-timeout", str(IDLE_TIMEOUT)]
 
 
-@pytest.fixture(scope="module")
-def idle_daemon(daemon):
-    d = ShortIdleDaemon(daemon)
+def serve_own(d):
+    """Runs a daemon of a test module's own (a ShortIdleDaemon or a subclass) for a fixture:
+    starts it, yields it, then stops it and checks it left nothing and exited cleanly."""
     d.start()
     yield d
     leftovers, status = d.stop()
@@ -87,6 +87,11 @@ def idle_daemon(daemon):
     assert not leftovers, f"sandboxes left by the tests: {leftovers}"
     assert status == 0, f"daemon did not exit cleanly on SIGTERM: {status}\n{d.log_tail()}"
     shutil.rmtree(d.logdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def idle_daemon(daemon):
+    yield from serve_own(ShortIdleDaemon(daemon))
 
 
 def closed_by_peer_within(sock, seconds):

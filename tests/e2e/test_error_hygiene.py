@@ -14,7 +14,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 from conftest import WR_AGENT  # noqa: E402
-from test_failures import DaemonBroken, FakeDaemon  # noqa: E402
+from test_failures import FakeDaemon, serve_checked  # noqa: E402
 
 # What runsc writes when it fails (its log lines and error wording): none may reach a client.
 RUNSC_WORDS = ("runsc", "gofer", "sentry", "container", "urpc", "level=", ".go:")
@@ -39,18 +39,7 @@ class GvisorDaemon(FakeDaemon):
 
 @pytest.fixture(scope="module")
 def gv():
-    d = GvisorDaemon()
-    try:
-        d.start()
-    except Exception:
-        d.stop()
-        raise
-    yield d
-    problems = d.finish()
-    if problems:
-        raise DaemonBroken("\n".join(problems))
-    shutil.rmtree(d.tmp, ignore_errors=True)
-    shutil.rmtree(d.logdir, ignore_errors=True)
+    yield from serve_checked(GvisorDaemon())
 
 
 @pytest.fixture

@@ -133,7 +133,12 @@ class FakeDaemon(Daemon):
 
 
 def _daemon(agent, extra_args=()):
-    d = FakeDaemon(agent, extra_args)
+    yield from serve_checked(FakeDaemon(agent, extra_args))
+
+
+def serve_checked(d):
+    """Runs d (a FakeDaemon or a subclass) for a fixture: starts it, yields it, then stops it
+    and fails with every problem FakeDaemon.finish finds."""
     try:
         d.start()
     except Exception:

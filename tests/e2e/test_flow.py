@@ -4,7 +4,6 @@ of memory and the sandbox no work; a caller that goes away stops the agent; a bi
 not keep the sandbox from answering anything else."""
 
 import json
-import shutil
 import socket
 import threading
 import time
@@ -13,7 +12,7 @@ import urllib.parse
 import pytest
 
 import conftest
-from test_connections import ShortIdleDaemon
+from test_connections import ShortIdleDaemon, serve_own
 from test_output import RssWatch, rss
 
 MIB = 1024 * 1024
@@ -224,14 +223,7 @@ class SmallBudgetDaemon(ShortIdleDaemon):
 
 @pytest.fixture(scope="module")
 def budget_daemon(daemon):
-    d = SmallBudgetDaemon(daemon)
-    d.start()
-    yield d
-    leftovers, status = d.stop()
-    shutil.rmtree(d.state_dir, ignore_errors=True)  # `images` is a symlink: removed, not followed
-    assert not leftovers, f"sandboxes left by the tests: {leftovers}"
-    assert status == 0, f"daemon did not exit cleanly on SIGTERM: {status}\n{d.log_tail()}"
-    shutil.rmtree(d.logdir, ignore_errors=True)
+    yield from serve_own(SmallBudgetDaemon(daemon))
 
 
 def test_output_budget_refuses_what_does_not_fit(budget_daemon):
