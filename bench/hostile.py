@@ -234,9 +234,9 @@ class Hostile:
 
     # -- sandboxes
 
-    def create(self, name):
+    def create(self, name, cpus=None):
         sb = self.api.json("POST", "/v1/sandboxes", {"memory_mib": self.args.memory_mib,
-                                                     "cpus": self.args.cpus,
+                                                     "cpus": cpus or self.args.cpus,
                                                      "metadata": {"bench": f"hostile-{name}"}})
         self.live.add(sb["id"])
         return sb["id"]
@@ -779,7 +779,8 @@ def markdown(res):
         + (" (with uncommitted changes)" if res["commit"]["dirty"] else ""),
         "",
         f"Machine: {m['nproc']} CPUs ({m['cpu']}), {m['ram_gib']} GiB RAM, kernel "
-        f"{m['kernel']}, {m['runsc']}. Sandboxes: {res['config']['cpus']} CPUs, "
+        f"{m['kernel']}, {m['runsc']}. Sandboxes: {res['config']['cpus']} CPUs "
+        f"(A: {res['config']['a_cpus'] or res['config']['cpus']}), "
         f"{res['config']['memory_mib']} MiB each. Host load average at start: "
         f"{res['loadavg_at_start']}.",
         "",
@@ -890,6 +891,7 @@ def main():
     ap.add_argument("--upload-bytes", type=int, help="cap each upload below the daemon's limit")
     ap.add_argument("--idle-conns", type=int, default=2000)
     ap.add_argument("--cpus", type=int, default=2, help="each sandbox's cpus")
+    ap.add_argument("--a-cpus", type=int, help="the hostile sandbox A's cpus (default --cpus)")
     ap.add_argument("--memory-mib", type=int, default=1024)
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results"))
     args = ap.parse_args()
@@ -927,7 +929,7 @@ def main():
         h = Hostile(api, daemon, args)
         h.dpid = daemon.proc.pid
         log(f"daemon pid {h.dpid} at {daemon.url}; sandboxes A and B")
-        h.a, h.b = h.create("A"), h.create("B")
+        h.a, h.b = h.create("A", args.a_cpus), h.create("B")
         h.sh(h.a, "truncate -s 1T /workspace/huge")
         for _ in range(5):
             h.probe_once([], [], [])
