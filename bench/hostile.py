@@ -474,7 +474,7 @@ class Hostile:
         # poll stats every 100 ms
         stat = self.api.json("GET", f"/v1/sandboxes/{self.a}/stats")
         prev_t, prev_c, prev_d = time.monotonic(), stat["cpu_usec"], proc_cpu_s(self.dpid)
-        sb_idle_at = d_idle_at = logged_at = None
+        sb_idle_at = d_idle_at = logged_at = sb_since = d_since = None
         quiet_sb = quiet_d = 0
         thr = self.idle_threshold
         while time.monotonic() - t_close < 30 and (sb_idle_at is None or d_idle_at is None
@@ -484,14 +484,23 @@ class Hostile:
             now, c, dc = time.monotonic(), stat["cpu_usec"], proc_cpu_s(self.dpid)
             dt = now - prev_t
             sb_rate, d_rate = (c - prev_c) / 1e6 / dt, (dc - prev_d) / dt
+            # three quiet intervals in a row: idle since the first one began
             if sb_idle_at is None:
-                quiet_sb = quiet_sb + 1 if sb_rate < thr else 0
-                if quiet_sb == 3:  # three quiet intervals in a row: idle since the first
-                    sb_idle_at = prev_t - 0.2 - t_close
+                if sb_rate < thr:
+                    quiet_sb += 1
+                    sb_since = prev_t if quiet_sb == 1 else sb_since
+                else:
+                    quiet_sb = 0
+                if quiet_sb == 3:
+                    sb_idle_at = sb_since - t_close
             if d_idle_at is None:
-                quiet_d = quiet_d + 1 if d_rate < max(thr, 0.05) else 0
+                if d_rate < max(thr, 0.05):
+                    quiet_d += 1
+                    d_since = prev_t if quiet_d == 1 else d_since
+                else:
+                    quiet_d = 0
                 if quiet_d == 3:
-                    d_idle_at = prev_t - 0.2 - t_close
+                    d_idle_at = d_since - t_close
             if logged_at is None:
                 with open(self.daemon.log_path, "rb") as f:
                     f.seek(log_pos)
@@ -750,8 +759,9 @@ def note(name, rec):
                 f"{ld['daemon_cpu_idle_after_s']} s, `files.read_cancelled` logged within "
                 f"{ld['read_cancelled_logged_within_s']} s")
     if name == "uploads":
-        return (f"{ld['uploads']} × {ld['bytes_each'] / 2**20:.0f} MiB (limit from "
-                f"{ld['limit_from']}; limit+1 → {ld['limit_plus_1_status']}): {ld['ok']} ok "
+        return (f"{ld['uploads']} × {ld['bytes_each'] / 2**20:.0f} MiB (the limit: "
+                f"{ld['limit_bytes'] / 2**20:.0f} MiB from {ld['limit_from']}; limit+1 → "
+                f"{ld['limit_plus_1_status']}): {ld['ok']} ok "
                 f"({','.join(ld['status'])}), slowest {ld['max_seconds']} s, "
                 f"{ld['total_mib_s']} MiB/s in all")
     if name == "idle_conns":
