@@ -484,11 +484,11 @@ class Hostile:
             now, c, dc = time.monotonic(), stat["cpu_usec"], proc_cpu_s(self.dpid)
             dt = now - prev_t
             sb_rate, d_rate = (c - prev_c) / 1e6 / dt, (dc - prev_d) / dt
-            # three quiet intervals in a row: idle since the first one began
+            # three quiet 100 ms intervals in a row: idle by the end of the first one
             if sb_idle_at is None:
                 if sb_rate < thr:
                     quiet_sb += 1
-                    sb_since = prev_t if quiet_sb == 1 else sb_since
+                    sb_since = now if quiet_sb == 1 else sb_since
                 else:
                     quiet_sb = 0
                 if quiet_sb == 3:
@@ -496,7 +496,7 @@ class Hostile:
             if d_idle_at is None:
                 if d_rate < max(thr, 0.05):
                     quiet_d += 1
-                    d_since = prev_t if quiet_d == 1 else d_since
+                    d_since = now if quiet_d == 1 else d_since
                 else:
                     quiet_d = 0
                 if quiet_d == 3:
@@ -512,7 +512,8 @@ class Hostile:
             return None if x is None else round(max(x, 0.0), 2)
         return {"status": st, "read_mib": round(got / 2**20, 1),
                 "read_mib_s": round(got / 2**20 / read_s, 1),
-                "sandbox_cpu_idle_after_s": r(sb_idle_at), "daemon_cpu_idle_after_s": r(d_idle_at),
+                "sandbox_cpu_idle_within_s": r(sb_idle_at),
+                "daemon_cpu_idle_within_s": r(d_idle_at),
                 "read_cancelled_logged_within_s": r(logged_at),
                 "idle_threshold_pct_of_a_core": round(100 * thr, 1)}
 
@@ -755,8 +756,8 @@ def note(name, rec):
                 + (f"; ended early: {ld['ended_early']}" if ld["ended_early"] else ""))
     if name == "cancel":
         return (f"read {ld['read_mib']} MiB at {ld['read_mib_s']} MiB/s, then left: A's CPU idle "
-                f"after {ld['sandbox_cpu_idle_after_s']} s, the daemon's after "
-                f"{ld['daemon_cpu_idle_after_s']} s, `files.read_cancelled` logged within "
+                f"within {ld['sandbox_cpu_idle_within_s']} s, the daemon's within "
+                f"{ld['daemon_cpu_idle_within_s']} s, `files.read_cancelled` logged within "
                 f"{ld['read_cancelled_logged_within_s']} s")
     if name == "uploads":
         return (f"{ld['uploads']} × {ld['bytes_each'] / 2**20:.0f} MiB (the limit: "
