@@ -160,6 +160,16 @@ class Daemon:
                 self.proc.wait()
 
 
+def remove_state_dir(state_dir):
+    """Removes a state directory this run made, unless something is still mounted under it."""
+    with open("/proc/self/mountinfo") as f:
+        left = [ln.split()[4] for ln in f if ln.split()[4].startswith(state_dir + "/")]
+    if left:
+        log(f"mounts left under {state_dir}, not removing it: {left}")
+    else:
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
 def find_rootfs(state_dir):
     """The image's root filesystem inside a state directory (a Debian root with python3)."""
     link = os.path.join(state_dir, "images", "default", "rootfs")
@@ -608,12 +618,7 @@ def main():
             daemon.stop()
         shutil.rmtree(workdir, ignore_errors=True)
         if own_state:
-            with open("/proc/self/mountinfo") as f:
-                left = [ln.split()[4] for ln in f if ln.split()[4].startswith(own_state + "/")]
-            if left:
-                log(f"mounts left under {own_state}, not removing it: {left}")
-            else:
-                shutil.rmtree(own_state, ignore_errors=True)
+            remove_state_dir(own_state)
 
 
 if __name__ == "__main__":
