@@ -30,6 +30,9 @@
 /* Idle connections close after this long unless told otherwise (serve --idle-timeout). */
 #define HTTP_DEFAULT_IDLE_S 60
 
+/* How often a client awaiting a whole answer is checked for having left (on_probe). */
+#define PROBE_MS 1000
+
 /* A listener that ran out of fds pauses, then tries again, instead of spinning on accept. */
 #define ACCEPT_PAUSE_MS 200
 
@@ -60,6 +63,7 @@ struct http_req {
     void *close_arg;
     void (*drain_cb)(void *); /* one-shot: the connection's output was all sent */
     void *drain_arg;
+    struct event *probe; /* looks for a client that left while a whole answer is awaited */
 };
 
 static const char *method_name(enum evhttp_cmd_type t)
@@ -120,6 +124,8 @@ static void on_conn_close(struct evhttp_connection *evcon, void *arg)
 
 static void req_free(struct http_req *r)
 {
+    if (r->probe)
+        event_free(r->probe);
     if (r->evcon)
         evhttp_connection_set_closecb(r->evcon, NULL, NULL);
     if (r->query_ok)
@@ -449,6 +455,8 @@ void http_stream_start(struct http_req *r, int status, const char *content_type)
      * (evhttp's would cut it between two chunks). */
     if (r->evcon)
         bufferevent_set_timeouts(evhttp_connection_get_bufferevent(r->evcon), NULL, NULL);
+    if (r->probe) /* evhttp watches a streamed answer's connection itself */
+        event_del(r->probe);
     evhttp_send_reply_start(r->req, status, reason_phrase(status));
 }
 
@@ -509,6 +517,31 @@ void http_stream_end(struct http_req *r)
     req_free(r);
 }
 
+/*
+ * While a handler works on a whole answer, evhttp does not read the connection, so it would
+ * not notice a client that left until the answer is written (for a long exec: at its timeout).
+ * This looks every PROBE_MS instead: an orderly close (EOF) or a reset on the socket means the
+ * client is gone. Bytes waiting there (a pipelined request) mean it is still there.
+ */
+static void on_probe(evutil_socket_t unused, short what, void *arg)
+{
+    struct http_req *r = arg;
+    if (!r->close_cb || !r->evcon)
+        return;
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(r->evcon);
+    evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
+    char c;
+    ssize_t n = fd >= 0 ? recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) : 1;
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        void (*cb)(void *) = r->close_cb;
+        r->close_cb = NULL;
+        cb(r->close_arg); /* may answer, and so free r: nothing after this */
+        return;
+    }
+    struct timeval tv = {PROBE_MS / 1000, (PROBE_MS % 1000) * 1000};
+    evtimer_add(r->probe, &tv);
+}
+
 void http_req_on_close(struct http_req *r, void (*cb)(void *arg), void *arg)
 {
     if (r->gone) { /* already gone: the caller hears it now */
@@ -517,4 +550,9 @@ void http_req_on_close(struct http_req *r, void (*cb)(void *arg), void *arg)
     }
     r->close_cb = cb;
     r->close_arg = arg;
+    if (!r->probe && r->evcon) {
+        r->probe = evtimer_new(r->server->base, on_probe, r);
+        struct timeval tv = {PROBE_MS / 1000, (PROBE_MS % 1000) * 1000};
+        evtimer_add(r->probe, &tv);
+    }
 }

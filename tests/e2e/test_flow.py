@@ -258,3 +258,23 @@ def test_output_budget_refuses_what_does_not_fit(budget_daemon):
                  15, "the budget to be given back")
     finally:
         assert c.request("DELETE", f"/v1/sandboxes/{sid}").status == 200
+
+
+def test_caller_leaving_a_whole_exec_kills_the_command(daemon, client, sandbox):
+    """A non-streamed exec waits with nothing on the wire; its caller leaves: the command is
+    killed, as a shell's would be, instead of running to its timeout."""
+    body = json.dumps({"command": "sleep 271", "timeout_seconds": 600}).encode()
+    s = socket.create_connection(("127.0.0.1", daemon.port), timeout=30)
+    s.sendall(f"POST /v1/sandboxes/{sandbox}/exec HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+              f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+              + body)
+
+    def running():
+        r = client.request("POST", f"/v1/sandboxes/{sandbox}/exec",
+                           {"command": "pgrep -f 'sleep 27[1]' >/dev/null"})
+        return r.json()["exit_code"] == 0
+
+    wait_for(running, 10, "the command to start")
+    s.close()
+    wait_for(lambda: not running(), 10, "the command to be killed after its caller left")
+    assert b"exec.client_gone" in daemon.log_bytes()
