@@ -1,18 +1,26 @@
 /*
  * Commands: EXEC starts one in its own session with its own pipes; the loop
  * forwards its output, feeds its stdin and sends EXIT once it has exited and
- * its output is drained. vfork() and our own child code are used rather than
+ * its output is drained. fork() and our own child code are used rather than
  * posix_spawn so the child can say exactly which step failed (cwd or exec)
- * through a close-on-exec pipe before the daemon is answered.
+ * through a close-on-exec pipe before the daemon is answered. That pipe is
+ * read by the loop, not waited on: under a fork bomb a child can take many
+ * seconds to reach exec, and the agent must go on answering (pings, the
+ * signal that ends the bomb) meanwhile.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <sched.h>
 #include <signal.h>
+#include <stddef.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -35,10 +43,16 @@ struct exec_req {
     int exited, status;
     uint64_t exit_ms;
     int cancelled; /* CANCEL came: output is read and dropped */
+    /* Until the child has exec'd (the pipe closes) or reported a failure: */
+    int report_fd;           /* -1 once the start is settled */
+    int start_failed;        /* the child reported a failure: answer ERROR, not EXIT */
+    struct wr_err start_err; /* what it reported */
+    char *name, *cwd;        /* for that message */
+    uint64_t spawn_ms;       /* when the child was forked */
 };
 
 /* Which step failed in the child, sent up the error pipe. */
-enum child_stage { STAGE_SETUP = 1, STAGE_CWD, STAGE_EXEC, STAGE_NS, STAGE_CAPS };
+enum child_stage { STAGE_SETUP = 1, STAGE_CWD, STAGE_EXEC, STAGE_NS, STAGE_CAPS, STAGE_SECCOMP };
 
 struct child_report {
     int32_t stage;
@@ -139,6 +153,37 @@ static __attribute__((noreturn)) void child_exec(const struct spawn *s)
     child_fail(s->report_w, STAGE_EXEC, eacces ? EACCES : ENOENT);
 }
 
+/*
+ * No new user namespaces for commands (unshare or clone with CLONE_NEWUSER fail with EPERM,
+ * clone3 with ENOSYS so libc falls back to clone), as under Docker's default seccomp profile
+ * for a process without CAP_SYS_ADMIN. The gVisor this runs on treats CAP_SYS_ADMIN in a
+ * process's own user namespace as exempting it from RLIMIT_NPROC: a fork bomb inside
+ * `unshare -Ur` would grow past the sandbox's process cap until the host's limits took the
+ * whole sandbox down (measured: 512 MiB gone in 5 s). Installed while we still hold
+ * CAP_SYS_ADMIN, so no_new_privs (which would disable setuid programs) is not needed. Only
+ * x86-64 system calls are filtered: gVisor runs no other ABI.
+ */
+static int deny_user_namespaces(void)
+{
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_clone3, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_unshare, 1, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_clone, 0, 3),
+        /* flags: the first argument of both (low 32 bits) */
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0])),
+        BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, CLONE_NEWUSER, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {.len = (unsigned short)(sizeof(f) / sizeof(f[0])), .filter = f};
+    return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog);
+}
+
 static __attribute__((noreturn)) void child_run(const struct spawn *s)
 {
     /* The commands' /proc lives in the holder's mount namespace (pidns.c). First: setns needs
@@ -147,6 +192,8 @@ static __attribute__((noreturn)) void child_run(const struct spawn *s)
         child_fail(s->report_w, STAGE_NS, errno);
     /* Whatever the agent holds beyond Docker's default set is for the agent alone; with
      * CAP_SYS_ADMIN a command could leave the namespace that keeps it away from the agent. */
+    if (ag.is_init && deny_user_namespaces() < 0)
+        child_fail(s->report_w, STAGE_SECCOMP, errno);
     if (ag.is_init && caps_limit(AGENT_COMMAND_CAPS) < 0)
         child_fail(s->report_w, STAGE_CAPS, errno);
     /* Undo what the agent set up for itself: blocked and ignored signals and a raised fd limit
@@ -247,14 +294,14 @@ static int parse_exec(const uint8_t *payload, size_t len, struct spawn *s, int *
     return 0;
 }
 
-static void report_message(const struct spawn *s, const struct child_report *rep,
+static void report_message(const char *name, const char *cwd, const struct child_report *rep,
                            struct wr_err *err)
 {
-    const char *name = s->argv_all[1];
     switch (rep->stage) {
-    case STAGE_CWD: wr_err_sys(err, rep->err, "cwd %s", s->cwd); break;
+    case STAGE_CWD: wr_err_sys(err, rep->err, "cwd %s", cwd); break;
     case STAGE_NS: wr_err_sys(err, rep->err, "joining the commands' mount namespace"); break;
     case STAGE_CAPS: wr_err_sys(err, rep->err, "dropping capabilities"); break;
+    case STAGE_SECCOMP: wr_err_sys(err, rep->err, "installing the seccomp filter"); break;
     case STAGE_EXEC:
         if (rep->err == ENOENT)
             wr_err_set(err, ENOENT, "command not found: %s", name);
@@ -272,24 +319,22 @@ static int set_nonblock(int fd)
 }
 
 /*
- * vfork, not fork: under gVisor a fork copies the agent's address space mappings and costs
- * several milliseconds per command; the vfork child only makes syscalls (everything it needs is
- * prepared in s) and then execs or _exits, as child_run guarantees. Kept in its own function so
- * no local of the caller lives across the vfork.
+ * fork, not vfork: a vfork parent is suspended until its child execs, and under a fork bomb
+ * that takes seconds to minutes (every step of the child contends with the bomb inside the
+ * sentry), during which the agent could answer nothing, not even the signal that ends the
+ * bomb. fork returns at once (the agent is exempt from RLIMIT_NPROC: it holds CAP_SYS_ADMIN)
+ * and costs a few milliseconds more per command. The child has its own copy of s.
  */
-static __attribute__((noinline)) pid_t start_child(const struct spawn *s)
+static pid_t start_child(const struct spawn *s)
 {
-    /* The child shares our memory: exec_sh rewrites argv_all[0..1]; put them back. */
-    char *slot0 = s->argv_all[0], *slot1 = s->argv_all[1];
-    pid_t pid = vfork();
+    pid_t pid = fork();
     if (pid == 0)
         child_run(s);
-    s->argv_all[0] = slot0;
-    s->argv_all[1] = slot1;
     return pid;
 }
 
-/* Forks and execs; on success fills e's fds and pid. Returns 0 or -1 with err set. */
+/* Forks; on success fills e's fds, pid and report_fd (settled later by the loop). Returns 0 or
+ * -1 with err set. */
 static int spawn_child(struct spawn *s, int want_stdin, struct exec_req *e, struct wr_err *err)
 {
     int outp[2] = {-1, -1}, errp[2] = {-1, -1}, inp[2] = {-1, -1}, rep[2] = {-1, -1};
@@ -321,15 +366,9 @@ static int spawn_child(struct spawn *s, int want_stdin, struct exec_req *e, stru
     close_fd(&outp[1]);
     close_fd(&errp[1]);
     close_fd(&inp[0]);
-    /* Blocks until the child execs (the pipe closes) or reports a failure; the failed child is
-     * reaped by the loop like any other. */
-    struct child_report report;
-    ssize_t n = read_full(rep[0], &report, sizeof(report));
-    if (n == (ssize_t)sizeof(report)) {
-        report_message(s, &report, err);
-        goto out;
-    }
-    if (set_nonblock(outp[0]) < 0 || set_nonblock(errp[0]) < 0 ||
+    /* The report is read by the loop (exec_event): it closes when the child execs, or brings
+     * the step that failed; the failed child is reaped by the loop like any other. */
+    if (set_nonblock(rep[0]) < 0 || set_nonblock(outp[0]) < 0 || set_nonblock(errp[0]) < 0 ||
         (inp[1] >= 0 && set_nonblock(inp[1]) < 0)) {
         /* Cannot happen on a pipe; if it did, blocking reads would stall every command. */
         wr_err_sys(err, errno, "fcntl");
@@ -340,6 +379,10 @@ static int spawn_child(struct spawn *s, int want_stdin, struct exec_req *e, stru
     e->out_fd = steal_fd(&outp[0]);
     e->err_fd = steal_fd(&errp[0]);
     e->in_fd = steal_fd(&inp[1]);
+    e->report_fd = steal_fd(&rep[0]);
+    e->name = xstrdup(s->argv_all[1]);
+    e->cwd = xstrdup(s->cwd);
+    e->spawn_ms = now_ms_monotonic();
     ret = 0;
 out:
     close_fd(&outp[0]);
@@ -362,7 +405,7 @@ void exec_start(uint32_t id, const uint8_t *payload, size_t len)
     if (req_admit(id) < 0)
         return;
     struct exec_req *e = xcalloc(1, sizeof(*e));
-    e->out_fd = e->err_fd = e->in_fd = -1;
+    e->out_fd = e->err_fd = e->in_fd = e->report_fd = -1;
     if (req_window(&e->r, payload, len) < 0)
         wr_err_set(&err, EINVAL, "malformed WINDOW");
     if (err.msg[0] || parse_exec(payload, len, &s, &want_stdin, &err) < 0 ||
@@ -456,6 +499,32 @@ void exec_pollfds(struct req *r, struct pollfd *fds, struct req **owners, size_t
         fds[*n] = (struct pollfd){.fd = e->in_fd, .events = POLLOUT};
         owners[(*n)++] = r;
     }
+    if (e->report_fd >= 0) {
+        fds[*n] = (struct pollfd){.fd = e->report_fd, .events = POLLIN};
+        owners[(*n)++] = r;
+    }
+}
+
+/* The child's start is settled: it exec'd (EOF), or died before (EOF: its end is reported as
+ * usual), or says which step failed. A partial report cannot happen (a pipe write this small
+ * is atomic); it counts as a failure. */
+static void read_report(struct exec_req *e)
+{
+    struct child_report report;
+    ssize_t n = read(e->report_fd, &report, sizeof(report));
+    if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK))
+        return;
+    if (n == (ssize_t)sizeof(report)) {
+        report_message(e->name, e->cwd, &report, &e->start_err);
+        e->start_failed = 1;
+    } else if (n != 0) {
+        wr_err_sys(&e->start_err, n < 0 ? errno : EIO, "starting %s", e->name);
+        e->start_failed = 1;
+    }
+    close_fd(&e->report_fd);
+    uint64_t ms = now_ms_monotonic() - e->spawn_ms;
+    if (ms >= 1000)
+        log_info(NULL, "agent.slow_start", "id=%u ms=%llu", e->r.id, (unsigned long long)ms);
 }
 
 /*
@@ -497,6 +566,8 @@ void exec_event(struct req *r, int fd, short revents)
         pump_output(e, &e->err_fd, PROTO_STDERR, PIPE_BUDGET * PROTO_CHUNK, 0);
     else if (fd == e->in_fd && (revents & (POLLOUT | POLLERR | POLLHUP)))
         stdin_pump(e);
+    else if (fd == e->report_fd)
+        read_report(e);
 }
 
 void exec_cancel(struct req *r)
@@ -540,6 +611,13 @@ static void send_exit(struct exec_req *e)
 int exec_check(struct req *r, uint64_t now, int *timeout_ms)
 {
     struct exec_req *e = as_exec(r);
+    if (e->report_fd >= 0)
+        return 0;
+    if (e->start_failed) {
+        /* Nothing ran, nothing was sent: the request ends with the reason. */
+        chan_error(e->r.id, e->start_err.code, "%s", e->start_err.msg);
+        return 1;
+    }
     if (!e->exited)
         return 0;
     if (e->out_fd >= 0 || e->err_fd >= 0) {
@@ -569,6 +647,9 @@ void exec_free(struct req *r)
     struct exec_req *e = as_exec(r);
     close_fd(&e->out_fd);
     close_fd(&e->err_fd);
+    close_fd(&e->report_fd);
     stdin_close(e);
+    free(e->name);
+    free(e->cwd);
     free(e);
 }

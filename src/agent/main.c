@@ -390,7 +390,7 @@ int main(int argc, char **argv)
     for (;;) {
         size_t pending = chan_pending();
         int may_read = pending < AGENT_OUT_SOFT;
-        size_t need = 3 + 3 * (size_t)ag.nreqs;
+        size_t need = 3 + 4 * (size_t)ag.nreqs; /* exec_pollfds: up to 4 each */
         if (need > cap) {
             cap = need * 2;
             fds = xrealloc(fds, cap * sizeof(*fds));

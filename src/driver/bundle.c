@@ -297,6 +297,21 @@ static json_t *mount_obj(const char *dst, const char *type, const char *src,
     return m;
 }
 
+/*
+ * The sandbox's process cap (RLIMIT_NPROC, which the agent also sets as its commands' pids
+ * cgroup limit): pids_max, but no more than memory_mib/16 (at least 16). Held at the cap, a
+ * fork bomb's copies of python take up to ~10 MiB of host memory each (measured: 64 of them
+ * took a 512 MiB sandbox down through the host's OOM killer), and hundreds of tasks forking
+ * at once starve the agent inside the sentry.
+ */
+int bundle_nproc(int memory_mib, int pids_max)
+{
+    int n = memory_mib / 16;
+    if (n < 16)
+        n = 16;
+    return n < pids_max ? n : pids_max;
+}
+
 static json_t *build_spec(const struct driver_spec *spec, const struct sb_paths *sp)
 {
     static const char *const env[] = {
@@ -321,11 +336,11 @@ static json_t *build_spec(const struct driver_spec *spec, const struct sb_paths 
      * instead of pushing the host cgroup over its limit, which would kill the whole sandbox.
      * (Many processes together can still do that; the daemon then reports reason "oom".) */
     json_int_t as = (json_int_t)spec->memory_mib << 20;
+    json_int_t nproc = bundle_nproc(spec->memory_mib, spec->pids_max);
     json_t *rlimits =
         json_pack("[{s:s, s:I, s:I}, {s:s, s:I, s:I}, {s:s, s:I, s:I}]", "type", "RLIMIT_NOFILE",
                   "hard", (json_int_t)65536, "soft", (json_int_t)65536, "type", "RLIMIT_NPROC",
-                  "hard", (json_int_t)spec->pids_max, "soft", (json_int_t)spec->pids_max, "type",
-                  "RLIMIT_AS", "hard", as, "soft", as);
+                  "hard", nproc, "soft", nproc, "type", "RLIMIT_AS", "hard", as, "soft", as);
     json_t *process =
         json_pack("{s:b, s:{s:i, s:i}, s:[s], s:o, s:s, s:o, s:o}", "terminal", 0, "user", "uid", 0,
                   "gid", 0, "args", "/.withruntime/agent", "env", str_array(env, WR_ARRAY_LEN(env)),

@@ -86,6 +86,10 @@ struct sb_paths {
  */
 int bundle_paths(const char *dir, struct sb_paths *sp, struct wr_err *err);
 
+/** The sandbox's process cap (RLIMIT_NPROC and the agent's commands' pids cgroup): pids_max,
+ * at most memory_mib/16, at least 16. */
+int bundle_nproc(int memory_mib, int pids_max);
+
 /** mkdir that accepts an existing directory. Returns 0 or -1 with err set. */
 int bundle_mkdir(const char *p, mode_t mode, struct wr_err *err);
 

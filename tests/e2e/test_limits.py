@@ -133,12 +133,17 @@ def test_memory(client, make_sandbox):
 
 # ---- processes ----
 
-# The daemon's defaults (src/daemon/daemon.c cfg->pids_max, src/driver/gvisor.c PIDS_BACKSTOP):
-# RLIMIT_NPROC = PIDS_MAX is the cap the sentry enforces inside (fork fails with EAGAIN and the
-# sandbox carries on); the host cgroup's pids.max is only a backstop above it, never reached
-# (a host pids.max hit makes the sentry panic).
+# The daemon's defaults (src/daemon/daemon.c cfg->pids_max, src/driver/gvisor.c PIDS_BACKSTOP,
+# src/driver/bundle.c bundle_nproc): RLIMIT_NPROC = nproc(memory_mib) is the cap the sentry
+# enforces inside (fork fails with EAGAIN and the sandbox carries on); the host cgroup's pids.max
+# is only a backstop above it, never reached (a host pids.max hit makes the sentry panic).
 PIDS_MAX = 1024
 PIDS_BACKSTOP = 2 * PIDS_MAX + 512
+
+
+def nproc(memory_mib):
+    """docs/api.md "Processes": pids_max, at most memory_mib/16, at least 16."""
+    return min(PIDS_MAX, max(16, memory_mib // 16))
 
 # Spawns `sleep` until the kernel refuses, then reports how many it got, the errno, and how many
 # tasks its pid namespace holds, and kills them. posix_spawn (vfork) rather than fork: a thousand
@@ -173,6 +178,7 @@ def host_pids(sid, name):
 @pytest.mark.slow
 def test_processes_are_capped_at_pids_max(client, make_sandbox):
     sid = make_sandbox(memory_mib=1024)["id"]
+    cap = nproc(1024)
     assert int(host_pids(sid, "pids.max")) == PIDS_BACKSTOP
     r = client.exec(sid, argv=["python3", "-c", SPAWN_UNTIL_REFUSED], timeout_seconds=150)
     assert r["exit_code"] == 0 and not r["timed_out"], r
@@ -180,8 +186,8 @@ def test_processes_are_capped_at_pids_max(client, make_sandbox):
     assert err == str(errno.EAGAIN), f"spawning stopped on errno {err}, not EAGAIN: {r}"
     # every process in the sandbox counts (the agent, the command's pid-namespace init, python
     # and its children): the ones this command sees are the cap less those outside its view
-    assert PIDS_MAX - 8 <= int(tasks) <= PIDS_MAX, r
-    assert int(kids) >= PIDS_MAX - 8, r
+    assert cap - 8 <= int(tasks) <= cap, r
+    assert int(kids) >= cap - 8, r
     # the cap, not the host's backstop, stopped it; the sandbox carries on
     assert "max 0" in host_pids(sid, "pids.events"), host_pids(sid, "pids.events")
     assert client.get(sid)["state"] == "running"
@@ -203,7 +209,7 @@ def test_fork_bomb_is_capped(client, make_sandbox):
         assert s["state"] == "running", f"the bomb took its sandbox down: {s}, {counts}"
         counts.append(s["pids"])
         assert s["pids"] <= PIDS_BACKSTOP, counts
-    assert max(counts) > PIDS_MAX // 2, f"the bomb did not run: {counts}"
+    assert max(counts) > nproc(2048) // 2, f"the bomb did not run: {counts}"
     assert "max 0" in host_pids(bombed, "pids.events"), (host_pids(bombed, "pids.events"),
                                                          counts)
 
@@ -304,4 +310,95 @@ def test_nothing_inside_stops_the_agent(client, make_sandbox, daemon, attack):
     # and the sandbox can still be stopped and started normally
     client.expect(200, "POST", f"/v1/sandboxes/{sid}/stop")
     client.expect(200, "POST", f"/v1/sandboxes/{sid}/start")
+    assert alive(client, sid)
+
+
+# ---- process storms (issue 8, point 8) ----
+
+# Each keeps its command running, so the exec's timeout is what ends it.
+BOMBS = {
+    "bash": "bash -c ':(){ :|:& };:; sleep 600'",
+    "python": "python3 -c 'import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n"
+              "        pass'",
+}
+
+COUNT_PROCS = "ls /proc | grep -c '^[0-9]'"
+
+
+def procs(client, sid):
+    """Processes a command sees in the sandbox (its own `ls` and `grep` included)."""
+    r = client.exec(sid, COUNT_PROCS, timeout_seconds=120)
+    assert r["exit_code"] == 0, r
+    return int(r["stdout"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bomb", list(BOMBS))
+def test_fork_bomb_ends_with_its_command(client, make_sandbox, bomb):
+    sid = make_sandbox(memory_mib=512)["id"]
+    idle = procs(client, sid)
+    answer = {}
+
+    def run_bomb():
+        try:
+            answer["r"] = client.request("POST", f"/v1/sandboxes/{sid}/exec",
+                                         {"command": BOMBS[bomb], "timeout_seconds": 10},
+                                         validate=False, timeout=600)
+        except Exception as e:  # noqa: BLE001 - reported below
+            answer["r"] = e
+
+    t = threading.Thread(target=run_bomb)
+    t.start()
+    # while the bomb runs: the sandbox stays running and another command still answers
+    beside = []
+    while t.is_alive():
+        sb = client.get(sid)
+        assert sb["state"] == "running", f"the bomb took its sandbox down: {sb}"
+        r = client.request("POST", f"/v1/sandboxes/{sid}/exec",
+                           {"command": "echo alive", "timeout_seconds": 120}, validate=False,
+                           timeout=300)
+        assert r.status == 200 and r.json()["stdout"] == "alive\n", r
+        beside.append(r.json()["duration_ms"])
+    t.join()
+    r = answer["r"]
+    assert not isinstance(r, Exception), r
+    client.spec.validate_response("POST", r.path, r.status, r.headers, r.body)
+    assert r.status == 200, r
+    res = r.json()
+    assert res["timed_out"] is True and res["exit_code"] == -1, res
+    assert res["duration_ms"] >= 10000, res
+    assert beside, "nothing ran beside the bomb"
+
+    # the bomb's processes are all gone, and the sandbox is as usable as before
+    deadline = time.monotonic() + 120
+    while (n := procs(client, sid)) > idle and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert n <= idle, f"{n} processes after the bomb, {idle} before"
+    sb = client.get(sid)
+    assert sb["state"] == "running" and sb.get("state_reason") is None, sb
+    assert alive(client, sid)
+
+
+UNSHARE_USER = """
+import ctypes, errno
+libc = ctypes.CDLL(None, use_errno=True)
+rc = libc.unshare(0x10000000)  # CLONE_NEWUSER
+print(rc, errno.errorcode.get(ctypes.get_errno(), "-"))
+"""
+
+
+def test_commands_cannot_make_user_namespaces(client, make_sandbox):
+    """A new user namespace would exempt a fork bomb from the process cap (docs/api.md
+    "Processes"): commands are refused one, as under Docker's default seccomp profile."""
+    sid = make_sandbox(memory_mib=512)["id"]
+    r = client.exec(sid, "unshare -Urpf bash -c ':(){ :|:& };:; sleep 600'", timeout_seconds=30)
+    assert r["exit_code"] != 0 and not r["timed_out"], r
+    assert "Operation not permitted" in r["stderr"], r
+    r = client.exec(sid, argv=["python3", "-c", UNSHARE_USER])
+    assert r["stdout"] == "-1 EPERM\n", r
+    # other namespaces and ordinary forks are untouched
+    r = client.exec(sid, "echo $(echo nested) && python3 -c 'import os; os.wait() if os.fork() "
+                    "else os._exit(0); print(\"forked\")'")
+    assert r["stdout"] == "nested\nforked\n", r
+    assert client.get(sid)["state"] == "running"
     assert alive(client, sid)
