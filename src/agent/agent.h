@@ -158,6 +158,11 @@ void exec_start(uint32_t id, const uint8_t *payload, size_t len);
 void exec_stdin(struct req *r, const uint8_t *data, size_t len, int fin);
 /** Handles a SIGNAL frame for a command. */
 void exec_signal(struct req *r, const uint8_t *payload, size_t len);
+/**
+ * Installs the seccomp filter that keeps commands (everything the agent starts inherits it)
+ * from creating user namespaces. Returns 0, or -1 with errno set.
+ */
+int deny_user_namespaces(void);
 /** Handles CANCEL for a command: kills its process tree; its output is dropped from now on. */
 void exec_cancel(struct req *r);
 /**
