@@ -218,13 +218,13 @@ void pidns_init(void)
         refuse(n < 0 ? errno : ENAMETOOLONG, "readlink /proc/self/exe");
     ag.exe[n] = '\0';
     ag.self_pidns = open("/proc/self/ns/pid", O_RDONLY | O_CLOEXEC);
+    /* Without CAP_SYS_ADMIN the first unshare fails: commands would run beside the agent. */
+    if (unshare(CLONE_NEWPID) < 0)
+        refuse(errno, "unshare(CLONE_NEWPID)");
     /* Once, here, and inherited by everything the agent starts: no user namespaces, inside
      * which this gVisor does not hold commands to the process cap (exec.c). */
     if (deny_user_namespaces() < 0)
         refuse(errno, "installing the seccomp filter against user namespaces");
-    /* Without CAP_SYS_ADMIN the first unshare fails: commands would run beside the agent. */
-    if (unshare(CLONE_NEWPID) < 0)
-        refuse(errno, "unshare(CLONE_NEWPID)");
     /* From here on our children are born in another namespace: there is no going back (gVisor
      * has no setns for pid namespaces), so a holder that fails to start is retried at EXEC. */
     ag.pidns = 1;

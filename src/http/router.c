@@ -38,9 +38,16 @@ enum route_result route_find(const struct route *routes, size_t n, const char *m
 {
     int path_known = 0;
     m->allow[0] = '\0';
+    /* A pattern that matches the path word for word (/v1/sandboxes/prune) wins over one with
+     * parameters (/v1/sandboxes/{id}): the path names that resource, not an id. */
+    int literal = 0;
+    for (size_t i = 0; i < n && !literal; i++) {
+        struct route_match tmp;
+        literal = match(routes[i].pattern, path, &tmp) && tmp.nparams == 0;
+    }
     for (size_t i = 0; i < n; i++) {
         struct route_match tmp;
-        if (!match(routes[i].pattern, path, &tmp))
+        if (!match(routes[i].pattern, path, &tmp) || (literal && tmp.nparams > 0))
             continue;
         if (strcmp(routes[i].method, method) == 0) {
             tmp.handler = routes[i].handler;

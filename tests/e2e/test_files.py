@@ -22,7 +22,11 @@ def d(client, sandbox):
 
 def test_big_binary_roundtrip(client, sandbox, d):
     data = os.urandom(50 * 1024 * 1024)
-    st = client.write_file(sandbox, f"{d}/blob.bin", data)
+    # in pieces of the upload limit: the first creates the file, the rest go at their offsets
+    piece = 8 << 20
+    for off in range(0, len(data), piece):
+        st = client.write_file(sandbox, f"{d}/blob.bin", data[off:off + piece],
+                               **({"offset": off} if off else {}))
     assert st["type"] == "file"
     assert st["size"] == len(data)
     assert st["path"] == f"/workspace/{d}/blob.bin"

@@ -190,7 +190,8 @@ def test_big_transfer_leaves_the_sandbox_answering(daemon, client, sandbox):
 def test_background_output_memory_is_bounded(daemon, client, make_sandbox):
     """32 background commands writing 32 MiB each: each keeps its last MiB, so the daemon holds
     tens of MiB, not the 1 GiB they wrote; deleting the sandbox gives it back."""
-    sb = make_sandbox(memory_mib=1024)["id"]
+    # 2 GiB: its process cap (memory_mib / 16 = 128) leaves room for 32 pipelines of three
+    sb = make_sandbox(memory_mib=2048)["id"]
     before = rss(daemon.proc.pid)
     cids = []
     for _ in range(32):
