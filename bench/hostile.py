@@ -903,7 +903,8 @@ def main():
     ap.add_argument("--idle-conns", type=int, default=2000)
     ap.add_argument("--cpus", type=int, default=2, help="each sandbox's cpus")
     ap.add_argument("--a-cpus", type=int, help="the hostile sandbox A's cpus (default --cpus)")
-    ap.add_argument("--memory-mib", type=int, default=1024)
+    ap.add_argument("--memory-mib", type=int, default=2048,
+                    help="each sandbox's memory (2048: its process cap, memory_mib / 16, fits 64 floods)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results"))
     args = ap.parse_args()
     phases = [p for p in args.phases.split(",") if p and p != "idle"]
