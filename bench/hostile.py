@@ -1002,12 +1002,7 @@ def main():
                "config": {k: v for k, v in vars(args).items() if k not in ("bin", "agent")},
                "wall_seconds": round(time.monotonic() - t_start, 1),
                "phases": h.results, "fairness": fairness}
-        os.makedirs(args.out, exist_ok=True)
-        jpath = os.path.join(args.out, "hostile.json")
-        with open(jpath + ".tmp", "w") as f:
-            json.dump(res, f, indent=2)
-            f.write("\n")
-        os.replace(jpath + ".tmp", jpath)
+        jpath = base.write_json(args.out, "hostile.json", res)
         ppath = os.path.join(args.out, "hostile.png")
         drew = chart(res, sampler.samples, h.phases, ppath)
         print(markdown(res))

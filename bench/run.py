@@ -39,6 +39,17 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
 # ---------------------------------------------------------------- small helpers
 
+
+def write_json(out_dir, name, obj):
+    """Writes obj as JSON to out_dir/name (whole or not at all); returns the path."""
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, name)
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f, indent=2)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+    return path
+
 def percentile(xs, q):
     """Linear interpolation between closest ranks (numpy's default)."""
     s = sorted(xs)
@@ -600,12 +611,7 @@ def main():
                        "memory_mib": args.memory_mib, "rootfs": rootfs},
             "results": results,
         }
-        os.makedirs(args.out, exist_ok=True)
-        jpath = os.path.join(args.out, "latest.json")
-        with open(jpath + ".tmp", "w") as f:
-            json.dump(res, f, indent=2)
-            f.write("\n")
-        os.replace(jpath + ".tmp", jpath)
+        jpath = write_json(args.out, "latest.json", res)
         ppath = os.path.join(args.out, "latest.png")
         drew = chart(res, ppath)
         print(markdown(res))
