@@ -6,7 +6,6 @@
 #include "daemon/admission.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -28,19 +27,6 @@ static int is_active(const struct sandbox *s)
     return is_starting(s) || s->state == SB_RUNNING || s->state == SB_STOPPING;
 }
 
-static int refuse(struct wr_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static int refuse(struct wr_err *err, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
-    va_end(ap);
-    err->kind = WR_E_UNAVAILABLE;
-    err->code = EAGAIN;
-    return -1;
-}
-
 int admission_check(struct daemon *d, const struct sandbox *sb, int is_new, struct wr_err *err)
 {
     const struct daemon_config *cfg = &d->cfg;
@@ -59,28 +45,30 @@ int admission_check(struct daemon *d, const struct sandbox *sb, int is_new, stru
             starting++;
     }
     if (is_new && kept + 1 > cfg->max_sandboxes)
-        return refuse(err,
-                      "too many sandboxes: the daemon keeps %d, its limit (--max-sandboxes); "
-                      "delete some (`withruntime sandbox prune` removes stopped ones)",
-                      kept);
+        return wr_err_kind(err, WR_E_UNAVAILABLE, EAGAIN,
+                           "too many sandboxes: the daemon keeps %d, its limit (--max-sandboxes); "
+                           "delete some (`withruntime sandbox prune` removes stopped ones)",
+                           kept);
     if (active + 1 > cfg->max_running)
-        return refuse(err,
-                      "too many running sandboxes: %d are running or starting, the limit "
-                      "(--max-running %d); stop or delete one first",
-                      active, cfg->max_running);
+        return wr_err_kind(err, WR_E_UNAVAILABLE, EAGAIN,
+                           "too many running sandboxes: %d are running or starting, the limit "
+                           "(--max-running %d); stop or delete one first",
+                           active, cfg->max_running);
 
     long long host = d->host_memory_mib;
     if (host > 0) {
         if (sb->memory_mib > host)
-            return refuse(err, "memory_mib %d is more than this host's memory (%lld MiB)",
-                          sb->memory_mib, host);
+            return wr_err_kind(err, WR_E_UNAVAILABLE, EAGAIN,
+                               "memory_mib %d is more than this host's memory (%lld MiB)",
+                               sb->memory_mib, host);
         long long budget = (long long)((double)host * cfg->memory_overcommit);
         if (memory + sb->memory_mib > budget)
-            return refuse(err,
-                          "not enough memory: running sandboxes have %lld MiB and this one asks "
-                          "%d MiB; the limit is %lld MiB (host memory %lld MiB x "
-                          "--memory-overcommit %g)",
-                          memory, sb->memory_mib, budget, host, cfg->memory_overcommit);
+            return wr_err_kind(
+                err, WR_E_UNAVAILABLE, EAGAIN,
+                "not enough memory: running sandboxes have %lld MiB and this one asks "
+                "%d MiB; the limit is %lld MiB (host memory %lld MiB x "
+                "--memory-overcommit %g)",
+                memory, sb->memory_mib, budget, host, cfg->memory_overcommit);
     }
 
     if (is_new) {
@@ -90,19 +78,20 @@ int admission_check(struct daemon *d, const struct sandbox *sb, int is_new, stru
         } else {
             long long avail = free_mib - cfg->disk_reserve_mib;
             if (sb->disk_mib > avail)
-                return refuse(err,
-                              "disk_mib %d is more than the state directory's filesystem can "
-                              "hold: %lld MiB free, %d MiB of it kept in reserve "
-                              "(--disk-reserve-mib)",
-                              sb->disk_mib, free_mib, cfg->disk_reserve_mib);
+                return wr_err_kind(err, WR_E_UNAVAILABLE, EAGAIN,
+                                   "disk_mib %d is more than the state directory's filesystem can "
+                                   "hold: %lld MiB free, %d MiB of it kept in reserve "
+                                   "(--disk-reserve-mib)",
+                                   sb->disk_mib, free_mib, cfg->disk_reserve_mib);
             long long budget = (long long)((double)avail * cfg->disk_overcommit);
             if (disk + sb->disk_mib > budget)
-                return refuse(err,
-                              "not enough disk: kept sandboxes' disks total %lld MiB and this one "
-                              "asks %d MiB; the limit is %lld MiB ((%lld MiB free - %d MiB "
-                              "reserve) x --disk-overcommit %g)",
-                              disk, sb->disk_mib, budget, free_mib, cfg->disk_reserve_mib,
-                              cfg->disk_overcommit);
+                return wr_err_kind(
+                    err, WR_E_UNAVAILABLE, EAGAIN,
+                    "not enough disk: kept sandboxes' disks total %lld MiB and this one "
+                    "asks %d MiB; the limit is %lld MiB ((%lld MiB free - %d MiB "
+                    "reserve) x --disk-overcommit %g)",
+                    disk, sb->disk_mib, budget, free_mib, cfg->disk_reserve_mib,
+                    cfg->disk_overcommit);
         }
     }
 
@@ -110,10 +99,10 @@ int admission_check(struct daemon *d, const struct sandbox *sb, int is_new, stru
     if (strcmp(d->driver->name, "gvisor") == 0) {
         int bound = disk_loops_bound();
         if (bound >= 0 && bound + starting + 1 > cfg->max_loop_devices)
-            return refuse(err,
-                          "no loop device for its disk: %d are bound on this host and %d "
-                          "sandboxes are starting; the limit is %d (--max-loop-devices)",
-                          bound, starting, cfg->max_loop_devices);
+            return wr_err_kind(err, WR_E_UNAVAILABLE, EAGAIN,
+                               "no loop device for its disk: %d are bound on this host and %d "
+                               "sandboxes are starting; the limit is %d (--max-loop-devices)",
+                               bound, starting, cfg->max_loop_devices);
     }
     return 0;
 }
