@@ -52,6 +52,31 @@ PAGE = 64 * 1024
 
 # ---------------------------------------------------------------- sampling /proc
 
+class QuietRun:
+    """Three quiet 100 ms intervals in a row mean idle, from the start of the first of them:
+    .at is that moment, in seconds after t0 (None until then)."""
+
+    NEED = 3
+
+    def __init__(self, t0):
+        self.t0 = t0
+        self.count = 0
+        self.since = None
+        self.at = None
+
+    def feed(self, quiet, now):
+        if self.at is not None:
+            return
+        if not quiet:
+            self.count = 0
+            return
+        self.count += 1
+        if self.count == 1:
+            self.since = now
+        if self.count == self.NEED:
+            self.at = self.since - self.t0
+
+
 def proc_cpu_s(pid):
     """utime+stime of a process, seconds."""
     with open(f"/proc/{pid}/stat") as f:
@@ -474,33 +499,17 @@ class Hostile:
         # poll stats every 100 ms
         stat = self.api.json("GET", f"/v1/sandboxes/{self.a}/stats")
         prev_t, prev_c, prev_d = time.monotonic(), stat["cpu_usec"], proc_cpu_s(self.dpid)
-        sb_idle_at = d_idle_at = logged_at = sb_since = d_since = None
-        quiet_sb = quiet_d = 0
+        sb_quiet, d_quiet = QuietRun(t_close), QuietRun(t_close)
+        logged_at = None
         thr = self.idle_threshold
-        while time.monotonic() - t_close < 30 and (sb_idle_at is None or d_idle_at is None
+        while time.monotonic() - t_close < 30 and (sb_quiet.at is None or d_quiet.at is None
                                                    or logged_at is None):
             time.sleep(0.1)
             stat = self.api.json("GET", f"/v1/sandboxes/{self.a}/stats")
             now, c, dc = time.monotonic(), stat["cpu_usec"], proc_cpu_s(self.dpid)
             dt = now - prev_t
-            sb_rate, d_rate = (c - prev_c) / 1e6 / dt, (dc - prev_d) / dt
-            # three quiet 100 ms intervals in a row: idle by the end of the first one
-            if sb_idle_at is None:
-                if sb_rate < thr:
-                    quiet_sb += 1
-                    sb_since = now if quiet_sb == 1 else sb_since
-                else:
-                    quiet_sb = 0
-                if quiet_sb == 3:
-                    sb_idle_at = sb_since - t_close
-            if d_idle_at is None:
-                if d_rate < max(thr, 0.05):
-                    quiet_d += 1
-                    d_since = now if quiet_d == 1 else d_since
-                else:
-                    quiet_d = 0
-                if quiet_d == 3:
-                    d_idle_at = d_since - t_close
+            sb_quiet.feed((c - prev_c) / 1e6 / dt < thr, now)
+            d_quiet.feed((dc - prev_d) / dt < max(thr, 0.05), now)
             if logged_at is None:
                 with open(self.daemon.log_path, "rb") as f:
                     f.seek(log_pos)
@@ -512,8 +521,8 @@ class Hostile:
             return None if x is None else round(max(x, 0.0), 2)
         return {"status": st, "read_mib": round(got / 2**20, 1),
                 "read_mib_s": round(got / 2**20 / read_s, 1),
-                "sandbox_cpu_idle_within_s": r(sb_idle_at),
-                "daemon_cpu_idle_within_s": r(d_idle_at),
+                "sandbox_cpu_idle_within_s": r(sb_quiet.at),
+                "daemon_cpu_idle_within_s": r(d_quiet.at),
                 "read_cancelled_logged_within_s": r(logged_at),
                 "idle_threshold_pct_of_a_core": round(100 * thr, 1)}
 
