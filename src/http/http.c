@@ -64,6 +64,7 @@ struct http_req {
     void (*drain_cb)(void *); /* one-shot: the connection's output was all sent */
     void *drain_arg;
     struct event *probe; /* looks for a client that left while a whole answer is awaited */
+    int streaming;       /* the reply has started: evhttp watches the connection itself */
 };
 
 static const char *method_name(enum evhttp_cmd_type t)
@@ -455,6 +456,7 @@ void http_stream_start(struct http_req *r, int status, const char *content_type)
      * (evhttp's would cut it between two chunks). */
     if (r->evcon)
         bufferevent_set_timeouts(evhttp_connection_get_bufferevent(r->evcon), NULL, NULL);
+    r->streaming = 1;
     if (r->probe) /* evhttp watches a streamed answer's connection itself */
         event_del(r->probe);
     evhttp_send_reply_start(r->req, status, reason_phrase(status));
@@ -550,7 +552,7 @@ void http_req_on_close(struct http_req *r, void (*cb)(void *arg), void *arg)
     }
     r->close_cb = cb;
     r->close_arg = arg;
-    if (!r->probe && r->evcon) {
+    if (!r->probe && r->evcon && !r->streaming) {
         r->probe = evtimer_new(r->server->base, on_probe, r);
         struct timeval tv = {PROBE_MS / 1000, (PROBE_MS % 1000) * 1000};
         evtimer_add(r->probe, &tv);
