@@ -137,6 +137,19 @@ void api_handle(struct http_req *req, void *ctx)
     }
 }
 
+size_t api_body_limit(const char *method, const char *target, void *ctx)
+{
+    const struct daemon *d = ctx;
+    /* File uploads take the upload limit; every other route takes JSON (or nothing), so the
+     * JSON limit. Matched on the raw target: an encoded path can only get the smaller limit. */
+    static const char upload[] = "/files/content";
+    size_t n = strcspn(target, "?#");
+    size_t u = sizeof(upload) - 1;
+    if (strcmp(method, "PUT") == 0 && n >= u && memcmp(target + n - u, upload, u) == 0)
+        return d->cfg.max_upload;
+    return d->cfg.max_json_body;
+}
+
 json_t *api_json_body(struct daemon *d, struct http_req *req, int empty_ok)
 {
     size_t n = http_req_body_len(req);

@@ -40,6 +40,10 @@ void api_reply_err(struct http_req *req, const struct wr_err *err);
  * Reads the request body as a JSON object, enforcing the JSON size limit. On failure answers
  * (400 or 413) and returns NULL. An empty body counts as {} when empty_ok.
  */
+/** The body limit of a route (http_body_limit_fn; ctx is the daemon): the upload limit for a
+ * file upload, the JSON limit for everything else. */
+size_t api_body_limit(const char *method, const char *target, void *ctx);
+
 json_t *api_json_body(struct daemon *d, struct http_req *req, int empty_ok);
 
 /**

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "api/api.h"
 #include "common/duration.h"
@@ -21,10 +22,16 @@
 struct server {
     struct daemon d;
     struct http_server *http;
-    int idle_s; /* --idle-timeout */
+    int idle_s;          /* --idle-timeout */
+    int max_conns;       /* --max-connections (0: from the fd limit) */
+    int header_s;        /* --header-timeout */
+    int body_memory_mib; /* --body-memory-mib */
 };
 
 #define IDLE_TIMEOUT_S 60
+#define HEADER_TIMEOUT_S 10
+#define MAX_CONNS 4096
+#define BODY_MEMORY_MIB 256
 
 static void usage(FILE *out)
 {
@@ -34,6 +41,8 @@ static void usage(FILE *out)
             "                         [--platform systrap|ptrace|kvm] [--debug] [--print-enums]\n"
             "                         [--output-memory-mib N]\n"
             "                         [--idle-timeout SECONDS] [--agent-deadline SECONDS]\n"
+            "                         [--max-connections N] [--header-timeout SECONDS]\n"
+            "                         [--body-memory-mib N]\n"
             "                         [--max-running N] [--max-sandboxes N]\n"
             "                         [--memory-overcommit F] [--disk-overcommit F]\n"
             "                         [--disk-reserve-mib N] [--max-loop-devices N]\n"
@@ -51,6 +60,15 @@ static void usage(FILE *out)
             "--idle-timeout closes an API connection with nothing to read between requests, or\n"
             "whose client takes no bytes of an answer, for that long (default 60); a request\n"
             "being answered (a long exec) is not idle, nor is a streamed answer until it ends.\n"
+            "--max-connections N: API connections open at once (default 4096, fewer if the fd\n"
+            "limit is low); at the cap the connection idle the longest is closed for a new one,\n"
+            "and with none idle new ones wait in the listen backlog.\n"
+            "--header-timeout: a request's headers must all arrive within this many seconds of\n"
+            "its first byte (default 10), or its connection is closed.\n"
+            "--body-memory-mib N: request bodies being read or answered hold at most this much\n"
+            "(default 256; a body counts its Content-Length, a chunked one the largest body); a\n"
+            "body that does not fit waits unread until it does, for the idle timeout at most.\n"
+            "Bodies are limited per route: 8 MiB for a file upload, 1 MiB for JSON (413).\n"
             "--agent-deadline: a file operation that waits this long (default 60) on a sandbox's\n"
             "agent without a sign of progress means the agent is stuck: the sandbox is failed\n"
             "(agent_unresponsive) and everything waiting on it is answered.\n"
@@ -131,6 +149,9 @@ static int parse_args(int argc, char **argv, struct server *srv)
                                          {"output-memory-mib", required_argument, NULL, 'O'},
                                          {"idle-timeout", required_argument, NULL, 'I'},
                                          {"agent-deadline", required_argument, NULL, 'X'},
+                                         {"max-connections", required_argument, NULL, 'C'},
+                                         {"header-timeout", required_argument, NULL, 'H'},
+                                         {"body-memory-mib", required_argument, NULL, 'B'},
                                          {"max-running", required_argument, NULL, 'R'},
                                          {"max-sandboxes", required_argument, NULL, 'S'},
                                          {"memory-overcommit", required_argument, NULL, 'M'},
@@ -206,6 +227,18 @@ static int parse_args(int argc, char **argv, struct server *srv)
             cfg->output_budget = (size_t)v << 20;
             break;
         }
+        case 'C':
+            if (flag_int("--max-connections", optarg, 8, 1000000, &srv->max_conns) < 0)
+                return -1;
+            break;
+        case 'H':
+            if (flag_int("--header-timeout", optarg, 1, 3600, &srv->header_s) < 0)
+                return -1;
+            break;
+        case 'B':
+            if (flag_int("--body-memory-mib", optarg, 1, 1048576, &srv->body_memory_mib) < 0)
+                return -1;
+            break;
         case 'R':
             if (flag_int("--max-running", optarg, 1, 100000, &cfg->max_running) < 0)
                 return -1;
@@ -286,6 +319,17 @@ static int listen_all(struct server *s, struct wr_err *err)
     if (!s->http)
         return -1;
     http_server_set_idle_timeout(s->http, s->idle_s);
+    int max_conns = s->max_conns;
+    if (!max_conns) { /* leave fds for sandboxes, images and the state database */
+        struct rlimit rl;
+        max_conns = MAX_CONNS;
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+            (rlim_t)max_conns > rl.rlim_cur / 2)
+            max_conns = rl.rlim_cur / 2 > 64 ? (int)(rl.rlim_cur / 2) : 64;
+    }
+    s->max_conns = max_conns;
+    http_server_set_limits(s->http, max_conns, s->header_s, (size_t)s->body_memory_mib << 20);
+    http_server_set_body_limit(s->http, api_body_limit, &s->d);
     if (cfg->listen_port &&
         http_server_listen_tcp(s->http, cfg->listen_host, cfg->listen_port, err) < 0)
         return -1;
@@ -299,6 +343,8 @@ int api_serve_main(int argc, char **argv)
     s.d.lock_fd = -1;
     daemon_config_defaults(&s.d.cfg);
     s.idle_s = IDLE_TIMEOUT_S;
+    s.header_s = HEADER_TIMEOUT_S;
+    s.body_memory_mib = BODY_MEMORY_MIB;
     if (parse_args(argc, argv, &s) < 0)
         return 2;
     if (getenv("WITHRUNTIME_DEBUG"))
@@ -321,9 +367,11 @@ int api_serve_main(int argc, char **argv)
     event_add(tick, &tv);
     struct daemon_config *cfg = &s.d.cfg;
     log_info(NULL, "daemon.started",
-             "state_dir=%s listen=%s:%d socket=%s agent=%s driver=%s sandboxes=%d idle_timeout=%d",
+             "state_dir=%s listen=%s:%d socket=%s agent=%s driver=%s sandboxes=%d idle_timeout=%d "
+             "max_connections=%d header_timeout=%d body_memory_mib=%d",
              cfg->state_dir, cfg->listen_port ? cfg->listen_host : "none", cfg->listen_port,
-             cfg->socket_path, cfg->agent_path, cfg->driver, s.d.nsandboxes, s.idle_s);
+             cfg->socket_path, cfg->agent_path, cfg->driver, s.d.nsandboxes, s.idle_s, s.max_conns,
+             s.header_s, s.body_memory_mib);
 
     event_base_dispatch(s.d.base);
 

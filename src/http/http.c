@@ -24,6 +24,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
+#include "http/conn.h"
 
 #define MAX_LISTENERS 4
 
@@ -36,6 +37,12 @@
 /* A listener that ran out of fds pauses, then tries again, instead of spinning on accept. */
 #define ACCEPT_PAUSE_MS 200
 
+/* Defaults of the connection layer (serve sets its own from the command line). */
+#define HTTP_DEFAULT_MAX_CONNS 4096
+#define HTTP_DEFAULT_HEADER_S 10
+#define HTTP_MAX_HEADER (16 * 1024)
+#define HTTP_DEFAULT_BODY_BUDGET ((size_t)256 << 20)
+
 struct http_server {
     struct event_base *base;
     struct evhttp *http;
@@ -47,6 +54,10 @@ struct http_server {
     uint64_t accept_errors;
     char unix_path[108];
     int idle_s;
+    struct conns *conns;
+    struct conn_limits lim;
+    int error_paused; /* out of fds: accepting again after ACCEPT_PAUSE_MS */
+    int cap_paused;   /* at the connection cap: accepting again after a close */
 };
 
 struct http_req {
@@ -59,6 +70,7 @@ struct http_req {
     int query_bad;
     int has_nul; /* "%00" somewhere in the path or query */
     int gone;
+    int tracked; /* the connection layer watches the connection's close for us */
     void (*close_cb)(void *);
     void *close_arg;
     void (*drain_cb)(void *); /* one-shot: the connection's output was all sent */
@@ -83,11 +95,31 @@ static const char *method_name(enum evhttp_cmd_type t)
     }
 }
 
+static void set_accepting(struct http_server *s)
+{
+    int on = !s->error_paused && !s->cap_paused;
+    for (int i = 0; i < s->nbound; i++) {
+        struct evconnlistener *l = evhttp_bound_socket_get_listener(s->bound[i]);
+        if (on)
+            evconnlistener_enable(l);
+        else
+            evconnlistener_disable(l);
+    }
+}
+
 static void on_resume(evutil_socket_t fd, short what, void *arg)
 {
     struct http_server *s = arg;
-    for (int i = 0; i < s->nbound; i++)
-        evconnlistener_enable(evhttp_bound_socket_get_listener(s->bound[i]));
+    s->error_paused = 0;
+    set_accepting(s);
+}
+
+/* The connection layer is at its cap (on = 0) or below it again (on = 1). */
+static void on_cap(int on, void *arg)
+{
+    struct http_server *s = arg;
+    s->cap_paused = !on;
+    set_accepting(s);
 }
 
 /* accept failed (out of fds, most likely): stop accepting for a moment rather than retrying at
@@ -99,8 +131,8 @@ static void on_accept_error(struct evconnlistener *l, void *arg)
     if (s->accept_errors++ % 1000 == 0)
         log_warn(NULL, "http.accept_failed", "error=\"%s\" times=%llu", strerror(e),
                  (unsigned long long)s->accept_errors);
-    for (int i = 0; i < s->nbound; i++)
-        evconnlistener_disable(evhttp_bound_socket_get_listener(s->bound[i]));
+    s->error_paused = 1;
+    set_accepting(s);
     struct timeval tv = {0, ACCEPT_PAUSE_MS * 1000};
     evtimer_add(s->resume, &tv);
 }
@@ -110,9 +142,10 @@ static void add_bound(struct http_server *s, struct evhttp_bound_socket *b)
 {
     evconnlistener_set_error_cb(evhttp_bound_socket_get_listener(b), on_accept_error);
     s->bound[s->nbound++] = b;
+    set_accepting(s);
 }
 
-static void on_conn_close(struct evhttp_connection *evcon, void *arg)
+static void on_gone(void *arg)
 {
     struct http_req *r = arg;
     r->gone = 1;
@@ -123,11 +156,18 @@ static void on_conn_close(struct evhttp_connection *evcon, void *arg)
         cb(r->close_arg);
 }
 
+static void on_conn_close(struct evhttp_connection *evcon, void *arg)
+{
+    on_gone(arg);
+}
+
 static void req_free(struct http_req *r)
 {
     if (r->probe)
         event_free(r->probe);
-    if (r->evcon)
+    if (r->evcon && r->tracked)
+        conns_request_end(r->server->conns, r->evcon);
+    else if (r->evcon)
         evhttp_connection_set_closecb(r->evcon, NULL, NULL);
     if (r->query_ok)
         evhttp_clear_headers(&r->query);
@@ -159,8 +199,11 @@ static void on_request(struct evhttp_request *req, void *arg)
             r->query_bad = 1;
         }
     }
-    if (r->evcon)
-        evhttp_connection_set_closecb(r->evcon, on_conn_close, r);
+    if (r->evcon) {
+        r->tracked = conns_request_begin(s->conns, r->evcon, on_gone, r);
+        if (!r->tracked) /* a connection the layer did not make: watched here */
+            evhttp_connection_set_closecb(r->evcon, on_conn_close, r);
+    }
     /* evhttp does not read a TRACE or CONNECT request's body: on a kept-alive connection it
      * would be parsed as the next request. Such a connection ends with its answer. */
     enum evhttp_cmd_type t = evhttp_request_get_command(req);
@@ -183,7 +226,15 @@ struct http_server *http_server_new(struct event_base *base, http_handler handle
         return NULL;
     }
     evhttp_set_max_body_size(s->http, (ev_ssize_t)max_body);
-    evhttp_set_max_headers_size(s->http, 64 * 1024);
+    evhttp_set_max_headers_size(s->http, HTTP_MAX_HEADER);
+    s->lim = (struct conn_limits){.max_conns = HTTP_DEFAULT_MAX_CONNS,
+                                  .header_timeout_s = HTTP_DEFAULT_HEADER_S,
+                                  .max_header = HTTP_MAX_HEADER,
+                                  .max_body = max_body,
+                                  .body_budget = HTTP_DEFAULT_BODY_BUDGET,
+                                  .wait_s = HTTP_DEFAULT_IDLE_S};
+    s->conns = conns_new(base, &s->lim, on_cap, s);
+    evhttp_set_bevcb(s->http, conns_new_bev, s->conns);
     /* Every method evhttp knows reaches the router, so an undeclared one gets a JSON 405
      * naming the allowed methods, not evhttp's own HTML 501. */
     evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_PUT |
@@ -200,6 +251,41 @@ void http_server_set_idle_timeout(struct http_server *s, int secs)
 {
     s->idle_s = secs;
     evhttp_set_timeout(s->http, secs);
+    if (s->conns) {
+        s->lim.wait_s = secs;
+        conns_set_limits(s->conns, &s->lim);
+    }
+}
+
+void http_server_set_limits(struct http_server *s, int max_conns, int header_timeout_s,
+                            size_t body_budget)
+{
+    if (max_conns > 0)
+        s->lim.max_conns = max_conns;
+    if (header_timeout_s > 0)
+        s->lim.header_timeout_s = header_timeout_s;
+    if (body_budget > 0)
+        s->lim.body_budget = body_budget;
+    conns_set_limits(s->conns, &s->lim);
+}
+
+void http_server_set_body_limit(struct http_server *s, http_body_limit_fn fn, void *ctx)
+{
+    conns_set_body_limit(s->conns, fn, ctx);
+}
+
+void http_server_conn_stats(struct http_server *s, struct http_conn_stats *out)
+{
+    struct conn_stats st;
+    conns_stats(s->conns, &st);
+    *out = (struct http_conn_stats){.open = st.open,
+                                    .waiting = st.waiting,
+                                    .body_bytes = st.body_bytes,
+                                    .evicted = st.evicted,
+                                    .header_timeouts = st.header_timeouts,
+                                    .wait_timeouts = st.wait_timeouts,
+                                    .refused = st.refused,
+                                    .paused = st.paused};
 }
 
 int http_server_listen_tcp(struct http_server *s, const char *host, int port, struct wr_err *err)
@@ -279,6 +365,7 @@ void http_server_free(struct http_server *s)
     if (s->resume)
         event_free(s->resume);
     evhttp_free(s->http);
+    conns_free(s->conns);
     free(s);
 }
 

@@ -30,6 +30,31 @@ struct http_server *http_server_new(struct event_base *base, http_handler handle
  */
 void http_server_set_idle_timeout(struct http_server *s, int secs);
 
+/**
+ * The connection layer's limits (0 leaves one as it is): at most max_conns connections (at the
+ * cap the one idle the longest is closed for a new one; with none idle, new ones wait in the
+ * backlog); a request's header block must arrive within header_timeout_s of its first byte;
+ * request bodies being read or answered hold body_budget bytes at most (their Content-Length,
+ * or the largest body for a chunked one), and a body that does not fit waits, unread, until it
+ * does (for the idle timeout at most, then its connection is closed).
+ */
+void http_server_set_limits(struct http_server *s, int max_conns, int header_timeout_s,
+                            size_t body_budget);
+
+/** A route's body limit, from a request line's method and raw target (path and query). A
+ * Content-Length over it is answered 413 (JSON, code payload_too_large) before the body is read;
+ * a chunked body is cut there (evhttp's own 413). */
+typedef size_t (*http_body_limit_fn)(const char *method, const char *target, void *ctx);
+void http_server_set_body_limit(struct http_server *s, http_body_limit_fn fn, void *ctx);
+
+struct http_conn_stats {
+    int open;
+    int waiting;       /* connections whose body waits for room */
+    size_t body_bytes; /* of the body budget, in use */
+    unsigned long long evicted, header_timeouts, wait_timeouts, refused, paused;
+};
+void http_server_conn_stats(struct http_server *s, struct http_conn_stats *out);
+
 /** Listens on host:port (TCP). */
 int http_server_listen_tcp(struct http_server *s, const char *host, int port, struct wr_err *err);
 

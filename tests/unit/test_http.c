@@ -13,6 +13,7 @@
 #include <event2/thread.h>
 #include <jansson.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -129,6 +130,22 @@ static void handler(struct http_req *r, void *ctx)
         http_req_on_close(r, hang_on_close, l);
         http_stream_start(r, 200, "application/x-ndjson");
         http_stream_write(r, "x\n", 2);
+    } else if (strcmp(path, "/conn-stats") == 0) {
+        struct http_conn_stats st;
+        http_server_conn_stats(server, &st);
+        http_reply_json(r, 200,
+                        json_pack("{s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I}", "open", st.open,
+                                  "refused", (json_int_t)st.refused, "waiting", st.waiting,
+                                  "body_bytes", (json_int_t)st.body_bytes, "evicted",
+                                  (json_int_t)st.evicted, "header_timeouts",
+                                  (json_int_t)st.header_timeouts, "wait_timeouts",
+                                  (json_int_t)st.wait_timeouts, "paused", (json_int_t)st.paused));
+    } else if (strcmp(path, "/bigreply") == 0) {
+        size_t n = 1 << 20;
+        char *big = malloc(n);
+        memset(big, 'z', n);
+        http_reply(r, 200, "application/octet-stream", big, n);
+        free(big);
     } else if (strcmp(path, "/stop") == 0) {
         http_server_stop_accepting(server);
         http_reply(r, 200, "text/plain", "stopped", 7);
@@ -642,6 +659,240 @@ static void http_checks(void)
     http_server_free(server);
 }
 
+/* ---- the connection layer: cap, header deadline, route limits, body budget ---- */
+
+#define CONN_CAP 4
+#define CONN_BUDGET 3000
+
+static size_t route_limit(const char *method, const char *target, void *ctx)
+{
+    return strcmp(method, "PUT") == 0 && strncmp(target, "/echo/big", 9) == 0 ? 4000 : 1000;
+}
+
+static json_t *conn_stats(int port)
+{
+    int fd = connect_tcp(port);
+    struct resp r;
+    json_t *o = NULL;
+    if (fd < 0 || roundtrip(fd, "GET /conn-stats HTTP/1.1\r\nHost: x\r\n\r\n", &r, &o) < 0)
+        o = NULL;
+    if (fd >= 0) {
+        resp_free(&r);
+        close(fd);
+    }
+    return o ? o : json_object();
+}
+
+static long long stat_of(int port, const char *k)
+{
+    json_t *o = conn_stats(port);
+    long long v = json_integer_value(json_object_get(o, k));
+    json_decref(o);
+    return v;
+}
+
+/* Whether fd has bytes (or its end) to read within ms. */
+static int readable(int fd, int ms)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    return poll(&p, 1, ms) == 1;
+}
+
+static void conn_checks(void)
+{
+    struct wr_err err = {0};
+    int port = free_port();
+    server = http_server_new(base, handler, NULL, 8000, &err);
+    http_server_set_idle_timeout(server, 4); /* also how long a body waits for room */
+    http_server_set_limits(server, CONN_CAP, 2, CONN_BUDGET);
+    http_server_set_body_limit(server, route_limit, NULL);
+    ok(server && http_server_listen_tcp(server, "127.0.0.1", port, &err) == 0,
+       "a server with a cap of %d connections, a 2 s header deadline, a %d-byte body budget",
+       CONN_CAP, CONN_BUDGET);
+    struct event *ka = event_new(base, -1, EV_PERSIST, keepalive, NULL);
+    struct timeval sec = {1, 0};
+    event_add(ka, &sec);
+    pthread_t loop;
+    pthread_create(&loop, NULL, loop_main, NULL);
+    struct resp r;
+    json_t *o = NULL;
+
+    /* An answer on a connection the server closes arrives whole. */
+    int fd = connect_tcp(port);
+    int rc =
+        roundtrip(fd, "GET /bigreply HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", &r, NULL);
+    ok(rc == 0 && r.status == 200 && r.body_len == (1u << 20),
+       "a 1 MiB answer with Connection: close arrives whole (%zu bytes)", r.body_len);
+    ok(closed_by_server(fd, 2000), "and the connection closes after it");
+    resp_free(&r);
+    close(fd);
+
+    /* Header deadline: a request line and half a header, then nothing. */
+    fd = connect_tcp(port);
+    send_str(fd, "GET /echo HTTP/1.1\r\nHost: x\r\nX-Te");
+    ok(closed_by_server(fd, 6000), "headers that stop coming: closed at the header deadline");
+    close(fd);
+    ok(stat_of(port, "header_timeouts") == 1, "counted as a header timeout");
+    /* Headers dribbled in, but complete within the deadline, are answered. */
+    fd = connect_tcp(port);
+    const char *parts[] = {"GET /echo?a=slow HTTP/1.1\r\n", "Host: x\r\n", "X-Test: 1\r\n", "\r\n"};
+    for (int i = 0; i < 4; i++) {
+        send_str(fd, parts[i]);
+        struct timespec ts = {0, 150000000L};
+        nanosleep(&ts, NULL);
+    }
+    rc = read_resp(fd, &r);
+    o = rc == 0 ? json_loads(r.body, 0, NULL) : NULL;
+    ok(rc == 0 && r.status == 200 && strcmp(jstr(o, "a"), "slow") == 0,
+       "headers sent in four pieces within the deadline are answered");
+    json_decref(o);
+    resp_free(&r);
+    /* The deadline is per request: an idle kept-alive connection is not cut by it. */
+    ok(!readable(fd, 2500), "a kept-alive connection idle past the header deadline stays open");
+    rc = roundtrip(fd, "GET /echo?a=again HTTP/1.1\r\nHost: x\r\n\r\n", &r, &o);
+    ok(rc == 0 && r.status == 200 && strcmp(jstr(o, "a"), "again") == 0,
+       "and answers its next request");
+    json_decref(o);
+    resp_free(&r);
+    close(fd);
+
+    /* Route limits, from the headers. */
+    int before = atomic_load(&handled);
+    char body[4001];
+    memset(body, 'b', sizeof(body) - 1);
+    body[sizeof(body) - 1] = '\0';
+    fd = connect_tcp(port);
+    send_str(fd, "PUT /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2000\r\n\r\n");
+    rc = read_resp(fd, &r);
+    o = rc == 0 ? json_loads(r.body, 0, NULL) : NULL;
+    ok(rc == 0 && r.status == 413 &&
+           strcmp(jstr(json_object_get(o, "error"), "code"), "payload_too_large") == 0,
+       "a Content-Length over the route's limit (2000 > 1000): a JSON 413 before any body (%d %s)",
+       r.status, r.body ? r.body : "");
+    json_decref(o);
+    resp_free(&r);
+    ok(send_all(fd, body, 2000) == 0, "the body sent anyway is taken (dropped) without a reset");
+    ok(closed_by_server(fd, 5000), "then the connection closes");
+    close(fd);
+    ok(atomic_load(&handled) == before, "no handler saw the refused request");
+    ok(stat_of(port, "refused") == 1, "counted as refused");
+    char req[5000];
+    snprintf(req, sizeof(req),
+             "PUT /echo/big HTTP/1.1\r\nHost: x\r\nContent-Length: 2000\r\n\r\n%.2000s", body);
+    fd = connect_tcp(port);
+    rc = roundtrip(fd, req, &r, &o);
+    ok(rc == 0 && r.status == 200 && json_integer_value(json_object_get(o, "body_len")) == 2000,
+       "the same body to a route with a larger limit is taken");
+    json_decref(o);
+    resp_free(&r);
+    close(fd);
+    fd = connect_tcp(port);
+    send_str(fd, "PUT /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n");
+    for (int i = 0; i < 3; i++)
+        send_str(fd, "1f4\r\n"), send_all(fd, body, 500), send_str(fd, "\r\n");
+    send_str(fd, "0\r\n\r\n");
+    rc = read_head(fd, &r);
+    ok(rc == 0 && r.status == 413, "a chunked body is cut at the route's limit: 413 (%d)",
+       r.status);
+    close(fd);
+
+    /* The body budget: a body that does not fit waits, unread, for one that does. */
+    int a = connect_tcp(port);
+    send_str(a, "PUT /echo/big HTTP/1.1\r\nHost: x\r\nContent-Length: 2500\r\n\r\n");
+    send_all(a, body, 100);
+    /* (a body that came whole with its headers is in memory already, and is let in) */
+    const char *head_b = "PUT /echo/big HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n";
+    int b = connect_tcp(port);
+    send_str(b, head_b);
+    send_all(b, body, 100);
+    ok(!readable(b, 500), "a 1000-byte body waits while 2500 of the %d-byte budget are taken",
+       CONN_BUDGET);
+    o = conn_stats(port);
+    ok(json_integer_value(json_object_get(o, "waiting")) == 1 &&
+           json_integer_value(json_object_get(o, "body_bytes")) == 2500,
+       "one connection waits; 2500 bytes are admitted");
+    json_decref(o);
+    send_all(b, body, 900); /* stays in the socket until b's turn */
+    send_all(a, body, 2400);
+    rc = read_resp(a, &r);
+    ok(rc == 0 && r.status == 200, "the first body completes and is answered");
+    resp_free(&r);
+    rc = read_resp(b, &r);
+    o = rc == 0 ? json_loads(r.body, 0, NULL) : NULL;
+    ok(rc == 0 && r.status == 200 && json_integer_value(json_object_get(o, "body_len")) == 1000,
+       "then the waiting one is let in and answered whole");
+    json_decref(o);
+    resp_free(&r);
+    close(a);
+    close(b);
+    /* ... and one that waits longer than the idle timeout is closed. */
+    a = connect_tcp(port);
+    send_str(a, "PUT /echo/big HTTP/1.1\r\nHost: x\r\nContent-Length: 2500\r\n\r\n");
+    send_all(a, body, 100);
+    b = connect_tcp(port);
+    send_str(b, head_b);
+    send_all(b, body, 100);
+    ok(closed_by_server(b, 10000),
+       "a body that waits past the idle timeout: its connection closes");
+    close(a);
+    ok(stat_of(port, "wait_timeouts") == 1, "counted as a wait timeout");
+    o = conn_stats(port);
+    ok(json_integer_value(json_object_get(o, "body_bytes")) == 0 &&
+           json_integer_value(json_object_get(o, "waiting")) == 0,
+       "and nothing of the budget is left taken once they are gone");
+    json_decref(o);
+
+    /* The cap: the connection idle the longest makes room for a new one. */
+    int idle[CONN_CAP - 1];
+    for (int i = 0; i < CONN_CAP - 1; i++) {
+        idle[i] = connect_tcp(port);
+        rc = roundtrip(idle[i], "GET /echo HTTP/1.1\r\nHost: x\r\n\r\n", &r, NULL);
+        resp_free(&r);
+    }
+    fd = connect_tcp(port);
+    rc = roundtrip(fd, "GET /echo?a=new HTTP/1.1\r\nHost: x\r\n\r\n", &r, &o);
+    ok(rc == 0 && r.status == 200 && strcmp(jstr(o, "a"), "new") == 0,
+       "at the cap of %d, a new connection is answered", CONN_CAP);
+    json_decref(o);
+    resp_free(&r);
+    ok(closed_by_server(idle[0], 2000), "the connection idle the longest was closed for it");
+    ok(!readable(idle[CONN_CAP - 2], 200), "the most recent idle one was not");
+    close(fd);
+    for (int i = 0; i < CONN_CAP - 1; i++)
+        close(idle[i]);
+    ok(stat_of(port, "evicted") >= 1, "counted as evicted");
+    /* With no connection idle (all of them sending headers slowly), a new one waits in the
+     * backlog until the header deadline closes them, then is answered. */
+    int slow[CONN_CAP];
+    for (int i = 0; i < CONN_CAP; i++) {
+        slow[i] = connect_tcp(port);
+        send_str(slow[i], "GET /echo HTTP/1.1\r\nHost: x\r\n");
+    }
+    fd = connect_tcp(port);
+    set_timeout(fd, 8000);
+    rc = fd >= 0 ? roundtrip(fd, "GET /echo?a=late HTTP/1.1\r\nHost: x\r\n\r\n", &r, &o) : -1;
+    ok(rc == 0 && r.status == 200 && strcmp(jstr(o, "a"), "late") == 0,
+       "with %d slow connections at the cap, a new one is answered once they are closed", CONN_CAP);
+    json_decref(o);
+    resp_free(&r);
+    int all_closed = 1;
+    for (int i = 0; i < CONN_CAP; i++) {
+        all_closed &= closed_by_server(slow[i], 100);
+        close(slow[i]);
+    }
+    ok(all_closed, "the slow connections were all closed by the deadline");
+    if (fd >= 0)
+        close(fd);
+    ok(stat_of(port, "paused") >= 1, "accepting paused at the cap meanwhile");
+    ok(stat_of(port, "open") == 1, "only the connection asking is open at the end");
+
+    event_base_loopbreak(base);
+    pthread_join(loop, NULL);
+    event_free(ka);
+    http_server_free(server);
+    server = NULL;
+}
+
 static void router_checks(void)
 {
     static const struct route routes[] = {
@@ -717,6 +968,7 @@ int main(void)
     evthread_use_pthreads();
     base = event_base_new();
     http_checks();
+    conn_checks();
     event_base_free(base);
     unlink(sock_path);
     rmdir(tmpdir);
