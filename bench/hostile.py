@@ -13,6 +13,10 @@ one that measures), and runs:
             how long until A's CPU (GET .../stats cpu_usec) and the daemon's are idle again
   uploads   8 parallel uploads to A of the largest body the daemon accepts (found from its 413)
   idle_conns 2,000 idle TCP connections held open
+  slowloris 2,000 connections sending a request line and half a header, then a byte a second:
+            the header deadline (serve --header-timeout, 10 s) closes them; reports when
+  over_cap  6,000 idle connections, past the connection cap (serve --max-connections, 4096):
+            the idle-longest are closed for new ones, and the daemon's fds stay at the cap
   flood_*   fairness: A floods output through the daemon (64 x `yes`) in several ways while
             B's `exec true` latency is measured; the ratio to idle is the figure of point 9
             (target <= 2x). flood_devnull (64 x `yes > /dev/null`: CPU only, no output through
@@ -633,16 +637,80 @@ class Hostile:
                     break
 
         def finish(_):
-            closed = 0
+            closed = sum(self._closed(s) for s in socks)
             for s in socks:
-                try:
-                    s.setblocking(False)
-                    if s.recv(1, socket.MSG_PEEK) == b"":
-                        closed += 1
-                except BlockingIOError:
-                    pass
-                except OSError:
-                    closed += 1
+                s.close()
+            return {"asked": n, "opened": len(socks), "closed_by_daemon_during_phase": closed,
+                    "connect_errors": errors[:3]}
+        return None, finish
+
+    def _closed(self, s):
+        """Whether the daemon closed s (its end read, or a reset)."""
+        s.setblocking(False)  # (with a timeout set, nothing to read would raise a timeout)
+        try:
+            return s.recv(1, socket.MSG_PEEK) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+
+    def slowloris(self):
+        n = self.args.slowloris
+        t0 = time.monotonic()
+        socks, errors = [], []
+        for _ in range(n):
+            try:
+                s = self.raw.connect(timeout=5)
+                s.sendall(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+                socks.append(s)
+            except OSError as e:
+                errors.append(str(e))
+                if len(errors) > 20:
+                    break
+        closed_at = {}
+        stop = threading.Event()
+
+        def drip():
+            while not stop.wait(1.0):
+                for i, s in enumerate(socks):
+                    if i in closed_at:
+                        continue
+                    if self._closed(s):
+                        closed_at[i] = time.monotonic() - t0
+                        continue
+                    try:
+                        s.send(b"a", socket.MSG_DONTWAIT)
+                    except OSError:
+                        closed_at[i] = time.monotonic() - t0
+        t = threading.Thread(target=drip, daemon=True)
+        t.start()
+        self._slowloris_left = lambda: len(closed_at) < len(socks)
+
+        def finish(_):
+            stop.set()
+            t.join()
+            for s in socks:
+                s.close()
+            at = sorted(closed_at.values())
+            return {"asked": n, "opened": len(socks), "connect_errors": errors[:3],
+                    "closed_by_daemon": len(at),
+                    "first_closed_s": round(at[0], 1) if at else None,
+                    "last_closed_s": round(at[-1], 1) if at else None}
+        return None, finish
+
+    def over_cap(self):
+        n = self.args.over_cap
+        socks, errors = [], []
+        for _ in range(n):
+            try:
+                socks.append(self.raw.connect(timeout=5))
+            except OSError as e:
+                errors.append(str(e))
+                if len(errors) > 20:
+                    break
+
+        def finish(_):
+            closed = sum(self._closed(s) for s in socks)
             for s in socks:
                 s.close()
             return {"asked": n, "opened": len(socks), "closed_by_daemon_during_phase": closed,
@@ -774,9 +842,13 @@ def note(name, rec):
                 f"{ld['limit_plus_1_status']}): {ld['ok']} ok "
                 f"({','.join(ld['status'])}), slowest {ld['max_seconds']} s, "
                 f"{ld['total_mib_s']} MiB/s in all")
-    if name == "idle_conns":
+    if name in ("idle_conns", "over_cap"):
         return (f"{ld['opened']} of {ld['asked']} open; {ld['closed_by_daemon_during_phase']} "
-                "closed by the daemon during the phase")
+                f"closed by the daemon during the phase; daemon fds peak {rec['fds_peak']}")
+    if name == "slowloris":
+        return (f"{ld['opened']} of {ld['asked']} open; {ld['closed_by_daemon']} closed by the "
+                f"header deadline, {ld['first_closed_s']}-{ld['last_closed_s']} s after the "
+                "first was opened")
     if name.startswith("flood"):
         parts = [f"A {rec['sandbox_cpu_pct'].get('A', '?')}% / B "
                  f"{rec['sandbox_cpu_pct'].get('B', '?')}% CPU"]
@@ -881,8 +953,8 @@ def chart(res, samples, phases, path):
 
 # ---------------------------------------------------------------- main
 
-ALL = ["idle", "slow", "cancel", "uploads", "idle_conns", "flood_background", "flood_capped",
-       "flood_stream", "flood_devnull"]
+ALL = ["idle", "slow", "cancel", "uploads", "idle_conns", "slowloris", "over_cap",
+       "flood_background", "flood_capped", "flood_stream", "flood_devnull"]
 
 
 def main():
@@ -910,6 +982,9 @@ def main():
     ap.add_argument("--uploads", type=int, default=8)
     ap.add_argument("--upload-bytes", type=int, help="cap each upload below the daemon's limit")
     ap.add_argument("--idle-conns", type=int, default=2000)
+    ap.add_argument("--slowloris", type=int, default=2000)
+    ap.add_argument("--over-cap", type=int, default=6000,
+                    help="idle connections opened past the daemon's cap (4096 by default)")
     ap.add_argument("--cpus", type=int, default=2, help="each sandbox's cpus")
     ap.add_argument("--a-cpus", type=int, help="the hostile sandbox A's cpus (default --cpus)")
     ap.add_argument("--memory-mib", type=int, default=2048,
@@ -925,9 +1000,10 @@ def main():
 
     # room for 2,000 connections and the rest; the daemon inherits it and raises its own
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = min(hard, max(soft, args.idle_conns + 1024))
+    most = max(args.idle_conns, args.slowloris, args.over_cap)
+    want = min(hard, max(soft, most + 1024))
     resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-    if want < args.idle_conns + 100:
+    if want < most + 100:
         log(f"RLIMIT_NOFILE hard limit {hard}: fewer idle connections than asked")
 
     def on_term(signum, _frame):
@@ -975,6 +1051,12 @@ def main():
                         busy=lambda: any(t.is_alive() for t in h._uploads_threads))
             elif p == "idle_conns":
                 h.phase("idle_conns", *two(h.idle_conns))
+            elif p == "slowloris":
+                # probing lasts until the header deadline has closed every one
+                h.phase("slowloris", *two(h.slowloris), max_s=60,
+                        busy=lambda: h._slowloris_left())
+            elif p == "over_cap":
+                h.phase("over_cap", *two(h.over_cap))
             elif p == "flood_background":
                 h.fair_phase(p, lambda: h.flood_background(Hostile.FLOOD))
             elif p == "flood_capped":
