@@ -55,7 +55,7 @@ struct conn {
     int inflight; /* requests with a handler */
     int waiting;
     int pending;
-    int kill; /* to be closed by the timer (the header block grew past any limit) */
+    int kill; /* to be closed by the timer (a refusal that could not be sent, too much dropped) */
     size_t reserved;
     int64_t body_left; /* -1: chunked, until its handler has it */
     size_t need;       /* what a HELD body will reserve */
@@ -297,27 +297,40 @@ static void parse_head(const char *s, size_t n, struct head_info *h)
     }
 }
 
-/* The answer to a Content-Length over the route's limit, in the API's JSON, written straight to
- * the socket: no handler will see this request. False if it cannot go out whole now (an
- * earlier answer still waiting to be sent, a full socket). */
-static int send_too_large(struct conn *c, uint64_t length, size_t limit)
+/* An error answer in the API's JSON, written straight to the socket: no handler sees this
+ * request. False if it cannot go out whole now (an earlier answer still waiting to be sent, a
+ * full socket). */
+static int send_refusal(struct conn *c, const char *status, const char *code, const char *message)
 {
-    char body[256], msg[512];
-    int bl = snprintf(body, sizeof(body),
-                      "{\"error\":{\"code\":\"payload_too_large\",\"message\":\"request body is "
-                      "%" PRIu64 " bytes; the limit for this route is %zu\"}}\n",
-                      length, limit);
+    char msg[768];
+    char body[512];
+    int bl = snprintf(body, sizeof(body), "{\"error\":{\"code\":\"%s\",\"message\":\"%s\"}}\n",
+                      code, message);
     int ml = snprintf(msg, sizeof(msg),
-                      "HTTP/1.1 413 Payload Too Large\r\nContent-Type: application/json\r\n"
-                      "Content-Length: %d\r\nConnection: close\r\n\r\n%s",
-                      bl, body);
+                      "HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                      "Connection: close\r\n\r\n%s",
+                      status, bl, body);
     evutil_socket_t fd = bufferevent_getfd(c->bev);
-    if (fd < 0 || evbuffer_get_length(bufferevent_get_output(c->bev)) != 0)
+    if (fd < 0 || ml >= (int)sizeof(msg) ||
+        evbuffer_get_length(bufferevent_get_output(c->bev)) != 0)
         return 0;
     if (send(fd, msg, (size_t)ml, MSG_NOSIGNAL | MSG_DONTWAIT) != ml)
         return 0;
     shutdown(fd, SHUT_WR);
     return 1;
+}
+
+/* Refuses the request whose header block is being read: the answer goes out, what evhttp has
+ * of the block stays an unfinished header for ever, and what follows is dropped until the
+ * connection closes (LINGER_MS later). */
+static void refuse(struct conn *c, const char *status, const char *code, const char *message)
+{
+    head_reset(c);
+    disarm(c);
+    c->state = C_REFUSED;
+    if (!send_refusal(c, status, code, message))
+        c->kill = 1;
+    arm(c, c->kill ? 0 : LINGER_MS);
 }
 
 /* The header block is complete: what may its body do? Returns -1 if the request is refused
@@ -340,10 +353,11 @@ static int head_done(struct conn *c)
             cs->st.refused++;
             log_info(NULL, "http.body_too_large", "method=%s length=%" PRIu64 " limit=%zu",
                      h.method, h.length, limit);
-            c->state = C_REFUSED;
-            if (!send_too_large(c, h.length, limit))
-                c->kill = 1;
-            arm(c, c->kill ? 0 : LINGER_MS);
+            char m[160];
+            snprintf(m, sizeof(m),
+                     "request body is %" PRIu64 " bytes; the limit for this route is %zu", h.length,
+                     limit);
+            refuse(c, "413 Payload Too Large", "payload_too_large", m);
             return -1;
         }
         /* evhttp has not parsed these headers yet: a chunked body is cut at this */
@@ -381,7 +395,7 @@ static int head_done(struct conn *c)
 static size_t head_take(struct conn *c, struct evbuffer *buf, size_t pos, size_t n, int *ended)
 {
     *ended = 0;
-    size_t cap = 2 * c->cs->lim.max_header + 64; /* request line and headers, each limited */
+    size_t cap = c->cs->lim.max_header + 1; /* one byte more than a block may have */
     if (c->head_len + n > cap)
         n = cap - c->head_len;
     if (n == 0)
@@ -424,7 +438,7 @@ static void on_input(struct evbuffer *buf, const struct evbuffer_cb_info *info, 
         return;
     size_t len = evbuffer_get_length(buf);
     size_t pos = info->n_added <= len ? len - info->n_added : 0;
-    if (c->state == C_REFUSED) {
+    if (c->state == C_REFUSED || c->kill) {
         /* nothing more reaches evhttp (draining calls this again, with nothing added) */
         c->dropped += len;
         evbuffer_drain(buf, len);
@@ -444,13 +458,17 @@ static void on_input(struct evbuffer *buf, const struct evbuffer_cb_info *info, 
         if (c->state == C_HEAD) {
             int ended;
             size_t n = head_take(c, buf, pos, len - pos, &ended);
-            if (n == 0) { /* longer than evhttp takes: it refuses it; if not, this closes it */
-                c->kill = 1;
-                head_reset(c);
-                arm(c, 0);
-                break;
-            }
             pos += n;
+            if (!ended && c->head_len > cs->lim.max_header) {
+                /* refused here, before evhttp's own (HTML) refusal of a long line */
+                cs->st.refused++;
+                char m[128];
+                snprintf(m, sizeof(m), "the request line and headers are over %zu bytes",
+                         cs->lim.max_header);
+                refuse(c, "400 Bad Request", "invalid_request", m);
+                evbuffer_drain(buf, len);
+                return;
+            }
             if (ended && head_done(c) < 0) {
                 /* what evhttp has of the block stays an unfinished header for ever */
                 evbuffer_drain(buf, len);
