@@ -625,8 +625,8 @@ class Hostile:
 
     # -- phase (d): idle connections
 
-    def idle_conns(self):
-        n = self.args.idle_conns
+    def idle_conns(self, n=None):
+        n = n or self.args.idle_conns
         socks, errors = [], []
         for _ in range(n):
             try:
@@ -699,23 +699,7 @@ class Hostile:
         return None, finish
 
     def over_cap(self):
-        n = self.args.over_cap
-        socks, errors = [], []
-        for _ in range(n):
-            try:
-                socks.append(self.raw.connect(timeout=5))
-            except OSError as e:
-                errors.append(str(e))
-                if len(errors) > 20:
-                    break
-
-        def finish(_):
-            closed = sum(self._closed(s) for s in socks)
-            for s in socks:
-                s.close()
-            return {"asked": n, "opened": len(socks), "closed_by_daemon_during_phase": closed,
-                    "connect_errors": errors[:3]}
-        return None, finish
+        return self.idle_conns(self.args.over_cap)
 
     # -- phase (e): floods
 

@@ -164,6 +164,16 @@ static void *loop_main(void *arg)
     return NULL;
 }
 
+/* Runs base's loop in a thread (kept alive by a timer, which the caller frees after joining). */
+static struct event *start_loop(pthread_t *loop)
+{
+    struct event *ka = event_new(base, -1, EV_PERSIST, keepalive, NULL);
+    struct timeval sec = {1, 0};
+    event_add(ka, &sec);
+    pthread_create(loop, NULL, loop_main, NULL);
+    return ka;
+}
+
 /* ---- the client side (main thread) ---- */
 
 struct resp {
@@ -431,11 +441,8 @@ static void http_checks(void)
     ok(stat(sock_path, &st) == 0 && S_ISSOCK(st.st_mode),
        "and freeing it leaves the live socket in place");
 
-    struct event *ka = event_new(base, -1, EV_PERSIST, keepalive, NULL);
-    struct timeval sec = {1, 0};
-    event_add(ka, &sec);
     pthread_t loop;
-    pthread_create(&loop, NULL, loop_main, NULL);
+    struct event *ka = start_loop(&loop);
 
     struct resp r;
     json_t *o = NULL;
@@ -709,11 +716,8 @@ static void conn_checks(void)
     ok(server && http_server_listen_tcp(server, "127.0.0.1", port, &err) == 0,
        "a server with a cap of %d connections, a 2 s header deadline, a %d-byte body budget",
        CONN_CAP, CONN_BUDGET);
-    struct event *ka = event_new(base, -1, EV_PERSIST, keepalive, NULL);
-    struct timeval sec = {1, 0};
-    event_add(ka, &sec);
     pthread_t loop;
-    pthread_create(&loop, NULL, loop_main, NULL);
+    struct event *ka = start_loop(&loop);
     struct resp r;
     json_t *o = NULL;
     char v[64];
