@@ -22,7 +22,7 @@ CFLAGS_ALL := $(CFLAGS_BASE) $(SANFLAGS) $(CFLAGS)
 LIBS := -levent -levent_pthreads -ljansson -lsqlite3 -lpthread
 
 COMMON_SRC := $(wildcard src/common/*.c) $(wildcard src/proto/*.c)
-DAEMON_SRC := $(wildcard src/driver/*.c src/image/*.c src/store/*.c src/http/*.c \
+DAEMON_SRC := $(wildcard src/driver/*.c src/image/*.c src/store/*.c src/http/*.c src/net/*.c \
                 src/api/*.c src/daemon/*.c src/cli/*.c)
 LIB_SRC := $(COMMON_SRC) $(filter-out src/cli/main.c,$(DAEMON_SRC))
 AGENT_SRC := $(wildcard src/agent/*.c)

@@ -1,0 +1,52 @@
+/*
+ * A sandbox's egress policy: what `network` on create (or PUT .../network) says, checked and
+ * normalised, and the one function that decides whether a host and port may be reached.
+ *
+ *   {"internet": false}                          nothing at all (the default)
+ *   {"internet": true}                           any public host
+ *   {"internet": true, "allow": [...]}           only hosts matching an entry
+ *   ... "deny": [...]                            never hosts matching one of these (wins)
+ *
+ * An entry is a host name ("pypi.org") or a wildcard for the names under one ("*.pythonhosted.org":
+ * a.pythonhosted.org, a.b.pythonhosted.org, not pythonhosted.org itself), with an optional
+ * ":port". Without a port an entry covers ports 80 and 443. Names are case-insensitive and a
+ * trailing dot is ignored; addresses are not names (the proxy dials only what it resolved).
+ * Normalised: lower case, no trailing dot, duplicates dropped, the given order kept.
+ */
+#ifndef WR_NETPOLICY_H
+#define WR_NETPOLICY_H
+
+#include <jansson.h>
+
+#include "common/err.h"
+
+#define NETPOLICY_MAX_ENTRIES 256
+
+/**
+ * Checks a `network` object and returns it normalised (a new reference), as
+ * {"internet": bool[, "allow": [...]][, "deny": [...]]}; NULL (absent) gives {"internet": false}.
+ * On a bad one returns NULL with err set (WR_E_INVALID), its message naming the field or entry.
+ */
+json_t *netpolicy_parse(json_t *in, struct wr_err *err);
+
+enum netpolicy_verdict {
+    NETPOLICY_ALLOW,
+    NETPOLICY_NO_INTERNET, /* "internet": false */
+    NETPOLICY_DENIED,      /* matches a deny entry */
+    NETPOLICY_NOT_ALLOWED, /* an allow list that does not name it */
+    NETPOLICY_BAD_NAME,    /* not a host name (an address, or not a name at all) */
+};
+
+/** Whether a normalised policy lets a connection to host:port out. */
+enum netpolicy_verdict netpolicy_check(json_t *policy, const char *host, int port);
+
+/** A short reason for a verdict, for logs and the sandbox's network log. */
+const char *netpolicy_reason(enum netpolicy_verdict v);
+
+/**
+ * Normalises a host name as entries are (lower case, no trailing dot) into out (cap bytes).
+ * Returns 0, or -1 if it is not a valid DNS name (or is an IPv4/IPv6 address).
+ */
+int netpolicy_host(const char *in, char *out, size_t cap);
+
+#endif
