@@ -597,6 +597,15 @@ class Sandbox:
         return self._update(self._client.request_json(
             "POST", self._path + "/timeout", json_body={"timeout_seconds": seconds}))
 
+    def set_network(self, network: Mapping[str, Any]) -> "Sandbox":
+        """Replaces the egress policy, e.g. ``{"internet": True, "allow": ["pypi.org"]}``
+        (``"deny"`` entries win over ``"allow"``); new connections follow it at once. A bad
+        entry raises :class:`InvalidRequest` naming it. ``self.network`` is the policy as the
+        daemon keeps it (normalised). Until egress lands, sandboxes reach nothing outside,
+        whatever the policy says."""
+        return self._update(self._client.request_json(
+            "PUT", self._path + "/network", json_body=dict(network)))
+
     def delete(self) -> None:
         """Deletes the sandbox and everything in it."""
         self._client.request_json("DELETE", self._path)

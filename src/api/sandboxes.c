@@ -9,48 +9,11 @@
 #include "api/jsonv.h"
 #include "daemon/daemon.h"
 #include "daemon/service.h"
+#include "net/netpolicy.h"
 
 static const char *const create_fields[] = {
     "image",           "cpus",         "memory_mib", "disk_mib", "env", "metadata",
     "timeout_seconds", "on_lease_end", "network",    NULL};
-
-static const char *const network_fields[] = {"internet", "allow", NULL};
-
-/*
- * Checks `network` and returns it normalised as {"internet": bool[, "allow": [...]]} (new
- * reference; absent = no internet), or NULL with err set.
- */
-static json_t *parse_network(json_t *net, struct wr_err *err)
-{
-    if (!net)
-        return json_pack("{s:b}", "internet", 0);
-    json_t *internet = json_object_get(net, "internet");
-    json_t *allow = json_object_get(net, "allow");
-    if (!json_is_object(net) || (internet && !json_is_boolean(internet)) ||
-        (allow && !json_is_array(allow))) {
-        wr_err_kind(
-            err, WR_E_INVALID, 0,
-            "network: must be an object like {\"internet\": true, \"allow\": [\"pypi.org\"]}");
-        return NULL;
-    }
-    if (jv_only(net, network_fields, err) < 0) {
-        wr_err_prefix(err, "network");
-        return NULL;
-    }
-    size_t i;
-    json_t *h;
-    json_array_foreach(allow, i, h)
-    {
-        if (!json_is_string(h) || json_string_length(h) == 0 || json_string_length(h) > 253) {
-            wr_err_kind(err, WR_E_INVALID, 0, "network.allow[%zu]: must be a host name", i);
-            return NULL;
-        }
-    }
-    json_t *out = json_pack("{s:b}", "internet", internet && json_is_true(internet));
-    if (allow)
-        json_object_set(out, "allow", allow);
-    return out;
-}
 
 void api_sandboxes_create(struct daemon *d, struct http_req *req, struct route_match *m)
 {
@@ -76,7 +39,7 @@ void api_sandboxes_create(struct daemon *d, struct http_req *req, struct route_m
         wr_err_kind(&err, WR_E_INVALID, 0, "on_lease_end: must be \"stop\" or \"delete\"");
         goto bad;
     }
-    net = parse_network(json_object_get(o, "network"), &err);
+    net = netpolicy_parse(json_object_get(o, "network"), &err);
     if (!net)
         goto bad;
     struct sandbox_opts opts = {
@@ -160,6 +123,22 @@ void api_sandboxes_timeout(struct daemon *d, struct http_req *req, struct route_
         api_reply_err(req, &err);
     else
         svc_sandbox_set_timeout(d, m->params[0], (int)t, api_sink_new(req));
+}
+
+void api_sandboxes_network(struct daemon *d, struct http_req *req, struct route_match *m)
+{
+    json_t *o = api_json_body(d, req, 0);
+    if (!o)
+        return;
+    struct wr_err err = {0};
+    json_t *net = netpolicy_parse(o, &err);
+    json_decref(o);
+    if (!net) {
+        api_reply_err(req, &err);
+        return;
+    }
+    svc_sandbox_set_network(d, m->params[0], net, api_sink_new(req));
+    json_decref(net);
 }
 
 void api_sandboxes_events(struct daemon *d, struct http_req *req, struct route_match *m)

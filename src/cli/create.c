@@ -21,6 +21,12 @@ static const char usage_create[] =
     "  --disk MIB                disk quota of its writable layer in MiB (default 10240)\n"
     "  --env K=V                 environment variable for every exec (repeatable)\n"
     "  --metadata K=V            stored and returned, never interpreted (repeatable)\n"
+    "  --internet                let it reach any public host (default: no network)\n"
+    "  --allow HOST              let it reach only HOST: a name, '*.name', optionally :PORT\n"
+    "                            (repeatable; implies --internet)\n"
+    "  --deny HOST               never HOST, even if allowed (repeatable)\n"
+    "                            (the policy is kept; until egress lands, sandboxes reach\n"
+    "                            nothing outside, whatever it says)\n"
     "  --on-lease-end stop|delete  what happens when the lease ends (default stop)\n"
     "  --json                    print the sandbox object\n"
     "  -h, --help                this help\n";
@@ -30,6 +36,9 @@ void cli_create_opts_init(struct cli_create_opts *co)
     co->body = json_object();
     co->env = json_object();
     co->metadata = json_object();
+    co->allow = json_array();
+    co->deny = json_array();
+    co->internet = false;
 }
 
 int cli_create_opt(const char *cmd, struct cli_create_opts *co, int opt, const char *arg)
@@ -60,6 +69,13 @@ int cli_create_opt(const char *cmd, struct cli_create_opts *co, int opt, const c
         if (cli_parse_kv(arg, co->metadata) < 0)
             return cli_usage_error(cmd, "--metadata wants K=V, got '%s'", arg);
         return 1;
+    case OPT_INTERNET: co->internet = true; return 1;
+    case OPT_ALLOW:
+    case OPT_DENY:
+        /* checked by the daemon, which names a bad entry */
+        json_array_append_new(opt == OPT_ALLOW ? co->allow : co->deny, json_string(arg));
+        co->internet = true;
+        return 1;
     default: return 0;
     }
 }
@@ -70,6 +86,14 @@ json_t *cli_create_opts_body(struct cli_create_opts *co)
         json_object_set(co->body, "env", co->env);
     if (json_object_size(co->metadata))
         json_object_set(co->body, "metadata", co->metadata);
+    if (co->internet) {
+        json_t *net = json_pack("{s:b}", "internet", 1);
+        if (json_array_size(co->allow))
+            json_object_set(net, "allow", co->allow);
+        if (json_array_size(co->deny))
+            json_object_set(net, "deny", co->deny);
+        json_object_set_new(co->body, "network", net);
+    }
     return co->body;
 }
 
@@ -78,6 +102,8 @@ void cli_create_opts_free(struct cli_create_opts *co)
     json_decref(co->body);
     json_decref(co->env);
     json_decref(co->metadata);
+    json_decref(co->allow);
+    json_decref(co->deny);
 }
 
 int cli_create_failed(const struct wr_err *err)
@@ -99,6 +125,9 @@ int cli_sandbox_create(struct cli_ctx *c, int argc, char **argv)
         {"disk", required_argument, 0, OPT_DISK},
         {"env", required_argument, 0, OPT_ENV},
         {"metadata", required_argument, 0, OPT_METADATA},
+        {"internet", no_argument, 0, OPT_INTERNET},
+        {"allow", required_argument, 0, OPT_ALLOW},
+        {"deny", required_argument, 0, OPT_DENY},
         {"on-lease-end", required_argument, 0, OPT_LEASE_END},
         {"json", no_argument, 0, OPT_JSON},
         {"help", no_argument, 0, 'h'},

@@ -34,6 +34,12 @@ static const char usage_run[] =
     "  --memory MIB     memory in MiB (default 4096)\n"
     "  --disk MIB       disk quota of its writable layer in MiB (default 10240)\n"
     "  --env K=V        environment variable (repeatable)\n"
+    "  --internet       let it reach any public host (default: no network)\n"
+    "  --allow HOST     let it reach only HOST: a name, '*.name', optionally :PORT\n"
+    "                   (repeatable; implies --internet), e.g.\n"
+    "                   --allow pypi.org --allow '*.pythonhosted.org'\n"
+    "  --deny HOST      never HOST, even if allowed (repeatable); the policy is kept,\n"
+    "                   but until egress lands sandboxes reach nothing outside\n"
     "  --cwd DIR        working directory (default /workspace)\n"
     "  --stdin          send our stdin (read to the end first, up to 512 KiB) to CMD\n"
     "  --keep           keep the sandbox and print its id on stderr\n"
@@ -60,6 +66,9 @@ static int run_parse_opts(struct run *run, int argc, char **argv)
         {"memory", required_argument, 0, OPT_MEMORY},
         {"disk", required_argument, 0, OPT_DISK},
         {"env", required_argument, 0, OPT_ENV},
+        {"internet", no_argument, 0, OPT_INTERNET},
+        {"allow", required_argument, 0, OPT_ALLOW},
+        {"deny", required_argument, 0, OPT_DENY},
         {"cwd", required_argument, 0, OPT_CWD},
         {"stdin", no_argument, 0, OPT_STDIN},
         {"keep", no_argument, 0, OPT_KEEP},

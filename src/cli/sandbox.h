@@ -35,6 +35,9 @@ enum {
     OPT_JSON,
     OPT_MODE,
     OPT_STDIN,
+    OPT_INTERNET,
+    OPT_ALLOW,
+    OPT_DENY,
 };
 
 /* ---- helpers (sandbox.c) ---- */
@@ -77,6 +80,9 @@ struct cli_create_opts {
     json_t *body;
     json_t *env;
     json_t *metadata;
+    json_t *allow; /* --allow HOST: the network policy's allow list */
+    json_t *deny;  /* --deny HOST */
+    bool internet; /* --internet, or implied by --allow / --deny */
 };
 
 /** Makes co's three objects, empty. Free with cli_create_opts_free. */

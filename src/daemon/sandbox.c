@@ -278,6 +278,16 @@ void sandbox_set_lease(struct sandbox *sb, int timeout_seconds)
     log_info(sb->id, "lease.set", "timeout_seconds=%d", timeout_seconds);
 }
 
+void sandbox_set_network(struct sandbox *sb, json_t *policy)
+{
+    json_decref(sb->network);
+    sb->network = json_deep_copy(policy);
+    sandbox_persist(sb);
+    char *text = json_dumps(policy, JSON_COMPACT);
+    log_info(sb->id, "network.set", "policy=%s", text ? text : "?");
+    free(text);
+}
+
 void sandbox_spec(const struct sandbox *sb, struct driver_spec *spec)
 {
     memset(spec, 0, sizeof(*spec));

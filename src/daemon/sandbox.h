@@ -128,6 +128,9 @@ int sandbox_check_idle(const struct sandbox *sb, struct wr_err *err);
 /** Moves the lease: it ends timeout_seconds from now (and start gives that much again). */
 void sandbox_set_lease(struct sandbox *sb, int timeout_seconds);
 
+/** Replaces the egress policy (copied) and saves it. */
+void sandbox_set_network(struct sandbox *sb, json_t *policy);
+
 typedef void (*sandbox_stats_cb)(struct sandbox *sb, int rc, const struct driver_stats *st,
                                  void *arg);
 

@@ -249,6 +249,15 @@ void svc_sandbox_set_timeout(struct daemon *d, const char *id, int timeout_secon
     sink_reply(s, SINK_OK, sandbox_to_json(sb));
 }
 
+void svc_sandbox_set_network(struct daemon *d, const char *id, json_t *policy, struct sink *s)
+{
+    struct sandbox *sb = lookup(d, id, s);
+    if (!sb)
+        return;
+    sandbox_set_network(sb, policy);
+    sink_reply(s, SINK_OK, sandbox_to_json(sb));
+}
+
 static int add_event(void *arg, int64_t at, const char *type, const char *state, const char *reason)
 {
     char ts[32];

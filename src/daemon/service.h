@@ -63,6 +63,10 @@ void svc_sandbox_start(struct daemon *d, const char *id, struct sink *s);
 /** Moves the lease to end timeout_seconds from now; answers the sandbox. */
 void svc_sandbox_set_timeout(struct daemon *d, const char *id, int timeout_seconds, struct sink *s);
 
+/** Replaces the sandbox's egress policy (normalised, see net/netpolicy.h); answers with the
+ * sandbox. New connections from the sandbox follow it at once. */
+void svc_sandbox_set_network(struct daemon *d, const char *id, json_t *policy, struct sink *s);
+
 /** Answers {"id", "events": [...]}: the sandbox's history, oldest first. */
 void svc_sandbox_events(struct daemon *d, const char *id, struct sink *s);
 

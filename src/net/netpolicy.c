@@ -73,8 +73,8 @@ static int parse_entry(const char *in, char *out, size_t cap, const char **why)
 {
     char buf[NAME_MAX_LEN + 16];
     size_t n = strlen(in);
-    if (n == 0 || n >= sizeof(buf)) {
-        *why = "is not a host name";
+    if (n == 0 || n > NAME_MAX_LEN) { /* the whole entry, wildcard and port included */
+        *why = n ? "is longer than 253 bytes" : "is not a host name";
         return -1;
     }
     memcpy(buf, in, n + 1);
@@ -87,7 +87,7 @@ static int parse_entry(const char *in, char *out, size_t cap, const char **why)
         }
         char *end;
         long p = strtol(colon + 1, &end, 10);
-        if (colon[1] == '\0' || *end || colon[1] == '+' || colon[1] == '-' || p < 1 || p > 65535) {
+        if (!isdigit((unsigned char)colon[1]) || colon[1] == '0' || *end || p < 1 || p > 65535) {
             *why = "has a port that is not 1 to 65535";
             return -1;
         }

@@ -1,8 +1,10 @@
 """Schemathesis hooks for test_fuzz.py (loaded through SCHEMATHESIS_HOOKS in the fuzzer's
 process, not by pytest).
 
-- A sandbox the fuzzer creates is deleted when it creates the next one, so at most one of its
-  own exists at a time (the test deletes the last).
+- The fuzzer's own sandboxes are kept three at a time: the oldest is deleted when it creates a
+  fourth (the test deletes the rest). A DELETE of one the hook deleted goes to a new sandbox
+  instead, so a scenario that creates several and deletes the first is not answered 404 for
+  what the hook did.
 - A well-formed sandbox id in a generated case is replaced by WR_FUZZ_SANDBOX (a running
   sandbox the test made), and every command id by WR_FUZZ_COMMAND (a background command
   in it), so the operations reach real ones instead of answering 404 every time; malformed ids
@@ -25,7 +27,9 @@ URL = os.environ["WR_FUZZ_URL"]
 SANDBOX = os.environ.get("WR_FUZZ_SANDBOX", "")
 COMMAND = os.environ.get("WR_FUZZ_COMMAND", "")
 SANDBOX_ID = re.compile(r"^sb-[a-z2-7]{21}$")
-_created = []  # the fuzzer's own sandbox, if it has one now
+_created = []  # the fuzzer's own sandboxes, oldest first
+_reaped = set()  # those the hook deleted
+KEEP = 3
 assert URL.startswith("http://127.0.0.1:"), URL
 
 
@@ -52,6 +56,10 @@ def before_call(context, case, kwargs):
     if deleting:
         if sid == SANDBOX:  # a case derived from an earlier one: not this one
             params["id"] = "sb-" + "a" * 21
+        elif sid in _reaped:
+            status, body = _call("POST", "/v1/sandboxes", {"memory_mib": 256})
+            if status == 201:
+                params["id"] = json.loads(body)["id"]  # deleted by the request itself
     else:
         params["id"] = SANDBOX
 
@@ -64,9 +72,11 @@ def after_call(context, case, response):
             sid = response.json()["id"]
         except (ValueError, KeyError, TypeError):
             return
-        while _created:
-            _call("DELETE", f"/v1/sandboxes/{_created.pop()}")
         _created.append(sid)
+        while len(_created) > KEEP:
+            old = _created.pop(0)
+            _call("DELETE", f"/v1/sandboxes/{old}")
+            _reaped.add(old)
     elif (SANDBOX and (case.path_parameters or {}).get("id") == SANDBOX
           and path.rsplit("/", 1)[-1] in ("stop", "timeout")):
         _call("POST", f"/v1/sandboxes/{SANDBOX}/timeout", {"timeout_seconds": 3600})

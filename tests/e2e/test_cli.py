@@ -161,3 +161,21 @@ def test_cli_reports_unreachable_daemon(daemon):
                        timeout=60)
     assert r.returncode != 0
     assert r.stderr.strip()
+
+
+def test_create_takes_a_network_policy(daemon, client):
+    r = wr(daemon, "sandbox", "create", "--memory", "256", "--allow", "PyPI.org",
+           "--allow", "*.pythonhosted.org", "--deny", "bad.pythonhosted.org", "--json")
+    assert r.returncode == 0, r
+    sb = json.loads(r.stdout)
+    try:
+        assert sb["network"] == {"internet": True, "allow": ["pypi.org", "*.pythonhosted.org"],
+                                 "deny": ["bad.pythonhosted.org"]}
+    finally:
+        client.delete(sb["id"])
+    # a bad entry: the daemon's message names it, nothing is created
+    before = ids(client)
+    r = wr(daemon, "sandbox", "run", "--allow", "10.0.0.1", "--", "true")
+    assert r.returncode == 1, r
+    assert b"network.allow[0]" in r.stderr and b"10.0.0.1" in r.stderr, r.stderr
+    assert ids(client) == before

@@ -122,11 +122,16 @@ def test_create_with_every_field(client, make_sandbox):
 @pytest.mark.parametrize("given, returned", [
     ({}, {"internet": False}),
     ({"internet": True}, {"internet": True}),
-    ({"allow": ["pypi.org"]}, {"internet": False, "allow": ["pypi.org"]}),
-    ({"internet": False, "allow": []}, {"internet": False, "allow": []}),
+    ({"internet": False, "allow": []}, {"internet": False}),
+    ({"internet": True, "allow": []}, {"internet": True, "allow": []}),
+    ({"internet": True, "allow": ["PyPI.org.", "*.PythonHosted.ORG", "pypi.org", "x.test:8443"],
+      "deny": ["Bad.PythonHosted.org"]},
+     {"internet": True, "allow": ["pypi.org", "*.pythonhosted.org", "x.test:8443"],
+      "deny": ["bad.pythonhosted.org"]}),
 ])
 def test_network_is_returned_normalised(client, make_sandbox, given, returned):
-    """api/openapi.yaml NetworkOut: `internet` always present, `allow` only when given."""
+    """api/openapi.yaml NetworkOut: `internet` always present, `allow` and `deny` when given
+    with internet, entries in lower case, without the trailing dot, once each, in order."""
     sb = make_sandbox(memory_mib=256, network=given)
     assert sb["network"] == returned
     assert client.get(sb["id"])["network"] == returned
@@ -163,3 +168,27 @@ def test_sandboxes_do_not_share_files(client, make_sandbox):
     assert r.status == 404
     r = client.exec(b, "cat /workspace/mine.txt")
     assert r["exit_code"] != 0
+
+
+def test_the_network_policy_of_a_sandbox_can_be_replaced(client, make_sandbox):
+    sb = make_sandbox(memory_mib=256)
+    sid = sb["id"]
+    r = client.request("PUT", f"/v1/sandboxes/{sid}/network",
+                       {"internet": True, "allow": ["PyPI.org", "*.pythonhosted.org"]})
+    assert r.status == 200, r
+    want = {"internet": True, "allow": ["pypi.org", "*.pythonhosted.org"]}
+    assert r.json()["network"] == want and r.json()["id"] == sid
+    assert client.get(sid)["network"] == want
+    # kept across a stop and a start
+    client.expect(200, "POST", f"/v1/sandboxes/{sid}/stop")
+    r = client.request("PUT", f"/v1/sandboxes/{sid}/network", {"internet": False})
+    assert r.status == 200 and r.json()["network"] == {"internet": False}, r
+    client.expect(200, "POST", f"/v1/sandboxes/{sid}/start")
+    assert client.get(sid)["network"] == {"internet": False}
+    # a bad policy changes nothing, and the message names the entry
+    r = client.request("PUT", f"/v1/sandboxes/{sid}/network",
+                       {"internet": True, "allow": ["pypi.org", "10.0.0.1"]})
+    assert r.status == 400 and "network.allow[1]" in r.error[1] and "10.0.0.1" in r.error[1], r
+    assert client.get(sid)["network"] == {"internet": False}
+    r = client.request("PUT", "/v1/sandboxes/sb-aaaaaaaaaaaaaaaaaaaaa/network", {"internet": True})
+    assert r.status == 404, r

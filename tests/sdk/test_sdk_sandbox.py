@@ -169,6 +169,21 @@ def test_set_timeout(sandbox):
     assert "timeout_seconds" in ei.value.message
 
 
+def test_set_network(sandbox):
+    sandbox.set_network({"internet": True, "allow": ["PyPI.org.", "*.pythonhosted.org"],
+                         "deny": ["bad.pythonhosted.org"]})
+    want = {"internet": True, "allow": ["pypi.org", "*.pythonhosted.org"],
+            "deny": ["bad.pythonhosted.org"]}
+    assert sandbox.network == want
+    assert Sandbox.connect(sandbox.id).network == want
+    with pytest.raises(InvalidRequest) as ei:
+        sandbox.set_network({"internet": True, "allow": ["169.254.169.254"]})
+    assert "network.allow[0]" in ei.value.message and "address" in ei.value.message
+    assert Sandbox.connect(sandbox.id).network == want
+    sandbox.set_network({"internet": False})
+    assert sandbox.network == {"internet": False}
+
+
 def test_delete(daemon):
     sbx = Sandbox.create(memory_mib=256)
     sbx.delete()
