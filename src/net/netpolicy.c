@@ -148,9 +148,9 @@ static json_t *parse_list(json_t *list, const char *field, struct wr_err *err)
         char norm[NAME_MAX_LEN + 16];
         const char *why = "must be a host name (a string)";
         if (!json_is_string(e) || parse_entry(json_string_value(e), norm, sizeof(norm), &why) < 0) {
-            if (json_is_string(e))
-                wr_err_kind(err, WR_E_INVALID, 0, "network.%s[%zu]: \"%.300s\" %s", field, i,
-                            json_string_value(e), why);
+            if (json_is_string(e)) /* quoted in part: the message has room for the reason */
+                wr_err_kind(err, WR_E_INVALID, 0, "network.%s[%zu]: \"%.64s%s\" %s", field, i,
+                            json_string_value(e), json_string_length(e) > 64 ? "..." : "", why);
             else
                 wr_err_kind(err, WR_E_INVALID, 0, "network.%s[%zu]: %s", field, i, why);
             json_decref(out);

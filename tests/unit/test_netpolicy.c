@@ -71,6 +71,8 @@ static void parse_checks(void)
         {"{\"internet\": true, \"allow\": [\"pypi.org:0\"]}", "has a port that is not 1 to 65535"},
         {"{\"internet\": true, \"allow\": [\"pypi.org:65536\"]}", "has a port"},
         {"{\"internet\": true, \"allow\": [\"pypi.org:\"]}", "has a port"},
+        {"{\"internet\": true, \"allow\": [\"pypi.org:0443\"]}", "has a port"},
+        {"{\"internet\": true, \"allow\": [\"pypi.org:+443\"]}", "has a port"},
         {"{\"internet\": true, \"allow\": [\"*\"]}", "for any host, leave \"allow\" out"},
         {"{\"internet\": true, \"allow\": [\"*.org\"]}", "a whole top-level domain"},
         {"{\"internet\": true, \"allow\": [\"a.*.org\"]}", "a '*' that is not a leading"},
@@ -165,6 +167,20 @@ static void check_checks(void)
     memset(long_label, 'a', 64);
     strcpy(long_label + 64, ".org");
     ok(netpolicy_host(long_label, out, sizeof(out)) < 0, "a 64-byte label is not a name");
+    /* 254 bytes in all, as "*." and four labels: the entry, not just its name, is limited */
+    char entry[300], pol[400], msg[256];
+    snprintf(entry, sizeof(entry), "*.%.62s.%.62s.%.62s.%.63s", long_label, long_label, long_label,
+             long_label);
+    snprintf(pol, sizeof(pol), "{\"internet\": true, \"allow\": [\"%s\"]}", entry);
+    json_t *p = parse(pol, msg, sizeof(msg));
+    ok(strlen(entry) == 254 && !p && strstr(msg, "longer than 253 bytes"),
+       "a 254-byte entry is refused (%s)", msg);
+    json_decref(p);
+    entry[strlen(entry) - 1] = '\0';
+    snprintf(pol, sizeof(pol), "{\"internet\": true, \"allow\": [\"%s\"]}", entry);
+    p = parse(pol, msg, sizeof(msg));
+    ok(p != NULL, "and a 253-byte one taken (%s)", msg);
+    json_decref(p);
 }
 
 int main(void)
