@@ -10,7 +10,6 @@
 
 #define FLAG_QR 0x8000
 #define FLAG_OPCODE 0x7800
-#define FLAG_AA 0x0400
 #define FLAG_TC 0x0200
 #define FLAG_RD 0x0100
 #define FLAG_RA 0x0080
