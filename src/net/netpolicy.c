@@ -218,7 +218,7 @@ json_t *netpolicy_parse(json_t *in, struct wr_err *err)
     return out;
 }
 
-/* Whether a normalised entry covers host (normalised) and port. */
+/* Whether a normalised entry covers host (normalised) and port; port 0: on any port. */
 static int entry_matches(const char *entry, const char *host, int port)
 {
     char name[NAME_MAX_LEN + 16];
@@ -229,7 +229,7 @@ static int entry_matches(const char *entry, const char *host, int port)
         eport = atoi(colon + 1);
         *colon = '\0';
     }
-    if (eport ? port != eport : port != 80 && port != 443)
+    if (port != 0 && (eport ? port != eport : port != 80 && port != 443))
         return 0;
     if (strncmp(name, "*.", 2) != 0)
         return strcmp(name, host) == 0;
@@ -261,6 +261,24 @@ enum netpolicy_verdict netpolicy_check(json_t *policy, const char *host, int por
     if (allow && !list_matches(allow, h, port))
         return NETPOLICY_NOT_ALLOWED;
     return NETPOLICY_ALLOW;
+}
+
+int netpolicy_name_allowed(json_t *policy, const char *host)
+{
+    char h[NAME_MAX_LEN + 1];
+    if (!json_is_true(json_object_get(policy, "internet")) || !host ||
+        netpolicy_host(host, h, sizeof(h)) < 0)
+        return 0;
+    size_t i;
+    json_t *e;
+    json_array_foreach(json_object_get(policy, "deny"), i, e)
+    {
+        const char *entry = json_string_value(e);
+        if (entry && !strchr(entry, ':') && entry_matches(entry, h, 0))
+            return 0;
+    }
+    json_t *allow = json_object_get(policy, "allow");
+    return !allow || list_matches(allow, h, 0);
 }
 
 const char *netpolicy_reason(enum netpolicy_verdict v)

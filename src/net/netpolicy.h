@@ -40,6 +40,15 @@ enum netpolicy_verdict {
 /** Whether a normalised policy lets a connection to host:port out. */
 enum netpolicy_verdict netpolicy_check(json_t *policy, const char *host, int port);
 
+/**
+ * Whether the DNS resolver may answer for host: a lookup has no port, so a name is resolvable if
+ * an allow entry names it on any port (or there is no allow list) and no deny entry without a
+ * port names it. A port-less deny takes the whole name out of DNS, even where a port-specific
+ * allow entry would let a connection to it through. Returns 1 or 0 (also for a policy without
+ * internet and for what is not a host name).
+ */
+int netpolicy_name_allowed(json_t *policy, const char *host);
+
 /** A short reason for a verdict, for logs and the sandbox's network log. */
 const char *netpolicy_reason(enum netpolicy_verdict v);
 

@@ -183,9 +183,61 @@ static void check_checks(void)
     json_decref(p);
 }
 
+static int name_allowed(const char *policy, const char *host)
+{
+    char msg[256];
+    json_t *p = parse(policy, msg, sizeof(msg));
+    int r = netpolicy_name_allowed(p, host);
+    json_decref(p);
+    return r;
+}
+
+/* What the DNS resolver may answer: a name some port of which is allowed. */
+static void name_checks(void)
+{
+    const char *seed = "{\"internet\": true, \"allow\": [\"pypi.org\", \"*.pythonhosted.org\","
+                       " \"api.github.test:8443\"], \"deny\": [\"bad.pythonhosted.org\","
+                       " \"files.pythonhosted.org:443\"]}";
+    static const struct {
+        const char *host;
+        int want;
+    } cases[] = {
+        {"pypi.org", 1},
+        {"PyPI.Org.", 1},
+        {"api.github.test", 1}, /* only on 8443, and that is enough to look it up */
+        {"github.test", 0},
+        {"files.pythonhosted.org", 1}, /* a deny with a port leaves the name (port 80) */
+        {"bad.pythonhosted.org", 0},   /* a deny without one takes it out */
+        {"x.bad.pythonhosted.org", 1}, /* an exact deny is exact */
+        {"pythonhosted.org", 0},
+        {"evilpythonhosted.org", 0},
+        {"pypi.org.evil.test", 0},
+        {"127.0.0.1", 0},
+        {"0x7f000001", 0},
+        {"under_score.pypi.org", 0},
+        {"", 0},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        ok(name_allowed(seed, cases[i].host) == cases[i].want, "seed policy, lookup of \"%s\": %s",
+           cases[i].host, cases[i].want ? "answered" : "refused");
+    ok(!name_allowed("{\"internet\": false}", "pypi.org") && !name_allowed(NULL, "pypi.org"),
+       "no internet: no name is looked up");
+    ok(!name_allowed("{\"internet\": true}", NULL), "no name: refused");
+    ok(name_allowed("{\"internet\": true}", "anything.example"),
+       "internet without a list: any name");
+    const char *deny = "{\"internet\": true, \"deny\": [\"*.evil.test\", \"mail.test:25\"]}";
+    ok(!name_allowed(deny, "a.evil.test") && name_allowed(deny, "evil.test"),
+       "deny wildcard without a port: names under it are refused, the name itself is not");
+    ok(name_allowed(deny, "mail.test"), "a deny on one port leaves the name resolvable");
+    ok(!name_allowed("{\"internet\": true, \"allow\": [\"a.test:8080\"], \"deny\": [\"a.test\"]}",
+                     "a.test"),
+       "a port-less deny wins over an allow on another port");
+}
+
 int main(void)
 {
     parse_checks();
     check_checks();
+    name_checks();
     return tap_done();
 }
