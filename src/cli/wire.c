@@ -360,17 +360,6 @@ bool cli_chunked_done(const struct cli_chunked *d)
     return d->state == CH_DONE;
 }
 
-static int hexval(unsigned char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 static void size_line_done(struct cli_chunked *d)
 {
     d->line_len = 0;
@@ -385,7 +374,7 @@ ssize_t cli_chunked_feed(struct cli_chunked *d, const char *in, size_t len, cli_
         unsigned char c = (unsigned char)in[i];
         switch (d->state) {
         case CH_SIZE: {
-            int v = hexval(c);
+            int v = hex_digit(c);
             if (v >= 0) {
                 /* 15 hex digits keep the size below 2^60: no overflow, no absurd sizes. */
                 if (++d->digits > 15)

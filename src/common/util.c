@@ -105,3 +105,14 @@ void format_rfc3339(int64_t t, char *out, size_t outlen)
     gmtime_r(&tt, &tm);
     strftime(out, outlen, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
+
+int hex_digit(int c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}

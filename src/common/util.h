@@ -99,4 +99,7 @@ static inline uint64_t get_be64(const uint8_t *p)
     return ((uint64_t)get_be32(p) << 32) | get_be32(p + 4);
 }
 
+/** The value of a hexadecimal digit (either case), or -1 if c is not one. */
+int hex_digit(int c);
+
 #endif

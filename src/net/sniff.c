@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 #include <string.h>
 
+#include "common/util.h"
 #include "net/addr.h"
 
 /* ---- TLS ---- */
@@ -610,17 +611,6 @@ enum {
     CH_BAD,
 };
 
-static int hex_value(uint8_t c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 void sniff_chunked_init(struct sniff_chunked *c)
 {
     memset(c, 0, sizeof(*c));
@@ -652,7 +642,7 @@ int sniff_chunked_feed(struct sniff_chunked *c, const uint8_t *buf, size_t len, 
         case CH_SIZE:
             if (b != '\r' && ++c->line > SNIFF_CHUNK_LINE_MAX)
                 goto bad;
-            d = hex_value(b);
+            d = hex_digit(b);
             if (d >= 0) {
                 if (++c->digits > CHUNK_SIZE_DIGITS_MAX)
                     goto bad;
