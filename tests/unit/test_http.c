@@ -862,6 +862,29 @@ static void conn_checks(void)
            json_integer_value(json_object_get(o, "waiting")) == 0,
        "and nothing of the budget is left taken once they are gone");
     json_decref(o);
+    /* Expect: 100-continue (curl sends it for bodies over 1 MiB): the 100 comes at once, the
+     * body then waits for room like any other. */
+    a = connect_tcp(port);
+    send_str(a, "PUT /echo/big HTTP/1.1\r\nHost: x\r\nContent-Length: 2500\r\n\r\n");
+    send_all(a, body, 100);
+    b = connect_tcp(port);
+    send_str(b, "PUT /echo/big HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                "Content-Length: 1000\r\n\r\n");
+    rc = read_head(b, &r);
+    ok(rc == 0 && r.status == 100, "Expect: 100-continue is answered 100 (%d)", r.status);
+    send_all(b, body, 1000);
+    ok(!readable(b, 500), "the body sent after it waits while the budget is taken");
+    send_all(a, body, 2400);
+    rc = read_resp(a, &r);
+    resp_free(&r);
+    rc = read_resp(b, &r);
+    o = rc == 0 ? json_loads(r.body, 0, NULL) : NULL;
+    ok(rc == 0 && r.status == 200 && json_integer_value(json_object_get(o, "body_len")) == 1000,
+       "and is taken whole once there is room");
+    json_decref(o);
+    resp_free(&r);
+    close(a);
+    close(b);
 
     /* The cap: the connection idle the longest makes room for a new one. */
     int idle[CONN_CAP - 1];
