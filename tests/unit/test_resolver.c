@@ -464,13 +464,17 @@ static void burst(void)
     }
     struct resolver_stats s1 = stats();
     ok(servfail == BURST, "%d queries for slow.test all got SERVFAIL (%d did)", BURST, servfail);
-    ok(s1.pending_max == RESOLVER_PENDING_MAX, "at most %d were in flight upstream (max %u)",
-       RESOLVER_PENDING_MAX, s1.pending_max);
-    ok(s1.overflow == s0.overflow + (BURST - RESOLVER_PENDING_MAX),
-       "the other %d got SERVFAIL at once, without a slot (%llu)", BURST - RESOLVER_PENDING_MAX,
-       (unsigned long long)(s1.overflow - s0.overflow));
-    ok(s1.upstream_timeouts == s0.upstream_timeouts + RESOLVER_PENDING_MAX && s1.pending == 0,
-       "the %d in flight timed out and freed their slots", RESOLVER_PENDING_MAX);
+    /* How many overflow depends on how fast the burst is read (a slot frees after 2 s), so
+     * only what holds however slow this machine is gets asserted: the bound, and that every
+     * query either overflowed or went upstream and timed out. (Read in milliseconds, as usual,
+     * 256 are in flight and 44 overflow.) */
+    ok(s1.pending_max <= RESOLVER_PENDING_MAX && s1.pending_max > 0,
+       "at most %d were in flight upstream (max %u)", RESOLVER_PENDING_MAX, s1.pending_max);
+    uint64_t over = s1.overflow - s0.overflow, timed = s1.upstream_timeouts - s0.upstream_timeouts;
+    ok(over + timed == BURST && s1.pending == 0,
+       "each either got SERVFAIL at once without a slot (%llu) or timed out upstream and freed "
+       "its slot (%llu)",
+       (unsigned long long)over, (unsigned long long)timed);
     ok(up_slow <= 2 * (RESOLVER_PENDING_MAX + 1), "the upstream saw at most two tries each (%d)",
        (int)up_slow);
 }
