@@ -84,7 +84,7 @@ struct conns {
     int waiting;
     int paused;
     size_t body_used;
-    struct conn_stats st;
+    struct http_conn_stats st; /* the counters; open, waiting and body_bytes filled on demand */
 };
 
 static void conn_drop(struct conn *c);
@@ -691,12 +691,7 @@ void conns_set_body_limit(struct conns *cs, conn_body_limit_fn fn, void *ctx)
     cs->limit_ctx = ctx;
 }
 
-int conns_room(struct conns *cs)
-{
-    return cs->open < cs->lim.max_conns;
-}
-
-void conns_stats(struct conns *cs, struct conn_stats *out)
+void conns_stats(struct conns *cs, struct http_conn_stats *out)
 {
     *out = cs->st;
     out->open = cs->open;

@@ -24,6 +24,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "http/http.h"
+
 struct conns;
 
 /** The route's body limit for a request line's method and raw target (path and query). */
@@ -39,17 +41,6 @@ struct conn_limits {
     size_t max_body;      /* the largest body any route takes (a chunked body reserves this) */
     size_t body_budget;   /* bytes of request bodies admitted at once */
     int wait_s;           /* a body waits this long for room at most (then: closed) */
-};
-
-struct conn_stats {
-    int open;          /* connections open now */
-    int waiting;       /* connections whose body waits for room in the budget */
-    size_t body_bytes; /* bytes of the body budget admitted now */
-    uint64_t evicted;  /* idle connections closed to make room */
-    uint64_t header_timeouts;
-    uint64_t wait_timeouts; /* bodies that waited for room longer than the idle timeout */
-    uint64_t refused;       /* Content-Lengths over their route's limit */
-    uint64_t paused;        /* times accepting paused at the cap */
 };
 
 struct conns *conns_new(struct event_base *base, const struct conn_limits *lim,
@@ -75,9 +66,7 @@ int conns_request_begin(struct conns *cs, struct evhttp_connection *evcon, void 
 /** The request on evcon was answered (or given up). */
 void conns_request_end(struct conns *cs, struct evhttp_connection *evcon);
 
-/** Whether the cap leaves room to accept another connection now. */
-int conns_room(struct conns *cs);
-
-void conns_stats(struct conns *cs, struct conn_stats *out);
+/** The layer's counters (struct http_conn_stats, http.h). */
+void conns_stats(struct conns *cs, struct http_conn_stats *out);
 
 #endif

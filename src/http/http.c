@@ -276,16 +276,7 @@ void http_server_set_body_limit(struct http_server *s, http_body_limit_fn fn, vo
 
 void http_server_conn_stats(struct http_server *s, struct http_conn_stats *out)
 {
-    struct conn_stats st;
-    conns_stats(s->conns, &st);
-    *out = (struct http_conn_stats){.open = st.open,
-                                    .waiting = st.waiting,
-                                    .body_bytes = st.body_bytes,
-                                    .evicted = st.evicted,
-                                    .header_timeouts = st.header_timeouts,
-                                    .wait_timeouts = st.wait_timeouts,
-                                    .refused = st.refused,
-                                    .paused = st.paused};
+    conns_stats(s->conns, out);
 }
 
 int http_server_listen_tcp(struct http_server *s, const char *host, int port, struct wr_err *err)

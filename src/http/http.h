@@ -48,10 +48,14 @@ typedef size_t (*http_body_limit_fn)(const char *method, const char *target, voi
 void http_server_set_body_limit(struct http_server *s, http_body_limit_fn fn, void *ctx);
 
 struct http_conn_stats {
-    int open;
-    int waiting;       /* connections whose body waits for room */
-    size_t body_bytes; /* of the body budget, in use */
-    unsigned long long evicted, header_timeouts, wait_timeouts, refused, paused;
+    int open;                           /* connections open now */
+    int waiting;                        /* connections whose body waits for room */
+    size_t body_bytes;                  /* of the body budget, in use */
+    unsigned long long evicted;         /* idle connections closed to make room */
+    unsigned long long header_timeouts; /* closed at the header deadline */
+    unsigned long long wait_timeouts;   /* bodies that waited for room past the idle timeout */
+    unsigned long long refused;         /* answered 413 or 400 by the layer (no handler) */
+    unsigned long long paused;          /* times accepting paused at the cap */
 };
 void http_server_conn_stats(struct http_server *s, struct http_conn_stats *out);
 
