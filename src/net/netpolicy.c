@@ -36,7 +36,7 @@ int netpolicy_host(const char *in, char *out, size_t cap)
         n--; /* the root's dot */
     if (n == 0 || n > NAME_MAX_LEN || n + 1 > cap)
         return -1;
-    size_t label = 0, labels = 0;
+    size_t label = 0;
     int all_numeric = 1;
     const char *start = out;
     for (size_t i = 0; i <= n; i++) {
@@ -47,7 +47,6 @@ int netpolicy_host(const char *in, char *out, size_t cap)
                 return -1;
             if (!numeric_label(start, label))
                 all_numeric = 0;
-            labels++;
             label = 0;
             if (i < n)
                 out[i] = '.';
@@ -62,10 +61,7 @@ int netpolicy_host(const char *in, char *out, size_t cap)
     }
     out[n] = '\0';
     /* 127.1, 10.0.0.1, 0x7f000001, 2130706433: addresses (in any form inet_aton takes) */
-    if (all_numeric)
-        return -1;
-    (void)labels;
-    return 0;
+    return all_numeric ? -2 : 0;
 }
 
 /* One entry, normalised into out ("[*.]name[:port]"). Returns 0, or -1 with why in *why. */
@@ -109,12 +105,9 @@ static int parse_entry(const char *in, char *out, size_t cap, const char **why)
         *why = "has a '*' that is not a leading \"*.\"";
         return -1;
     }
-    if (netpolicy_host(name, host, sizeof(host)) < 0) {
-        int numeric = 1;
-        for (const char *p = name; *p; p++)
-            if (!isxdigit((unsigned char)*p) && *p != '.' && *p != 'x' && *p != 'X')
-                numeric = 0;
-        *why = numeric && *name ? "is an address; allow names" : "is not a host name";
+    int hr = netpolicy_host(name, host, sizeof(host));
+    if (hr < 0) {
+        *why = hr == -2 ? "is an address; allow names" : "is not a host name";
         return -1;
     }
     if (wild && !strchr(host, '.')) {

@@ -54,7 +54,8 @@ const char *netpolicy_reason(enum netpolicy_verdict v);
 
 /**
  * Normalises a host name as entries are (lower case, no trailing dot) into out (cap bytes).
- * Returns 0, or -1 if it is not a valid DNS name (or is an IPv4/IPv6 address).
+ * Returns 0; -1 if it is not a valid DNS name; -2 if it is an address: every label a number,
+ * decimal or 0x-hex (127.1, 0x7f000001), as inet_aton would take it.
  */
 int netpolicy_host(const char *in, char *out, size_t cap);
 

@@ -77,6 +77,7 @@ static void parse_checks(void)
         {"{\"internet\": true, \"allow\": [\"*.org\"]}", "a whole top-level domain"},
         {"{\"internet\": true, \"allow\": [\"a.*.org\"]}", "a '*' that is not a leading"},
         {"{\"internet\": true, \"allow\": [\"-a.org\"]}", "is not a host name"},
+        {"{\"internet\": true, \"allow\": [\"abc..def\"]}", "is not a host name"},
         {"{\"internet\": true, \"deny\": [\"under_score.org\"]}",
          "network.deny[0]: \"under_score.org\" is not a host name"},
     };
@@ -166,7 +167,10 @@ static void check_checks(void)
     char long_label[80];
     memset(long_label, 'a', 64);
     strcpy(long_label + 64, ".org");
-    ok(netpolicy_host(long_label, out, sizeof(out)) < 0, "a 64-byte label is not a name");
+    ok(netpolicy_host(long_label, out, sizeof(out)) == -1, "a 64-byte label is not a name");
+    ok(netpolicy_host("127.1", out, sizeof(out)) == -2 &&
+           netpolicy_host("0x7f.0.0.1.", out, sizeof(out)) == -2,
+       "an address is told apart from a bad name");
     /* 254 bytes in all, as "*." and four labels: the entry, not just its name, is limited */
     char entry[300], pol[400], msg[256];
     snprintf(entry, sizeof(entry), "*.%.62s.%.62s.%.62s.%.63s", long_label, long_label, long_label,
