@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from test_body_limits import read_status, send_head
 from test_connections import ShortIdleDaemon, closed_by_peer_within, serve_own
 from test_output import RssWatch, rss
 
@@ -46,20 +47,19 @@ def open_fds(pid):
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def health(port, timeout=20):
+def health(port):
     """GET /v1/health on a new connection; the status, or None if the daemon closed it."""
-    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    s = send_head(port, "GET", "/v1/health", ["Connection: close"])
     try:
-        s.sendall(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-        data = b""
-        while b"\r\n" not in data:
-            chunk = s.recv(4096)
-            if not chunk:
-                return None
-            data += chunk
-        return int(data.split(b" ", 2)[1])
+        return read_status(s)
     finally:
         s.close()
+
+
+def body_head(port, method, path, length):
+    """A request's head announcing a JSON body of length bytes (none of it sent)."""
+    return send_head(port, method, path, ["Content-Type: application/json",
+                                          f"Content-Length: {length}"])
 
 
 def read_response(s):
@@ -147,24 +147,17 @@ def test_slow_connections_at_the_cap_delay_a_new_one_only_until_the_deadline(lim
     try:
         for s in slow:
             s.sendall(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
-        assert health(limited.port, timeout=30) == 200
+        assert health(limited.port) == 200
         assert all(closed_by_peer_within(s, 15) for s in slow)
     finally:
         for s in slow:
             s.close()
 
 
-def send_head(port, method, path, length):
-    s = connect(port)
-    s.sendall(f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-              f"Content-Length: {length}\r\n\r\n".encode())
-    return s
-
-
 def test_a_json_route_refuses_a_big_body_before_reading_it(daemon):
     """2 MiB is within the upload limit but over the JSON one: refused from the headers alone,
     with the API's error, while the same size to the upload route is read (and answered)."""
-    s = send_head(daemon.port, "POST", "/v1/sandboxes", 2 * MIB)
+    s = body_head(daemon.port, "POST", "/v1/sandboxes", 2 * MIB)
     try:
         status, body = read_response(s)  # no byte of the body sent
         assert status == 413
@@ -172,7 +165,7 @@ def test_a_json_route_refuses_a_big_body_before_reading_it(daemon):
         assert b"1048576" in body  # the route's limit, named
     finally:
         s.close()
-    s = send_head(daemon.port, "PUT", UPLOAD, 2 * MIB)
+    s = body_head(daemon.port, "PUT", UPLOAD, 2 * MIB)
     try:
         s.sendall(b"x" * (2 * MIB))
         status, body = read_response(s)
@@ -192,7 +185,7 @@ def test_a_refused_body_sent_anyway_does_not_hide_the_answer(daemon):
 
 def upload(port, results, i):
     try:
-        s = send_head(port, "PUT", UPLOAD, 8 * MIB)
+        s = body_head(port, "PUT", UPLOAD, 8 * MIB)
         try:
             s.sendall(b"y" * (8 * MIB))
             results[i] = read_response(s)[0]
