@@ -1,0 +1,386 @@
+"""The fake internet's servers: run by tests/e2e/fakenet.py inside the internet namespace.
+
+One process, one thread per listener (and per connection):
+  - DNS on <dns>:53, UDP and TCP: A records from a table (names case-insensitive), NXDOMAIN
+    for names not in it, an empty NOERROR answer for other types (AAAA, MX, ...) of known names.
+  - HTTP on :80 and HTTPS on :443 of every fake host's address. A server's identity is the
+    address the connection arrived at (as on the real internet): it presents that host's
+    certificate whatever the SNI says, and answers as that host whatever the Host header says.
+  - a package index: pypi.org/simple/ (PEP 503) and files.pythonhosted.org/packages/<file>.
+  - the metadata service: HTTP on 169.254.169.254:80.
+
+Usage: fakeinet_server.py CONFIG.json (written by fakenet.py). Every DNS query is appended to
+config["dns_log"] and every HTTP request to config["http_log"] (JSON lines) before it is
+answered, so a client that has its answer can read the log line.
+
+Control: one JSON object per line on stdin, one answer line on stdout:
+  {"op": "set_dns", "name": N, "addr": A}   A: an IPv4 address, or null to remove N
+The first line on stdout is "ready" once every socket listens. EOF on stdin (the test process
+went away) ends the server.
+"""
+
+import hashlib
+import html
+import http.server
+import json
+import os
+import re
+import socket
+import socketserver
+import ssl
+import struct
+import sys
+import threading
+import time
+
+LOG_BODY_MAX = 64 * 1024
+
+
+class Log:
+    def __init__(self, path):
+        self.lock = threading.Lock()
+        self.f = open(path, "a", encoding="utf-8")
+
+    def write(self, rec):
+        line = json.dumps(rec, sort_keys=True) + "\n"
+        with self.lock:
+            self.f.write(line)
+            self.f.flush()
+
+
+class State:
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.lock = threading.Lock()
+        self.table = {k.lower().rstrip("."): v for k, v in cfg["dns_table"].items()}
+        self.dns_log = Log(cfg["dns_log"])
+        self.http_log = Log(cfg["http_log"])
+        wheel = cfg["wheel"]
+        with open(wheel, "rb") as f:
+            self.wheel_bytes = f.read()
+        self.wheel_name = os.path.basename(wheel)
+        self.wheel_sha256 = hashlib.sha256(self.wheel_bytes).hexdigest()
+
+    def lookup(self, name):
+        with self.lock:
+            return self.table.get(name)
+
+    def set_dns(self, name, addr):
+        name = name.lower().rstrip(".")
+        with self.lock:
+            if addr is None:
+                self.table.pop(name, None)
+            else:
+                socket.inet_aton(addr)
+                self.table[name] = addr
+
+
+# ---------------------------------------------------------------- DNS
+
+QTYPE_A = 1
+
+
+def parse_query(msg):
+    """(id, flags, qname as sent, qtype, qclass, end of question) or None if malformed."""
+    if len(msg) < 12:
+        return None
+    qid, flags, qdcount = struct.unpack("!HHH", msg[:6])
+    if flags & 0x8000 or qdcount != 1:
+        return None
+    labels, i = [], 12
+    while True:
+        if i >= len(msg):
+            return None
+        n = msg[i]
+        i += 1
+        if n == 0:
+            break
+        if n & 0xC0 or i + n > len(msg):
+            return None  # no compression in a question we accept
+        labels.append(msg[i:i + n].decode("latin-1"))
+        i += n
+    if i + 4 > len(msg):
+        return None
+    qtype, qclass = struct.unpack("!HH", msg[i:i + 4])
+    return qid, flags, ".".join(labels), qtype, qclass, i + 4
+
+
+def dns_answer(state, msg, proto, peer):
+    q = parse_query(msg)
+    if q is None:
+        if len(msg) >= 2:  # FORMERR
+            return msg[:2] + struct.pack("!HHHHH", 0x8001, 0, 0, 0, 0)
+        return None
+    qid, flags, qname, qtype, qclass, end = q
+    name = qname.lower().rstrip(".")
+    state.dns_log.write({"name": name, "type": qtype, "proto": proto, "client": peer,
+                         "time": time.time()})
+    addr = state.lookup(name)
+    rflags = 0x8000 | (flags & 0x7900) | 0x0400 | 0x0080  # QR, opcode+RD kept, AA, RA
+    answers = b""
+    ancount = 0
+    if addr is None:
+        rflags |= 3  # NXDOMAIN
+    elif qtype == QTYPE_A and qclass == 1:
+        answers = struct.pack("!HHHIH", 0xC00C, QTYPE_A, 1, 5, 4) + socket.inet_aton(addr)
+        ancount = 1
+    header = struct.pack("!HHHHHH", qid, rflags, 1, ancount, 0, 0)
+    return header + msg[12:end] + answers
+
+
+def serve_dns_udp(state, sock):
+    while True:
+        try:
+            msg, peer = sock.recvfrom(4096)
+        except OSError:
+            continue
+        try:
+            out = dns_answer(state, msg, "udp", peer[0])
+            if out:
+                sock.sendto(out, peer)
+        except Exception as e:  # one bad packet never stops the server
+            print(f"dns udp: {e!r}", file=sys.stderr, flush=True)
+
+
+def recv_exact(conn, n):
+    buf = b""
+    while len(buf) < n:
+        chunk = conn.recv(n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return buf
+
+
+def serve_dns_tcp_conn(state, conn, peer):
+    with conn:
+        conn.settimeout(10)
+        try:
+            while True:
+                head = recv_exact(conn, 2)
+                if head is None:
+                    return
+                msg = recv_exact(conn, struct.unpack("!H", head)[0])
+                if msg is None:
+                    return
+                out = dns_answer(state, msg, "tcp", peer[0])
+                if not out:
+                    return
+                conn.sendall(struct.pack("!H", len(out)) + out)
+        except OSError:
+            return
+
+
+def serve_dns_tcp(state, sock):
+    while True:
+        try:
+            conn, peer = sock.accept()
+        except OSError:
+            continue
+        threading.Thread(target=serve_dns_tcp_conn, args=(state, conn, peer),
+                         daemon=True).start()
+
+
+# ---------------------------------------------------------------- HTTP
+
+def normalize(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "fakeinet/1"
+    sys_version = ""
+
+    def setup(self):
+        self.request.settimeout(30)
+        if isinstance(self.request, ssl.SSLSocket):
+            self.request.do_handshake()
+        super().setup()
+
+    def log_message(self, fmt, *args):
+        pass  # every request is in the JSON log; errors go to handle_error
+
+    def record(self, body):
+        srv = self.server
+        self.server.state.http_log.write({
+            "host": srv.host, "addr": srv.addr, "scheme": srv.scheme,
+            "sni": getattr(self.request, "wr_sni", None),
+            "method": self.command, "path": self.path,
+            "headers": {k.lower(): v for k, v in self.headers.items()},
+            "client": self.client_address[0],
+            "body": body[:LOG_BODY_MAX].decode("latin-1"),
+            "time": time.time(),
+        })
+
+    def read_body(self):
+        n = self.headers.get("Content-Length")
+        if n is not None:
+            try:
+                n = int(n)
+            except ValueError:
+                self.close_connection = True
+                return b""
+            return self.rfile.read(n) if n > 0 else b""
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            out = b""
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return out
+                out += self.rfile.read(size)
+                self.rfile.readline()
+        return b""
+
+    def reply(self, status, body, ctype="text/plain; charset=utf-8", extra=()):
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        auth = self.headers.get("Authorization")
+        if auth is not None:
+            self.send_header("X-Seen-Authorization", auth)
+        for k, v in extra:
+            self.send_header(k, v)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def route(self):
+        st, host = self.server.state, self.server.host
+        path = self.path.split("?", 1)[0]
+        if self.command in ("GET", "HEAD"):
+            if host == "pypi.org" and path.startswith("/simple"):
+                return self.index(path)
+            if host == "files.pythonhosted.org" and path == "/packages/" + st.wheel_name:
+                return self.reply(200, st.wheel_bytes, "application/octet-stream")
+        self.reply(200, f"hello from {host}\n".encode())
+
+    def index(self, path):
+        st = self.server.state
+        if path == "/simple":
+            return self.reply(301, b"", extra=[("Location", "/simple/")])
+        if path == "/simple/":
+            body = ('<!DOCTYPE html>\n<html><head><meta name="pypi:repository-version" '
+                    'content="1.0"><title>Simple index</title></head><body>\n'
+                    '<a href="/simple/wr-hello/">wr-hello</a>\n</body></html>\n')
+            return self.reply(200, body.encode(), "text/html; charset=utf-8")
+        m = re.fullmatch(r"/simple/([^/]+)(/?)", path)
+        if not m:
+            return self.reply(404, b"not found\n")
+        if normalize(m.group(1)) != "wr-hello":
+            return self.reply(404, b"not found\n")
+        if not m.group(2):
+            return self.reply(301, b"", extra=[("Location", f"/simple/{m.group(1)}/")])
+        url = (f"https://files.pythonhosted.org/packages/{st.wheel_name}"
+               f"#sha256={st.wheel_sha256}")
+        body = ('<!DOCTYPE html>\n<html><head><meta name="pypi:repository-version" '
+                'content="1.0"><title>Links for wr-hello</title></head><body>\n'
+                '<h1>Links for wr-hello</h1>\n'
+                f'<a href="{html.escape(url)}">{html.escape(st.wheel_name)}</a><br/>\n'
+                '</body></html>\n')
+        self.reply(200, body.encode(), "text/html; charset=utf-8")
+
+    def handle_any(self):
+        body = self.read_body()
+        self.record(body)
+        self.route()
+
+
+for _m in ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE"):
+    setattr(Handler, "do_" + _m, Handler.handle_any)
+
+
+class HTTPServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def __init__(self, state, host, addr, port, ctx=None):
+        self.state, self.host, self.addr = state, host, addr
+        self.scheme = "https" if ctx else "http"
+        self.ctx = ctx
+        super().__init__((addr, port), Handler)
+
+    def server_bind(self):
+        socketserver.TCPServer.server_bind(self)  # no getfqdn(): there is no resolver here
+        self.server_name, self.server_port = self.server_address[:2]
+
+    def get_request(self):
+        conn, peer = self.socket.accept()
+        if self.ctx:
+            # the handshake happens in the connection's thread (Handler.setup)
+            conn = self.ctx.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+        return conn, peer
+
+    def handle_error(self, request, client_address):
+        e = sys.exc_info()[1]
+        if isinstance(e, (ConnectionError, TimeoutError, ssl.SSLError)):
+            return
+        print(f"{self.scheme}://{self.host} {client_address}: {e!r}", file=sys.stderr,
+              flush=True)
+
+
+def tls_context(cert, key):
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+
+    def sni(sock, name, _ctx):
+        sock.wr_sni = name.lower() if name else None
+
+    ctx.sni_callback = sni
+    return ctx
+
+
+# ---------------------------------------------------------------- main
+
+def control(state):
+    for line in sys.stdin:
+        try:
+            req = json.loads(line)
+            if req.get("op") == "set_dns":
+                state.set_dns(req["name"], req.get("addr"))
+                ans = "ok"
+            else:
+                ans = "error: unknown op"
+        except Exception as e:
+            ans = f"error: {e!r}"
+        sys.stdout.write(ans.replace("\n", " ") + "\n")
+        sys.stdout.flush()
+    os._exit(0)  # the test process went away
+
+
+def main():
+    with open(sys.argv[1]) as f:
+        cfg = json.load(f)
+    state = State(cfg)
+    threads = []
+
+    dns = cfg["dns_addr"]
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.bind((dns, 53))
+    t = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    t.bind((dns, 53))
+    t.listen(64)
+    threads.append(threading.Thread(target=serve_dns_udp, args=(state, u), daemon=True))
+    threads.append(threading.Thread(target=serve_dns_tcp, args=(state, t), daemon=True))
+
+    for host, h in cfg["servers"].items():
+        servers = [HTTPServer(state, host, h["addr"], 80)]
+        if h.get("cert"):
+            servers.append(HTTPServer(state, host, h["addr"], 443,
+                                      tls_context(h["cert"], h["key"])))
+        for s in servers:
+            threads.append(threading.Thread(target=s.serve_forever, daemon=True))
+
+    for th in threads:
+        th.start()
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    control(state)
+
+
+if __name__ == "__main__":
+    main()
