@@ -1,0 +1,957 @@
+/*
+ * The egress proxy: see proxy.h. A connection goes through these states, each with at most one
+ * timer armed (the connection's one event):
+ *
+ *   SNIFF     reading the first bytes (client read capped at SNIFF_BUF_MAX, first_bytes_ms)
+ *   LOOKUP    the policy passed; resolving the name (client not read; lookup has its own timeout)
+ *   DIAL      connecting to the resolved public addresses in turn (connect_ms over all of them)
+ *   RELAY     both ways; client-to-upstream HTTP followed request by request (idle_ms)
+ *   REFUSING  a 4xx/5xx being flushed, then a lingering close (FLUSH_MS)
+ *
+ * Whoever frees a connection does it through conn_close, from any callback; a function that may
+ * have closed it returns -1 so that its caller touches nothing more. Bufferevents may be freed
+ * from their own callbacks (libevent holds a reference and drops the callbacks).
+ */
+#include "net/proxy.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/listener.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "net/netpolicy.h"
+#include "net/sniff.h"
+
+/* First bytes kept while deciding: a ClientHello of SNIFF_TLS_HELLO_MAX spread over records
+ * (a 5-byte header each), or an HTTP head. Still undecided at this many: refused. */
+#define SNIFF_BUF_MAX (2 * SNIFF_TLS_HELLO_MAX)
+/* Below this many bytes a head is parsed on every read, so that a non-HTTP start is told at
+ * once; above it only once its blank line came, so a head sent a byte at a time costs one parse
+ * per read of a short prefix rather than of the whole head. */
+#define HEAD_PEEK 64
+/* How long a refusal may take to flush and linger before the connection is closed anyway. */
+#define FLUSH_MS 5000
+/* After an accept error (EMFILE and the like): a pause before accepting again, rather than a
+ * loop spinning on a listening socket that stays readable. */
+#define ACCEPT_PAUSE_MS 100
+
+enum conn_state { ST_SNIFF, ST_LOOKUP, ST_DIAL, ST_RELAY, ST_REFUSING };
+enum conn_kind { KIND_NONE, KIND_TLS, KIND_HTTP };
+/* Where the client-to-upstream byte stream stands. */
+enum req_state { RQ_HEAD, RQ_BODY, RQ_CHUNKED, RQ_RAW };
+
+struct conn {
+    struct proxy *p;
+    struct conn *prev, *next;
+    enum conn_state state;
+    enum conn_kind kind;
+    struct sockaddr_storage peer;
+    socklen_t peer_len;
+    char id[PROXY_ID_MAX];
+    struct sockaddr_in orig;
+    int orig_port;
+    char orig_text[INET_ADDRSTRLEN];
+    struct bufferevent *cl, *up;
+    struct event *timer;
+    struct lookup_req *lk;
+    /* The pinned target: the name checked, resolved and dialed, and the port. */
+    char host[SNIFF_NAME_MAX + 1];
+    int port;
+    struct sockaddr_in dial[LOOKUP_ADDRS_MAX];
+    size_t ndial, dial_next;
+    uint64_t deadline_ms;
+    int connecting;   /* inside bufferevent_socket_connect */
+    int connect_died; /* ... and it reported a failure from there */
+    uint64_t last_io_ms;
+    size_t sniff_need; /* a ClientHello cannot be complete in fewer bytes */
+    size_t scanned;    /* bytes of the current head searched for its end */
+    /* The first HTTP head, forwarded once connected. */
+    size_t first_head_len;
+    enum sniff_body first_body;
+    uint64_t first_length;
+    int first_upgrade;
+    enum req_state rq;
+    uint64_t body_left;
+    struct sniff_chunked chunk;
+    int cl_paused, up_paused; /* not read: the other side's output is full */
+    int cl_eof, up_eof;       /* that side sent its FIN */
+    int cl_shut, up_shut;     /* we sent ours to it */
+};
+
+struct proxy {
+    struct event_base *base;
+    struct evconnlistener *listener;
+    struct event *accept_pause;
+    struct lookup *lk;
+    struct proxy_config cfg;
+    struct addr_ranges extra;
+    struct proxy_hooks hooks;
+    void *ctx;
+    struct conn *conns;
+    struct proxy_stats stats;
+};
+
+static void timer_ms(struct conn *c, uint64_t ms)
+{
+    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
+    event_add(c->timer, &tv);
+}
+
+static void conn_close(struct conn *c)
+{
+    struct proxy *p = c->p;
+    if (c->lk)
+        lookup_cancel(c->lk);
+    if (c->cl)
+        bufferevent_free(c->cl);
+    if (c->up)
+        bufferevent_free(c->up);
+    if (c->timer)
+        event_free(c->timer);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        p->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    p->stats.active--;
+    free(c);
+}
+
+static int same_host(const struct sockaddr *a, const struct sockaddr *b)
+{
+    if (a->sa_family != b->sa_family)
+        return 0;
+    if (a->sa_family == AF_INET)
+        return ((const struct sockaddr_in *)a)->sin_addr.s_addr ==
+               ((const struct sockaddr_in *)b)->sin_addr.s_addr;
+    if (a->sa_family == AF_INET6)
+        return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr,
+                      &((const struct sockaddr_in6 *)b)->sin6_addr, sizeof(struct in6_addr)) == 0;
+    return 0;
+}
+
+static void note_queued(struct proxy *p, struct evbuffer *out)
+{
+    size_t n = evbuffer_get_length(out);
+    if (n > p->stats.queued_max)
+        p->stats.queued_max = n;
+}
+
+/* ---- refusing ---- */
+
+static const char *status_text(int status)
+{
+    switch (status) {
+    case 400: return "Bad Request";
+    case 403: return "Forbidden";
+    default: return "Bad Gateway";
+    }
+}
+
+static void on_refusing_read(struct bufferevent *bev, void *arg)
+{
+    /* Read and dropped, so the client is never blocked writing while we write to it, and the
+     * close does not reset the connection under an unread answer. */
+    struct evbuffer *in = bufferevent_get_input(bev);
+    evbuffer_drain(in, evbuffer_get_length(in));
+}
+
+static void on_refusing_write(struct bufferevent *bev, void *arg)
+{
+    struct conn *c = arg;
+    if (evbuffer_get_length(bufferevent_get_output(bev)) > 0 || c->cl_shut)
+        return;
+    if (c->cl_eof) {
+        conn_close(c);
+        return;
+    }
+    /* Lingering close: our FIN now, the socket closed when the client's comes (or FLUSH_MS). */
+    shutdown(bufferevent_getfd(bev), SHUT_WR);
+    c->cl_shut = 1;
+}
+
+static void on_refusing_event(struct bufferevent *bev, short what, void *arg)
+{
+    struct conn *c = arg;
+    if ((what & BEV_EVENT_EOF) && !c->cl_shut &&
+        evbuffer_get_length(bufferevent_get_output(bev)) > 0) {
+        c->cl_eof = 1; /* the client is done sending; still flush it the answer */
+        bufferevent_disable(bev, EV_READ);
+        return;
+    }
+    conn_close(c);
+}
+
+/* Answers an HTTP client with status and text, then closes. Always succeeds in taking over the
+ * connection (which stays until flushed). */
+static void respond(struct conn *c, int status, const char *text)
+{
+    if (c->lk) {
+        lookup_cancel(c->lk);
+        c->lk = NULL;
+    }
+    if (c->up) {
+        bufferevent_free(c->up);
+        c->up = NULL;
+    }
+    c->state = ST_REFUSING;
+    struct evbuffer *in = bufferevent_get_input(c->cl), *out = bufferevent_get_output(c->cl);
+    evbuffer_drain(in, evbuffer_get_length(in));
+    evbuffer_add_printf(out,
+                        "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                        "Content-Length: %zu\r\nConnection: close\r\n\r\n%s",
+                        status, status_text(status), strlen(text), text);
+    bufferevent_setcb(c->cl, on_refusing_read, on_refusing_write, on_refusing_event, c);
+    bufferevent_setwatermark(c->cl, EV_READ, 0, 0);
+    bufferevent_setwatermark(c->cl, EV_WRITE, 0, 0);
+    if (c->cl_eof)
+        bufferevent_disable(c->cl, EV_READ);
+    else
+        bufferevent_enable(c->cl, EV_READ);
+    bufferevent_enable(c->cl, EV_WRITE);
+    timer_ms(c, FLUSH_MS);
+}
+
+/*
+ * Refuses the connection (or, kept alive, its current request) and closes it: reported to the
+ * denied hook and logged; an HTTP client is answered status (403 for the policy, 400 for what
+ * could not be read, 502 for what could not be reached) with a body saying why; anything else
+ * is just closed. c is gone or taken over on return.
+ */
+static void refuse(struct conn *c, const char *host, int port, const char *reason, int status)
+{
+    struct proxy *p = c->p;
+    p->stats.denied++;
+    log_info(c->id[0] ? c->id : NULL, "proxy.denied", "host=%s port=%d reason=%s", host, port,
+             reason);
+    if (p->hooks.denied)
+        p->hooks.denied(p->ctx, c->id, host, port, reason);
+    if (c->kind != KIND_HTTP || !c->cl) {
+        conn_close(c);
+        return;
+    }
+    char text[SNIFF_NAME_MAX + 160];
+    if (status == 403)
+        snprintf(text, sizeof(text),
+                 "withruntime: this sandbox's egress policy blocked %s:%d (%s)\n", host, port,
+                 reason);
+    else if (status == 400)
+        snprintf(text, sizeof(text),
+                 "withruntime: the egress proxy could not read this request "
+                 "(%s)\n",
+                 reason);
+    else
+        snprintf(text, sizeof(text), "withruntime: could not reach %s:%d (%s)\n", host, port,
+                 reason);
+    respond(c, status, text);
+}
+
+static void deny(struct conn *c, const char *host, int port, const char *reason)
+{
+    refuse(c, host, port, reason, 403);
+}
+
+/* ---- relaying ---- */
+
+static size_t move(struct conn *c, struct evbuffer *from, struct evbuffer *to, size_t n, int up)
+{
+    int moved = evbuffer_remove_buffer(from, to, n);
+    if (moved <= 0)
+        return 0;
+    if (up)
+        c->p->stats.bytes_up += (uint64_t)moved;
+    else
+        c->p->stats.bytes_down += (uint64_t)moved;
+    return (size_t)moved;
+}
+
+/* Whether the head at the start of in (len bytes) is worth parsing yet: short enough to tell a
+ * non-HTTP start, at the size limit (to refuse it), or with its blank line in. */
+static int head_ready(struct conn *c, struct evbuffer *in, size_t len)
+{
+    if (len <= HEAD_PEEK || len > SNIFF_HTTP_HEAD_MAX)
+        return 1;
+    struct evbuffer_ptr from;
+    if (evbuffer_ptr_set(in, &from, c->scanned > 3 ? c->scanned - 3 : 0, EVBUFFER_PTR_SET) < 0)
+        return 1;
+    struct evbuffer_ptr at = evbuffer_search(in, "\r\n\r\n", 4, &from);
+    if (at.pos >= 0)
+        return 1;
+    c->scanned = len;
+    return 0;
+}
+
+/* What follows a head that passed. */
+static void after_head(struct conn *c, enum sniff_body body, uint64_t length, int upgrade)
+{
+    c->scanned = 0;
+    if (upgrade) {
+        /* The connection may become a WebSocket or the like: raw from here, still pinned. */
+        c->rq = RQ_RAW;
+    } else if (body == SNIFF_BODY_LENGTH && length > 0) {
+        c->rq = RQ_BODY;
+        c->body_left = length;
+    } else if (body == SNIFF_BODY_CHUNKED) {
+        c->rq = RQ_CHUNKED;
+        sniff_chunked_init(&c->chunk);
+    } else {
+        c->rq = RQ_HEAD;
+    }
+}
+
+/* A kept-alive request's head: it must pass the policy and name the pinned host and port. */
+static int check_next_head(struct conn *c, const struct sniff_http *h)
+{
+    struct proxy *p = c->p;
+    char host[SNIFF_NAME_MAX + 1];
+    int port = h->port_given ? h->port : c->port;
+    if (h->is_connect) {
+        deny(c, h->host, h->port, "connect");
+        return -1;
+    }
+    int r = h->host_is_addr ? -2 : netpolicy_host(h->host, host, sizeof(host));
+    if (r == -2) {
+        deny(c, h->host, port, "address");
+        return -1;
+    }
+    if (r < 0 || strcmp(host, c->host) != 0 || port != c->port) {
+        deny(c, h->host, port, "host_changed");
+        return -1;
+    }
+    json_t *policy =
+        p->hooks.policy(p->ctx, (struct sockaddr *)&c->peer, c->peer_len, c->id, sizeof(c->id));
+    if (!policy) {
+        c->id[0] = '\0';
+        deny(c, c->host, c->port, "unknown_client");
+        return -1;
+    }
+    enum netpolicy_verdict v = netpolicy_check(policy, c->host, c->port);
+    if (v != NETPOLICY_ALLOW) {
+        deny(c, c->host, c->port, netpolicy_reason(v));
+        return -1;
+    }
+    p->stats.requests++;
+    return 0;
+}
+
+/* Forwards the head at the start of in if it is complete and passes. 1: forwarded; 0: wait for
+ * more; -1: refused (c is gone or taken over). */
+static int next_head(struct conn *c, struct evbuffer *in, size_t len)
+{
+    if (!head_ready(c, in, len))
+        return 0;
+    size_t take = len < SNIFF_HTTP_HEAD_MAX + 1 ? len : SNIFF_HTTP_HEAD_MAX + 1;
+    const uint8_t *buf = evbuffer_pullup(in, (ev_ssize_t)take);
+    struct sniff_http h;
+    int r = buf ? sniff_http(buf, take, &h) : SNIFF_BAD;
+    if (r == SNIFF_MORE)
+        return 0;
+    if (r != SNIFF_OK) {
+        refuse(c, c->host, c->port, r == SNIFF_NOT_HTTP ? "protocol" : "malformed", 400);
+        return -1;
+    }
+    if (check_next_head(c, &h) < 0)
+        return -1;
+    move(c, in, bufferevent_get_output(c->up), h.head_len, 1);
+    after_head(c, h.body, h.content_length, h.upgrade);
+    return 1;
+}
+
+/* Scans the chunked body at the start of in; *n is how many of its bytes belong to it. */
+static int chunk_scan(struct conn *c, struct evbuffer *in, size_t len, size_t *n)
+{
+    struct evbuffer_iovec v[8];
+    int nv = evbuffer_peek(in, (ev_ssize_t)len, NULL, v, 8);
+    *n = 0;
+    for (int i = 0; i < nv && i < 8 && *n < len; i++) {
+        size_t vl = v[i].iov_len < len - *n ? v[i].iov_len : len - *n;
+        size_t used = 0;
+        int r = sniff_chunked_feed(&c->chunk, v[i].iov_base, vl, &used);
+        *n += used;
+        if (r != SNIFF_MORE)
+            return r;
+    }
+    return SNIFF_MORE;
+}
+
+/* Client to upstream. Returns -1 if c was closed or taken over. */
+static int pump_up(struct conn *c)
+{
+    struct proxy *p = c->p;
+    struct evbuffer *in = bufferevent_get_input(c->cl), *out = bufferevent_get_output(c->up);
+    size_t len;
+    while ((len = evbuffer_get_length(in)) > 0) {
+        if (c->rq == RQ_RAW) {
+            move(c, in, out, len, 1);
+        } else if (c->rq == RQ_BODY) {
+            size_t k = len < c->body_left ? len : (size_t)c->body_left;
+            c->body_left -= move(c, in, out, k, 1);
+            if (c->body_left == 0)
+                after_head(c, SNIFF_BODY_NONE, 0, 0);
+        } else if (c->rq == RQ_CHUNKED) {
+            size_t n;
+            int r = chunk_scan(c, in, len, &n);
+            if (r == SNIFF_BAD) {
+                refuse(c, c->host, c->port, "malformed", 400);
+                return -1;
+            }
+            move(c, in, out, n, 1);
+            if (r == SNIFF_DONE)
+                after_head(c, SNIFF_BODY_NONE, 0, 0);
+        } else {
+            int r = next_head(c, in, len);
+            if (r < 0)
+                return -1;
+            if (r == 0)
+                break;
+        }
+    }
+    note_queued(p, out);
+    if (evbuffer_get_length(out) >= p->cfg.buffer_max) {
+        bufferevent_disable(c->cl, EV_READ);
+        c->cl_paused = 1;
+    }
+    return 0;
+}
+
+/* Upstream to client: raw. */
+static void pump_down(struct conn *c)
+{
+    struct proxy *p = c->p;
+    struct evbuffer *in = bufferevent_get_input(c->up), *out = bufferevent_get_output(c->cl);
+    move(c, in, out, evbuffer_get_length(in), 0);
+    note_queued(p, out);
+    if (evbuffer_get_length(out) >= p->cfg.buffer_max) {
+        bufferevent_disable(c->up, EV_READ);
+        c->up_paused = 1;
+    }
+}
+
+/* Both sides sent their FIN and all of it went out: done. Returns -1 if c was closed. */
+static int maybe_finish(struct conn *c)
+{
+    if (c->cl_eof && c->up_eof && c->cl_shut && c->up_shut) {
+        conn_close(c);
+        return -1;
+    }
+    return 0;
+}
+
+static void on_cl_read(struct bufferevent *bev, void *arg)
+{
+    struct conn *c = arg;
+    c->last_io_ms = now_ms_monotonic();
+    pump_up(c);
+}
+
+static void on_up_read(struct bufferevent *bev, void *arg)
+{
+    struct conn *c = arg;
+    c->last_io_ms = now_ms_monotonic();
+    pump_down(c);
+}
+
+/* dst's output drained below its low watermark: resume its source, or pass on a FIN. */
+static void drained(struct conn *c, int to_up)
+{
+    struct bufferevent *dst = to_up ? c->up : c->cl, *src = to_up ? c->cl : c->up;
+    int *paused = to_up ? &c->cl_paused : &c->up_paused;
+    int src_eof = to_up ? c->cl_eof : c->up_eof;
+    int *shut = to_up ? &c->up_shut : &c->cl_shut;
+    size_t queued = evbuffer_get_length(bufferevent_get_output(dst));
+    if (*paused && !src_eof && queued < c->p->cfg.buffer_max) {
+        *paused = 0;
+        bufferevent_enable(src, EV_READ);
+    }
+    if (src_eof && queued == 0 && !*shut) {
+        shutdown(bufferevent_getfd(dst), SHUT_WR);
+        *shut = 1;
+        maybe_finish(c);
+    }
+}
+
+static void on_cl_write(struct bufferevent *bev, void *arg)
+{
+    drained(arg, 0);
+}
+
+static void on_up_write(struct bufferevent *bev, void *arg)
+{
+    drained(arg, 1);
+}
+
+static void on_relay_event(struct bufferevent *bev, short what, void *arg)
+{
+    struct conn *c = arg;
+    if (!(what & BEV_EVENT_EOF) || (what & BEV_EVENT_ERROR)) {
+        conn_close(c);
+        return;
+    }
+    int from_cl = bev == c->cl;
+    if (from_cl) {
+        c->cl_eof = 1;
+        /* A partial head left at the end is no request: dropped. */
+        struct evbuffer *in = bufferevent_get_input(c->cl);
+        evbuffer_drain(in, evbuffer_get_length(in));
+    } else {
+        c->up_eof = 1;
+    }
+    bufferevent_disable(bev, EV_READ);
+    drained(c, from_cl);
+}
+
+static void relay_start(struct conn *c)
+{
+    struct proxy *p = c->p;
+    p->stats.dialed++;
+    c->state = ST_RELAY;
+    c->last_io_ms = now_ms_monotonic();
+    log_debug(c->id[0] ? c->id : NULL, "proxy.relay", "host=%s port=%d", c->host, c->port);
+    bufferevent_setcb(c->cl, on_cl_read, on_cl_write, on_relay_event, c);
+    bufferevent_setcb(c->up, on_up_read, on_up_write, on_relay_event, c);
+    bufferevent_setwatermark(c->cl, EV_READ, 0, 0);
+    bufferevent_setwatermark(c->cl, EV_WRITE, p->cfg.buffer_max / 2, 0);
+    bufferevent_setwatermark(c->up, EV_WRITE, p->cfg.buffer_max / 2, 0);
+    bufferevent_enable(c->cl, EV_READ | EV_WRITE);
+    bufferevent_enable(c->up, EV_READ | EV_WRITE);
+    timer_ms(c, p->cfg.idle_ms);
+    if (c->kind == KIND_HTTP) {
+        move(c, bufferevent_get_input(c->cl), bufferevent_get_output(c->up), c->first_head_len, 1);
+        after_head(c, c->first_body, c->first_length, c->first_upgrade);
+    } else {
+        c->rq = RQ_RAW;
+    }
+    pump_up(c);
+}
+
+/* ---- dialing ---- */
+
+static void dial_next(struct conn *c);
+
+static void on_dial_event(struct bufferevent *bev, short what, void *arg)
+{
+    struct conn *c = arg;
+    if (c->connecting) {
+        c->connect_died = 1;
+        return;
+    }
+    if (what & BEV_EVENT_CONNECTED) {
+        relay_start(c);
+        return;
+    }
+    bufferevent_free(c->up);
+    c->up = NULL;
+    dial_next(c);
+}
+
+/* Connects to the next resolved address, or refuses "connect_failed" when none is left or the
+ * time is up. Each attempt gets an equal share of what is left of connect_ms. */
+static void dial_next(struct conn *c)
+{
+    struct proxy *p = c->p;
+    while (c->dial_next < c->ndial) {
+        uint64_t now = now_ms_monotonic();
+        if (now >= c->deadline_ms)
+            break;
+        const struct sockaddr_in *sa = &c->dial[c->dial_next++];
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+            continue;
+        c->up = bufferevent_socket_new(p->base, fd, BEV_OPT_CLOSE_ON_FREE);
+        if (!c->up) {
+            close(fd);
+            continue;
+        }
+        bufferevent_setcb(c->up, NULL, NULL, on_dial_event, c);
+        c->connecting = 1;
+        c->connect_died = 0;
+        int r = bufferevent_socket_connect(c->up, (const struct sockaddr *)sa, sizeof(*sa));
+        c->connecting = 0;
+        if (r < 0 || c->connect_died) {
+            bufferevent_free(c->up);
+            c->up = NULL;
+            continue;
+        }
+        uint64_t share = (c->deadline_ms - now) / (c->ndial - c->dial_next + 1);
+        timer_ms(c, share > 0 ? share : 1);
+        return;
+    }
+    p->stats.connect_failed++;
+    refuse(c, c->host, c->port, "connect_failed", 502);
+}
+
+static void on_lookup(void *arg, int rc, const struct dns_addr *addrs, size_t n, const char *why)
+{
+    struct conn *c = arg;
+    struct proxy *p = c->p;
+    c->lk = NULL;
+    if (rc < 0) {
+        refuse(c, c->host, c->port, why, 502);
+        return;
+    }
+    c->ndial = 0;
+    for (size_t i = 0; i < n && c->ndial < LOOKUP_ADDRS_MAX; i++) {
+        if (addrs[i].family != AF_INET)
+            continue;
+        struct sockaddr_in sa;
+        memset(&sa, 0, sizeof(sa));
+        sa.sin_family = AF_INET;
+        sa.sin_port = htons((uint16_t)c->port);
+        memcpy(&sa.sin_addr, addrs[i].addr, 4);
+        if (!addr_is_public((struct sockaddr *)&sa, &p->extra))
+            continue;
+        if (p->hooks.is_local && p->hooks.is_local(p->ctx, (struct sockaddr *)&sa, sizeof(sa)))
+            continue;
+        c->dial[c->ndial++] = sa;
+    }
+    if (c->ndial == 0) {
+        deny(c, c->host, c->port, "private_address");
+        return;
+    }
+    c->state = ST_DIAL;
+    c->dial_next = 0;
+    c->deadline_ms = now_ms_monotonic() + (uint64_t)p->cfg.connect_ms;
+    dial_next(c);
+}
+
+/* ---- deciding ---- */
+
+/* The connection wants name:port (port: the one the sandbox dialed). Checks the policy, then
+ * resolves. c may be gone on return. */
+static void decide(struct conn *c, const char *name, int port)
+{
+    struct proxy *p = c->p;
+    int r = netpolicy_host(name, c->host, sizeof(c->host));
+    c->port = port;
+    if (r == -2) {
+        deny(c, name, port, "address");
+        return;
+    }
+    if (r < 0) {
+        deny(c, name, port, netpolicy_reason(NETPOLICY_BAD_NAME));
+        return;
+    }
+    json_t *policy =
+        p->hooks.policy(p->ctx, (struct sockaddr *)&c->peer, c->peer_len, c->id, sizeof(c->id));
+    if (!policy) {
+        c->id[0] = '\0';
+        deny(c, c->host, port, "unknown_client");
+        return;
+    }
+    enum netpolicy_verdict v = netpolicy_check(policy, c->host, port);
+    if (v != NETPOLICY_ALLOW) {
+        deny(c, c->host, port, netpolicy_reason(v));
+        return;
+    }
+    if (c->kind == KIND_HTTP)
+        p->stats.requests++;
+    c->state = ST_LOOKUP;
+    event_del(c->timer);
+    bufferevent_disable(c->cl, EV_READ);
+    c->lk = lookup_start(p->lk, c->host, on_lookup, c);
+    if (!c->lk)
+        refuse(c, c->host, port, "busy", 502);
+}
+
+static void decide_http(struct conn *c, const struct sniff_http *h)
+{
+    c->kind = KIND_HTTP;
+    if (h->is_connect) {
+        deny(c, h->host, h->port, "connect");
+        return;
+    }
+    if (h->host_is_addr) {
+        deny(c, h->host, h->port_given ? h->port : c->orig_port, "address");
+        return;
+    }
+    if (h->port_given && h->port != c->orig_port) {
+        deny(c, h->host, h->port, "port_mismatch");
+        return;
+    }
+    c->first_head_len = h->head_len;
+    c->first_body = h->body;
+    c->first_length = h->content_length;
+    c->first_upgrade = h->upgrade;
+    decide(c, h->host, c->orig_port);
+}
+
+static void on_sniff_read(struct bufferevent *bev, void *arg)
+{
+    struct conn *c = arg;
+    struct evbuffer *in = bufferevent_get_input(bev);
+    size_t len = evbuffer_get_length(in);
+    if (len > SNIFF_BUF_MAX)
+        len = SNIFF_BUF_MAX;
+    if (len < c->sniff_need)
+        return;
+    /* The record header says whether it is TLS; the whole hello is pulled up only if it is. */
+    size_t peek = len < 16 ? len : 16;
+    const uint8_t *buf = evbuffer_pullup(in, (ev_ssize_t)peek);
+    struct sniff_tls t;
+    int r = buf ? sniff_tls(buf, peek, &t) : SNIFF_BAD;
+    if (r != SNIFF_NOT_TLS && peek < len) {
+        buf = evbuffer_pullup(in, (ev_ssize_t)len);
+        r = buf ? sniff_tls(buf, len, &t) : SNIFF_BAD;
+    }
+    if (r == SNIFF_OK) {
+        c->kind = KIND_TLS;
+        if (!t.has_sni)
+            deny(c, c->orig_text, c->orig_port, "no_sni");
+        else
+            decide(c, t.sni, c->orig_port);
+        return;
+    }
+    if (r == SNIFF_MORE) {
+        c->sniff_need = t.need;
+        if (t.need > SNIFF_BUF_MAX || len >= SNIFF_BUF_MAX)
+            deny(c, c->orig_text, c->orig_port, "malformed");
+        return;
+    }
+    if (r == SNIFF_BAD) {
+        deny(c, c->orig_text, c->orig_port, "malformed");
+        return;
+    }
+    if (!head_ready(c, in, len))
+        return;
+    buf = evbuffer_pullup(in, (ev_ssize_t)len);
+    struct sniff_http h;
+    r = buf ? sniff_http(buf, len, &h) : SNIFF_BAD;
+    if (r == SNIFF_OK) {
+        decide_http(c, &h);
+    } else if (r == SNIFF_BAD) {
+        c->kind = KIND_HTTP;
+        refuse(c, c->orig_text, c->orig_port, "malformed", 400);
+    } else if (r == SNIFF_NOT_HTTP) {
+        deny(c, c->orig_text, c->orig_port, "protocol");
+    }
+}
+
+static void on_sniff_event(struct bufferevent *bev, short what, void *arg)
+{
+    struct conn *c = arg;
+    if (evbuffer_get_length(bufferevent_get_input(bev)) > 0)
+        deny(c, c->orig_text, c->orig_port, "protocol"); /* it said too little to decide on */
+    else
+        conn_close(c); /* connected and left: nothing asked, nothing denied */
+}
+
+/* ---- timers ---- */
+
+/* Returns -1 if c was closed or taken over. */
+static int on_timer_state(struct conn *c)
+{
+    struct proxy *p = c->p;
+    switch (c->state) {
+    case ST_SNIFF: deny(c, c->orig_text, c->orig_port, "timeout"); return -1;
+    case ST_LOOKUP: return 0; /* not armed: the lookup gives up by itself */
+    case ST_DIAL:
+        bufferevent_free(c->up);
+        c->up = NULL;
+        dial_next(c);
+        return -1;
+    case ST_RELAY: {
+        uint64_t idle = now_ms_monotonic() - c->last_io_ms;
+        if (idle >= (uint64_t)p->cfg.idle_ms) {
+            conn_close(c);
+            return -1;
+        }
+        timer_ms(c, (uint64_t)p->cfg.idle_ms - idle);
+        return 0;
+    }
+    case ST_REFUSING: conn_close(c); return -1;
+    }
+    return 0;
+}
+
+static void on_timer(evutil_socket_t fd, short what, void *arg)
+{
+    on_timer_state(arg);
+}
+
+/* ---- accepting ---- */
+
+static int peer_conns(const struct proxy *p, const struct sockaddr *peer)
+{
+    int n = 0;
+    for (const struct conn *c = p->conns; c; c = c->next)
+        n += same_host((const struct sockaddr *)&c->peer, peer);
+    return n;
+}
+
+static void on_accept(struct evconnlistener *lis, evutil_socket_t fd, struct sockaddr *sa,
+                      int salen, void *arg)
+{
+    struct proxy *p = arg;
+    p->stats.accepted++;
+    struct conn *c = calloc(1, sizeof(*c));
+    if (!c || salen <= 0 || (size_t)salen > sizeof(c->peer)) {
+        free(c);
+        close(fd);
+        return;
+    }
+    c->p = p;
+    memcpy(&c->peer, sa, (size_t)salen);
+    c->peer_len = (socklen_t)salen;
+    c->cl = bufferevent_socket_new(p->base, fd, BEV_OPT_CLOSE_ON_FREE);
+    if (!c->cl) {
+        close(fd);
+        free(c);
+        return;
+    }
+    c->next = p->conns;
+    if (p->conns)
+        p->conns->prev = c;
+    p->conns = c;
+    if (++p->stats.active > p->stats.active_max)
+        p->stats.active_max = p->stats.active;
+    c->timer = evtimer_new(p->base, on_timer, c);
+    if (!c->timer) {
+        conn_close(c);
+        return;
+    }
+
+    json_t *policy = p->hooks.policy(p->ctx, sa, c->peer_len, c->id, sizeof(c->id));
+    if (!policy)
+        c->id[0] = '\0';
+    c->id[sizeof(c->id) - 1] = '\0';
+    int have_dst =
+        p->hooks.original_dst(p->ctx, fd, &c->orig) == 0 && c->orig.sin_family == AF_INET;
+    if (have_dst) {
+        c->orig_port = ntohs(c->orig.sin_port);
+        inet_ntop(AF_INET, &c->orig.sin_addr, c->orig_text, sizeof(c->orig_text));
+    }
+    if (!policy) {
+        deny(c, c->orig_text, c->orig_port, "unknown_client");
+        return;
+    }
+    if (!have_dst || c->orig_port == 0) {
+        deny(c, "", 0, "no_original_dst");
+        return;
+    }
+    if (p->stats.active > (unsigned)p->cfg.max_conns ||
+        peer_conns(p, sa) > p->cfg.max_conns_per_peer) {
+        deny(c, c->orig_text, c->orig_port, "too_many_connections");
+        return;
+    }
+    c->state = ST_SNIFF;
+    bufferevent_setcb(c->cl, on_sniff_read, NULL, on_sniff_event, c);
+    bufferevent_setwatermark(c->cl, EV_READ, 0, SNIFF_BUF_MAX);
+    bufferevent_enable(c->cl, EV_READ);
+    timer_ms(c, (uint64_t)p->cfg.first_bytes_ms);
+}
+
+static void on_accept_resume(evutil_socket_t fd, short what, void *arg)
+{
+    struct proxy *p = arg;
+    evconnlistener_enable(p->listener);
+}
+
+static void on_accept_error(struct evconnlistener *lis, void *arg)
+{
+    struct proxy *p = arg;
+    int e = EVUTIL_SOCKET_ERROR();
+    log_warn(NULL, "proxy.accept_failed", "error=\"%s\" active=%u", strerror(e), p->stats.active);
+    evconnlistener_disable(lis);
+    struct timeval tv = {0, ACCEPT_PAUSE_MS * 1000};
+    event_add(p->accept_pause, &tv);
+}
+
+/* ---- the proxy ---- */
+
+struct proxy *proxy_new(struct event_base *base, int listen_fd, struct lookup *lk,
+                        const struct proxy_config *cfg, const struct proxy_hooks *hooks, void *ctx,
+                        struct wr_err *err)
+{
+    if (!base || listen_fd < 0 || !lk || !hooks || !hooks->policy || !hooks->original_dst) {
+        if (listen_fd >= 0)
+            close(listen_fd);
+        wr_err_set(err, EINVAL, "proxy: bad arguments");
+        return NULL;
+    }
+    struct proxy *p = calloc(1, sizeof(*p));
+    if (!p) {
+        close(listen_fd);
+        wr_err_sys(err, ENOMEM, "proxy");
+        return NULL;
+    }
+    p->base = base;
+    p->lk = lk;
+    if (cfg)
+        p->cfg = *cfg;
+    if (p->cfg.extra_public)
+        p->extra = *p->cfg.extra_public;
+    p->cfg.extra_public = NULL; /* copied into extra: nothing borrowed stays */
+    if (p->cfg.max_conns <= 0)
+        p->cfg.max_conns = PROXY_MAX_CONNS;
+    if (p->cfg.max_conns_per_peer <= 0)
+        p->cfg.max_conns_per_peer = PROXY_MAX_CONNS_PER_PEER;
+    if (p->cfg.first_bytes_ms <= 0)
+        p->cfg.first_bytes_ms = PROXY_FIRST_BYTES_MS;
+    if (p->cfg.connect_ms <= 0)
+        p->cfg.connect_ms = PROXY_CONNECT_MS;
+    if (p->cfg.idle_ms <= 0)
+        p->cfg.idle_ms = PROXY_IDLE_MS;
+    if (p->cfg.buffer_max == 0)
+        p->cfg.buffer_max = PROXY_BUFFER_MAX;
+    p->hooks = *hooks;
+    p->ctx = ctx;
+    if (evutil_make_socket_nonblocking(listen_fd) < 0) {
+        wr_err_sys(err, errno, "proxy: non-blocking listening socket");
+        close(listen_fd);
+        free(p);
+        return NULL;
+    }
+    p->accept_pause = evtimer_new(base, on_accept_resume, p);
+    /* backlog 0: the socket is listening already. */
+    p->listener = evconnlistener_new(base, on_accept, p,
+                                     LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, 0, listen_fd);
+    if (!p->listener || !p->accept_pause) {
+        wr_err_set(err, ENOMEM, "proxy: listener");
+        if (!p->listener)
+            close(listen_fd);
+        proxy_free(p);
+        return NULL;
+    }
+    evconnlistener_set_error_cb(p->listener, on_accept_error);
+    return p;
+}
+
+void proxy_free(struct proxy *p)
+{
+    if (!p)
+        return;
+    while (p->conns)
+        conn_close(p->conns);
+    if (p->listener)
+        evconnlistener_free(p->listener);
+    if (p->accept_pause)
+        event_free(p->accept_pause);
+    free(p);
+}
+
+void proxy_close_peer(struct proxy *p, const struct sockaddr *peer, socklen_t len)
+{
+    if (!p || !peer || len < (socklen_t)sizeof(sa_family_t))
+        return;
+    struct conn *c = p->conns;
+    while (c) {
+        struct conn *next = c->next;
+        if (same_host((const struct sockaddr *)&c->peer, peer))
+            conn_close(c);
+        c = next;
+    }
+}
+
+void proxy_stats(const struct proxy *p, struct proxy_stats *out)
+{
+    *out = p->stats;
+}

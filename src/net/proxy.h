@@ -1,0 +1,119 @@
+/*
+ * The egress proxy: where every TCP connection out of a sandbox ends up. The gateway DNATs them
+ * (nftables `redirect`) to one listening socket that the daemon owns; the proxy accepts there,
+ * reads the connection's first bytes, and decides from them alone where it goes: the SNI of a TLS
+ * ClientHello, or the Host of an HTTP/1.x request head (net/sniff.h). That name and the port the
+ * sandbox dialed are checked against the sandbox's egress policy (net/netpolicy.h); then the
+ * proxy resolves the name itself (net/lookup.h) and dials, from the daemon's own network
+ * namespace, only addresses it resolved that are public (net/addr.h) and not the host's own. The
+ * address the sandbox dialed is never dialed: names are pinned, so lying about DNS gets a sandbox
+ * nowhere.
+ *
+ * The proxy never terminates TLS: a TLS connection is relayed byte for byte once its SNI passed.
+ * HTTP is relayed too, but its client-to-server direction is followed at request boundaries, and
+ * each kept-alive request must pass the policy again and name the host the connection is pinned
+ * to. A denied HTTP request gets a 403 that says why; anything else denied is closed.
+ *
+ * One proxy runs on one event_base and is used from that base's thread only. Memory is bounded:
+ * max_conns connections, each holding at most its sniff buffer (SNIFF_HTTP_HEAD_MAX or a
+ * ClientHello) or buffer_max per direction.
+ */
+#ifndef WR_NET_PROXY_H
+#define WR_NET_PROXY_H
+
+#include <event2/event.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "common/err.h"
+#include "net/addr.h"
+#include "net/lookup.h"
+
+/* Defaults for a proxy_config field left 0. */
+#define PROXY_MAX_CONNS 4096
+#define PROXY_MAX_CONNS_PER_PEER 256
+#define PROXY_FIRST_BYTES_MS 10000
+#define PROXY_CONNECT_MS 10000
+#define PROXY_IDLE_MS (5 * 60 * 1000)
+#define PROXY_BUFFER_MAX (256 * 1024)
+/* A sandbox id as the policy hook writes it (the daemon's ids are far shorter). */
+#define PROXY_ID_MAX 64
+
+/** What the proxy asks of whoever owns it; called on the loop's thread. */
+struct proxy_hooks {
+    /**
+     * The egress policy (normalised, netpolicy.h) of the sandbox at peer, and its id copied into
+     * id (idcap bytes, NUL-terminated); NULL for an unknown peer (the connection is closed and
+     * logged as denied "unknown_client"). Borrowed: valid until the call returns. Called for
+     * every decision, so a policy change takes effect for the next connection or request.
+     * Required.
+     */
+    json_t *(*policy)(void *ctx, const struct sockaddr *peer, socklen_t len, char *id,
+                      size_t idcap);
+    /** Where the sandbox meant to go: SO_ORIGINAL_DST in production. 0, or -1. Required. */
+    int (*original_dst)(void *ctx, int fd, struct sockaddr_in *out /* OUT */);
+    /** Whether addr is one of the host's own addresses (never dialed). NULL: none is. */
+    int (*is_local)(void *ctx, const struct sockaddr *addr, socklen_t len);
+    /**
+     * A denied attempt (may be NULL): the sandbox's id ("" if unknown), the host (the name asked
+     * for, or the dialed address as text when no name was read), the port, and a reason: one of
+     * netpolicy_reason's, or "unknown_client", "too_many_connections", "no_original_dst",
+     * "protocol", "malformed", "timeout" (no decision within first_bytes_ms), "no_sni", "address",
+     * "connect", "port_mismatch", "host_changed", "private_address", a lookup's failure
+     * ("nxdomain", "no_address", "timeout", ...), or "connect_failed". Valid only for the call.
+     */
+    void (*denied)(void *ctx, const char *id, const char *host, int port, const char *reason);
+};
+
+/** Limits; a field left 0 takes its default (PROXY_*). */
+struct proxy_config {
+    const struct addr_ranges *extra_public; /* ranges that count as public (copied; NULL: none) */
+    int max_conns;                          /* connections open at once, in any state */
+    int max_conns_per_peer;                 /* of which from one sandbox address */
+    int first_bytes_ms;                     /* to send enough to decide on */
+    int connect_ms;    /* to connect upstream, over all of a name's addresses */
+    int idle_ms;       /* a relay with no bytes either way is closed */
+    size_t buffer_max; /* bytes queued per direction before its source is no longer read */
+};
+
+/** Counters since proxy_new, for the network log and the tests. */
+struct proxy_stats {
+    uint64_t accepted;       /* connections accepted (refused ones included) */
+    uint64_t denied;         /* denials: connections and kept-alive requests (the hook's calls) */
+    uint64_t requests;       /* HTTP request heads that passed the policy */
+    uint64_t dialed;         /* connections established upstream */
+    uint64_t connect_failed; /* decisions that ended with no address reachable */
+    uint64_t bytes_up;       /* sandbox to upstream, first bytes included */
+    uint64_t bytes_down;     /* upstream to sandbox */
+    size_t queued_max;       /* the most one direction ever held queued for its destination */
+    unsigned active;         /* connections open now */
+    unsigned active_max;     /* the most open at once */
+};
+
+struct proxy;
+
+/**
+ * Starts the proxy on base: accepts on listen_fd (a listening TCP socket; owned: closed by
+ * proxy_free, or here on failure), resolving with lk (borrowed: it must outlive the proxy). cfg
+ * and hooks are copied; ctx is passed to the hooks. Returns the proxy, or NULL with err set.
+ */
+struct proxy *proxy_new(struct event_base *base, int listen_fd, struct lookup *lk,
+                        const struct proxy_config *cfg, const struct proxy_hooks *hooks, void *ctx,
+                        struct wr_err *err);
+
+/** Closes every connection and the listening socket and frees p. NULL is a no-op. */
+void proxy_free(struct proxy *p);
+
+/**
+ * The sandbox at peer is gone: closes every connection from its address (peer's port is
+ * ignored), in any state, without calling the denied hook.
+ */
+void proxy_close_peer(struct proxy *p, const struct sockaddr *peer, socklen_t len);
+
+/** Copies p's counters into out. */
+void proxy_stats(const struct proxy *p, struct proxy_stats *out /* OUT */);
+
+#endif
