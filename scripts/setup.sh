@@ -39,7 +39,8 @@ SRC
     echo "setup.sh: added bookworm-backports from $mirror"
 }
 
-PKGS="build-essential pkg-config libevent-dev libjansson-dev libsqlite3-dev \
+PKGS="build-essential pkg-config libevent-dev libjansson-dev libsqlite3-dev libssl-dev \
+nftables libnftables-dev \
 mmdebstrap iproute2 procps ca-certificates \
 python3 python3-venv clang-format e2fsprogs"
 

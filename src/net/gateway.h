@@ -1,0 +1,104 @@
+/*
+ * The gateway: the one way out of every sandbox. The daemon owns a gateway network namespace,
+ * held by an fd (never named, so it dies with the daemon); each running sandbox has a namespace
+ * of its own joined to it by a veth pair, on a /30 of GATEWAY_NET chosen by its slot:
+ *
+ *   sandbox ns:  eth0 10.200.x.(4k+2)/30, default route via the gateway end
+ *   gateway ns:  wrs<k> 10.200.x.(4k+1)/30; nftables there redirects every IPv4 TCP connection
+ *                that comes in on a wrs* interface to the egress proxy's listener, accepts UDP to
+ *                port 53 of the sandbox's own gateway address (its resolver), and drops the rest:
+ *                no forwarding at all, no IPv6, no ICMP, no other UDP.
+ *
+ * The proxy (net/proxy.h) and each sandbox's resolver (net/resolver.h) listen in the gateway
+ * namespace and reach out from the daemon's own; they know a sandbox by its address, and ask
+ * the daemon for its policy at every decision, so a policy change applies to the next lookup
+ * and the next connection.
+ *
+ * Threads: gateway_open, gateway_close and the gateway_slot_* calls run on the loop's thread;
+ * gateway_plumb and gateway_unplumb block (netlink) and run on workers.
+ */
+#ifndef WR_NET_GATEWAY_H
+#define WR_NET_GATEWAY_H
+
+#include <event2/event.h>
+#include <jansson.h>
+#include <netinet/in.h>
+
+#include "common/err.h"
+#include "net/addr.h"
+
+#define GATEWAY_SLOTS 16384    /* /30s in 10.200.0.0/16 */
+#define GATEWAY_PROXY_PORT 15001 /* the proxy's port in the gateway namespace */
+
+struct gateway_config {
+    /* Where the resolvers and the proxy send their own queries: "a.b.c.d" or "a.b.c.d:port";
+       "" = the first IPv4 nameserver of the host's /etc/resolv.conf. */
+    char dns_upstream[64];
+    /* Ranges that count as public besides the globally routable ones (tests; off by default). */
+    struct addr_ranges extra_public;
+};
+
+struct gateway_hooks {
+    /** The policy of sandbox id (normalised), borrowed for the call; NULL if there is none. */
+    json_t *(*policy)(void *ctx, const char *id);
+    /** A denied lookup (via "dns") or connection (via "proxy"). */
+    void (*denied)(void *ctx, const char *id, const char *via, const char *host, int port,
+                   const char *reason);
+};
+
+struct gateway;
+
+/**
+ * Makes the gateway namespace, its rules, the proxy and its DNS client. Blocks briefly (netlink,
+ * nftables); call at start-up on the loop's thread. Returns NULL with err saying why this host
+ * cannot run sandbox networking.
+ */
+struct gateway *gateway_open(struct event_base *base, const struct gateway_config *cfg,
+                             const struct gateway_hooks *hooks, void *ctx, struct wr_err *err);
+
+/** Closes every connection and resolver and drops the namespace (the sandboxes' veths go with
+ * it). NULL is a no-op. */
+void gateway_close(struct gateway *g);
+
+/** Reserves a slot for sandbox id. Returns it, or -1 with err set when all are taken. */
+int gateway_slot_take(struct gateway *g, const char *id, struct wr_err *err);
+
+/** The sandbox in slot runs: serve its DNS on dns_fd (taken; closed on failure too). */
+int gateway_slot_activate(struct gateway *g, int slot, int dns_fd, struct wr_err *err);
+
+/** Gives slot back: its resolver stops, the proxy's connections from it are closed. Call after
+ * gateway_unplumb. Negative slots are a no-op. */
+void gateway_slot_release(struct gateway *g, int slot);
+
+/**
+ * Worker: a new network namespace for slot's sandbox joined to the gateway, addresses and route
+ * set (runsc takes them over at each start, so this runs before each). Fills *netns_fd (the
+ * namespace), *dns_fd (a UDP socket bound to the slot's gateway address, port 53, for
+ * gateway_slot_activate) and nameserver (that address as text). On failure nothing is left.
+ */
+int gateway_plumb(struct gateway *g, int slot, int *netns_fd, int *dns_fd, char nameserver[16],
+                  struct wr_err *err);
+
+/** Worker: removes slot's veth pair (and with it the sandbox's only link). Idempotent. */
+int gateway_unplumb(struct gateway *g, int slot, struct wr_err *err);
+
+/** Counters for health and the tests. */
+struct gateway_stats {
+    unsigned slots_used;
+    unsigned resolvers;
+};
+void gateway_stats(const struct gateway *g, struct gateway_stats *out);
+
+/**
+ * For `doctor`: builds a throwaway gateway and sandbox namespace with the real rules and a veth
+ * pair between them. Returns 0 with detail filled, or -1 with err saying what this host lacks.
+ */
+int gateway_probe(char *detail, size_t detail_len, struct wr_err *err);
+
+/**
+ * Parses "a.b.c.d[:port]" (port default 53) into out. Returns 0 or -1 with err set. "" reads the
+ * first IPv4 nameserver of /etc/resolv.conf.
+ */
+int gateway_parse_upstream(const char *text, struct sockaddr_in *out, struct wr_err *err);
+
+#endif

@@ -1,0 +1,366 @@
+"""Egress: a sandbox's `network` policy, enforced on the host, against a fake internet.
+
+The daemon under test runs inside a network namespace these tests create (fakenet.FakeNet),
+whose only link leads to a second namespace holding the fake internet: a DNS server, web servers
+for pypi.org, files.pythonhosted.org, api.github.test, evil.test and example.test (HTTP and HTTPS
+with a test CA), and a fake metadata service at 169.254.169.254. Nothing else is reachable from
+there, so a bug in the proxy cannot send traffic anywhere real. The daemon is told the fake
+internet's range counts as public, which resolver to ask, and to make sandboxes trust the test
+CA; the tests talk to it over its Unix socket.
+
+What a sandbox sees is checked from inside it (curl, Python, getent), and what the fake internet
+saw from its own logs: a denied name never reaches the fake DNS, a denied host's server never
+sees a request.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import conftest  # noqa: E402
+import fakenet  # noqa: E402
+import wrclient  # noqa: E402
+from conftest import SandboxFactory  # noqa: E402
+from test_connections import serve_own  # noqa: E402
+
+ALLOW_PYPI = {"internet": True, "allow": ["pypi.org", "*.pythonhosted.org"]}
+BLOCKED_WORDS = "egress policy blocked"
+
+
+class EgressDaemon(conftest.Daemon):
+    """A daemon of its own in the fake internet's host namespace, sharing the session's image."""
+
+    def __init__(self, session, net):
+        parent = os.path.dirname(os.path.abspath(session.state_dir))
+        state = tempfile.mkdtemp(prefix="wr-egress-", dir=parent)
+        os.symlink(os.path.join(os.path.abspath(session.state_dir), "images"),
+                   os.path.join(state, "images"))
+        super().__init__(state_dir=state)
+        self.net = net
+        self.client = wrclient.Client(unix_path=self.socket_path)
+
+    def build_image(self):
+        pass  # the session's, through the symlink
+
+    def serve_argv(self):
+        return (["nsenter", f"--net={self.net.host_ns}"] + super().serve_argv() +
+                ["--egress", "on", "--dns-upstream", fakenet.DNS_ADDR,
+                 "--public-ranges", fakenet.PUBLIC_RANGES, "--extra-ca-file", self.net.ca_pem])
+
+
+@pytest.fixture(scope="module")
+def net():
+    n = fakenet.FakeNet(tempfile.mkdtemp(prefix="wr-fakenet-"))
+    try:
+        n.start()
+        yield n
+    finally:
+        n.stop()
+
+
+@pytest.fixture(scope="module")
+def egress(daemon, net):
+    yield from serve_own(EgressDaemon(daemon, net))
+
+
+@pytest.fixture
+def sb(egress):
+    """Makes sandboxes on the egress daemon, deleted after the test."""
+    f = SandboxFactory(egress.client)
+    yield f
+    f.cleanup()
+
+
+def run(d, sid, command, timeout=60):
+    """Runs a shell command in sandbox sid: (exit code, stdout, stderr) as text."""
+    r = d.client.exec(sid, ["sh", "-c", command], timeout_seconds=timeout)
+    return (r["exit_code"], wrclient.output(r).decode(errors="replace"),
+            wrclient.output(r, "stderr").decode(errors="replace"))
+
+
+def curl(d, sid, args, timeout=20):
+    """curl in the sandbox: (exit code, body, http status or 0)."""
+    code, out, _ = run(d, sid, f"curl -sS -m 10 -o /tmp/body -w '%{{http_code}}' {args}; "
+                       "echo; cat /tmp/body 2>/dev/null; rm -f /tmp/body", timeout)
+    status, _, body = out.partition("\n")
+    return code, body, int(status) if status.strip().isdigit() else 0
+
+
+def netlog(d, sid):
+    r = d.client.expect(200, "GET", f"/v1/sandboxes/{sid}/network/log")
+    return r.json()
+
+
+def denied(d, sid, host):
+    return [e for e in netlog(d, sid)["entries"] if e["host"] == host]
+
+
+def lookup(d, sid, name):
+    """getent in the sandbox: the addresses it resolved ([] if the lookup failed)."""
+    code, out, _ = run(d, sid, f"getent ahostsv4 {name} | awk '{{print $1}}' | sort -u")
+    return out.split() if code == 0 else []
+
+
+# ---- the policy's three shapes ----
+
+
+def test_no_internet_reaches_nothing_dns_included(egress, net, sb):
+    sid = sb()["id"]  # the default: {"internet": false}
+    net.reset_logs()
+    assert lookup(egress, sid, "pypi.org") == []
+    code, body, status = curl(egress, sid, f"http://{net.addr('pypi.org')}/")
+    assert status == 403 and BLOCKED_WORDS in body, (code, body)
+    code, _, status = curl(egress, sid, f"--resolve pypi.org:443:{net.addr('pypi.org')} "
+                           "https://pypi.org/")
+    assert code != 0 and status == 0
+    assert net.dns_queries() == [], "a lookup left the host"
+    assert net.requests() == [], "a connection reached the internet"
+    reasons = {e["reason"] for e in netlog(egress, sid)["entries"]}
+    assert "no_internet" in reasons, netlog(egress, sid)
+
+
+def test_allow_list_lets_pypi_through_and_nothing_else(egress, net, sb):
+    sid = sb(network=ALLOW_PYPI)["id"]
+    net.reset_logs()
+    assert lookup(egress, sid, "pypi.org") == [net.addr("pypi.org")]
+    code, body, status = curl(egress, sid, "https://pypi.org/simple/wr-hello/")
+    assert code == 0 and status == 200 and "wr_hello" in body, (code, body)
+    code, body, status = curl(egress, sid, "https://files.pythonhosted.org/")
+    assert code == 0 and status == 200, (code, body)
+    # evil.test: no answer from DNS, and no way through with the address either
+    assert lookup(egress, sid, "evil.test") == []
+    code, _, status = curl(egress, sid,
+                           f"--resolve evil.test:443:{net.addr('evil.test')} https://evil.test/")
+    assert code != 0 and status == 0, "a TLS connection to a denied host was not closed"
+    code, body, status = curl(egress, sid,
+                              f"--resolve evil.test:80:{net.addr('evil.test')} http://evil.test/")
+    assert status == 403 and BLOCKED_WORDS in body and "evil.test" in body, body
+    assert "evil.test" not in net.dns_queries(), "a denied name reached the upstream DNS"
+    assert net.requests("evil.test") == [], "the denied host got a request"
+    seen = {(e["via"], e["reason"]) for e in denied(egress, sid, "evil.test")}
+    assert ("dns", "not_allowed") in seen and ("proxy", "not_allowed") in seen, seen
+
+
+def test_internet_true_reaches_any_public_host(egress, net, sb):
+    sid = sb(network={"internet": True, "deny": ["evil.test"]})["id"]
+    code, body, status = curl(egress, sid, "https://example.test/")
+    assert code == 0 and status == 200 and "example.test" in body, body
+    code, body, status = curl(egress, sid, "http://evil.test/")
+    assert status == 0 or status == 403  # no lookup answer, or the proxy's refusal
+    assert net.requests("evil.test") == []
+    assert {e["reason"] for e in denied(egress, sid, "evil.test")} == {"denied"}
+
+
+# ---- what pinning to names refuses ----
+
+
+@pytest.mark.parametrize("name", ["pythonhosted.org.evil.test", "evilpythonhosted.org",
+                                  "pypi.org.evil.test"])
+def test_lookalike_names_are_refused(egress, net, sb, name):
+    sid = sb(network=ALLOW_PYPI)["id"]
+    net.set_dns(name, net.addr("evil.test"))
+    assert lookup(egress, sid, name) == []
+    code, body, status = curl(egress, sid,
+                              f"--resolve {name}:80:{net.addr('evil.test')} http://{name}/")
+    assert status == 403 and name in body, body
+    assert net.requests("evil.test") == []
+
+
+def test_userinfo_trick_goes_to_the_real_host(egress, net, sb):
+    sid = sb(network=ALLOW_PYPI)["id"]
+    # curl reads pypi.org as a user name: the host is evil.test
+    code, body, status = curl(egress, sid, f"--resolve evil.test:80:{net.addr('evil.test')} "
+                              "http://pypi.org@evil.test/")
+    assert status == 403 and "evil.test" in body, body
+    assert net.requests("evil.test") == []
+
+
+RAW_HTTP = r'''
+import socket, sys
+s = socket.create_connection((sys.argv[1], 80), timeout=10)
+def req(host):
+    s.sendall(b"GET / HTTP/1.1\r\nHost: " + host.encode() + b"\r\n\r\n")
+    head = b""
+    while b"\r\n\r\n" not in head:
+        b = s.recv(1)
+        if not b:
+            return "closed"
+        head += b
+    n = int([l.split(b":")[1] for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")][0])
+    body = b""
+    while len(body) < n:
+        body += s.recv(n - len(body))
+    return head.split(b" ")[1].decode() + " " + body.decode()
+for h in sys.argv[2:]:
+    print(req(h))
+'''
+
+
+def test_each_request_on_a_kept_alive_connection_is_checked(egress, net, sb):
+    sid = sb(network=ALLOW_PYPI)["id"]
+    egress.client.write_file(sid, "/tmp/raw.py", RAW_HTTP.encode())
+    code, out, err = run(egress, sid, f"python3 /tmp/raw.py {net.addr('pypi.org')} "
+                         "pypi.org pypi.org evil.test")
+    lines = out.splitlines()
+    assert lines[0].startswith("200 ") and lines[1].startswith("200 "), (out, err)
+    assert lines[2].startswith("403 ") and "evil.test" in lines[2], (out, err)
+    assert net.requests("evil.test") == []
+
+
+def test_connect_is_refused(egress, net, sb):
+    sid = sb(network=ALLOW_PYPI)["id"]
+    code, out, _ = run(egress, sid,
+                       f"printf 'CONNECT evil.test:443 HTTP/1.1\\r\\nHost: evil.test:443\\r\\n\\r\\n'"
+                       f" | curl -sS -m 10 telnet://{net.addr('pypi.org')}:80 | head -1")
+    assert " 403 " in out, out
+    assert net.requests("evil.test") == []
+
+
+@pytest.mark.parametrize("target", ["http://127.1/", "http://0x7f000001/", "http://[::1]/",
+                                    "http://169.254.169.254/latest/meta-data/",
+                                    "http://10.200.0.1/", "http://198.51.100.1/"])
+def test_address_targets_are_refused(egress, net, sb, target):
+    sid = sb(network={"internet": True})["id"]
+    net.reset_logs()
+    code, body, status = curl(egress, sid, target)
+    assert code != 0 or status == 403, (code, status, body)
+    assert net.requests() == [], "an address target reached the fake internet"
+
+
+def test_the_daemons_own_api_is_out_of_reach(egress, net, sb):
+    sid = sb(network={"internet": True})["id"]
+    code, body, status = curl(egress, sid, f"http://127.0.0.1:{egress.port}/v1/health")
+    assert status == 403, (code, status, body)
+    # a name that resolves to the daemon's host, or to loopback, gets nothing dialed
+    for name, addr in (("sneaky.test", fakenet.HOST_ADDR), ("loop.test", "127.0.0.1")):
+        net.set_dns(name, addr)
+        code, body, status = curl(egress, sid, f"--resolve {name}:80:{net.addr('pypi.org')} "
+                                  f"http://{name}/")
+        assert status in (403, 502) and "health" not in body, (name, status, body)
+
+
+def test_dns_that_points_an_allowed_name_at_loopback_gets_nothing_dialed(egress, net, sb):
+    sid = sb(network=ALLOW_PYPI)["id"]
+    try:
+        net.set_dns("pypi.org", "127.0.0.1")
+        assert lookup(egress, sid, "pypi.org") == []
+        code, body, status = curl(egress, sid, f"--resolve pypi.org:80:{net.addr('pypi.org')} "
+                                  "http://pypi.org/")
+        assert status == 403 and "private_address" in body, body
+    finally:
+        net.set_dns("pypi.org", net.addr("pypi.org"))
+
+
+def test_udp_other_than_dns_and_ipv6_go_nowhere(egress, net, sb):
+    sid = sb(network={"internet": True})["id"]
+    net.reset_logs()
+    code, out, err = run(egress, sid, "python3 -c \""
+                         "import socket;s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);"
+                         f"s.sendto(b'x',('{net.addr('example.test')}',443));"
+                         f"s.sendto(b'x',('{fakenet.DNS_ADDR}',53));print('sent')\"; "
+                         "python3 -c \"import socket;socket.create_connection(('2001:db8::1',80),"
+                         "timeout=3)\" 2>&1 | tail -1")
+    assert "sent" in out and "Error" in out, (out, err)
+    time.sleep(0.5)
+    assert net.dns_queries() == [] and net.requests() == []
+
+
+# ---- changes, restarts, clean-up ----
+
+
+def test_policy_change_applies_to_the_next_connection(egress, net, sb):
+    sid = sb(network=ALLOW_PYPI)["id"]
+    code, body, status = curl(egress, sid, "http://example.test/")
+    assert status in (0, 403) and net.requests("example.test") == []
+    r = egress.client.expect(200, "PUT", f"/v1/sandboxes/{sid}/network",
+                             {"internet": True, "allow": ["example.test"]})
+    assert r.json()["network"] == {"internet": True, "allow": ["example.test"]}
+    code, body, status = curl(egress, sid, "http://example.test/")
+    assert status == 200 and "example.test" in body, body
+    code, body, status = curl(egress, sid,
+                              f"--resolve pypi.org:80:{net.addr('pypi.org')} http://pypi.org/")
+    assert status == 403, body
+
+
+def test_stop_start_keeps_policy_and_network(egress, net, sb):
+    sid = sb(network=ALLOW_PYPI)["id"]
+    egress.client.expect(200, "POST", f"/v1/sandboxes/{sid}/stop", {})
+    egress.client.expect(200, "POST", f"/v1/sandboxes/{sid}/start", {})
+    assert egress.client.get(sid)["network"] == ALLOW_PYPI
+    code, body, status = curl(egress, sid, "https://pypi.org/simple/")
+    assert status == 200, body
+    code, body, status = curl(egress, sid, "http://evil.test/")
+    assert status in (0, 403)
+
+
+def host_interfaces(d):
+    r = subprocess.run(["nsenter", f"--net={d.net.host_ns}", "ip", "-o", "link"],
+                       capture_output=True, text=True, check=True)
+    return sorted(line.split(":")[1].strip() for line in r.stdout.splitlines())
+
+
+def net_namespaces():
+    r = subprocess.run(["lsns", "-n", "-t", "net", "-o", "NS"], capture_output=True, text=True,
+                       check=True)
+    return set(r.stdout.split())
+
+
+def daemon_fds(d):
+    return len(os.listdir(f"/proc/{d.proc.pid}/fd"))
+
+
+@pytest.mark.timeout(600)
+def test_delete_removes_namespaces_and_interfaces(egress, net):
+    c = egress.client
+    before_if, before_ns, before_fds = host_interfaces(egress), net_namespaces(), daemon_fds(egress)
+    for i in range(50):
+        sid = c.create(network=ALLOW_PYPI)["id"]
+        if i % 10 == 0:  # now and then, use it
+            code, _, status = curl(egress, sid, "http://pypi.org/simple/")
+            assert status == 200
+        c.delete(sid)
+    assert host_interfaces(egress) == before_if
+    assert net_namespaces() - before_ns == set(), "namespaces left behind"
+    assert daemon_fds(egress) <= before_fds + 2
+
+
+def test_daemon_restart_keeps_policy_and_network(egress, net):
+    c = egress.client
+    sid = c.create(network=ALLOW_PYPI)["id"]
+    try:
+        egress.proc.terminate()
+        egress.proc.wait(timeout=30)
+        egress.start(clean=False)
+        assert c.get(sid)["network"] == ALLOW_PYPI
+        if c.get(sid)["state"] != "running":
+            c.expect(200, "POST", f"/v1/sandboxes/{sid}/start", {})
+        code, body, status = curl(egress, sid, "https://pypi.org/simple/")
+        assert status == 200, body
+    finally:
+        c.request("DELETE", f"/v1/sandboxes/{sid}")
+
+
+def test_network_log_is_bounded_and_named(egress, net, sb):
+    sid = sb(network=ALLOW_PYPI)["id"]
+    run(egress, sid, "for i in $(seq 1 250); do getent hosts x$i.evil.test; done; true",
+        timeout=120)
+    log = netlog(egress, sid)
+    assert log["id"] == sid and log["total"] >= 250
+    assert len(log["entries"]) == 200
+    e = log["entries"][-1]
+    assert e["via"] == "dns" and e["host"].endswith(".evil.test") and e["reason"] == "not_allowed"
+    assert "x250.evil.test" in {x["host"] for x in log["entries"]}
+
+
+def test_pip_install_from_the_fake_index(egress, net, sb):
+    sid = sb(network=ALLOW_PYPI)["id"]
+    code, out, err = run(egress, sid, "pip install --no-cache-dir wr-hello 2>&1 && "
+                         "python3 -c 'import wr_hello; print(wr_hello.greet())'", timeout=120)
+    assert code == 0 and "hello from the fake index" in out, (out, err)
