@@ -48,6 +48,8 @@ static void fill_paths(struct sb_paths *sp, const char *dir)
     snprintf(sp->rootfs, sizeof(sp->rootfs), "%s/rootfs", sp->dir);
     snprintf(sp->config, sizeof(sp->config), "%s/config.json", sp->dir);
     snprintf(sp->log, sizeof(sp->log), "%s/agent.log", sp->dir);
+    snprintf(sp->resolv, sizeof(sp->resolv), "%s/resolv.conf", sp->dir);
+    snprintf(sp->cabundle, sizeof(sp->cabundle), "%s/ca-certificates.crt", sp->dir);
 }
 
 int bundle_paths(const char *dir, struct sb_paths *sp, struct wr_err *err)
@@ -360,9 +362,30 @@ static json_t *build_spec(const struct driver_spec *spec, const struct sb_paths 
     json_array_append_new(mounts, mount_obj("/.withruntime/agent", "bind", spec->agent_path,
                                             agent_opts, WR_ARRAY_LEN(agent_opts)));
 
+    if (spec->netns_fd > 0 && spec->nameserver[0]) {
+        static const char *const resolv_opts[] = {"bind", "ro", "nosuid", "nodev", "noexec"};
+        json_array_append_new(mounts, mount_obj("/etc/resolv.conf", "bind", sp->resolv, resolv_opts,
+                                                WR_ARRAY_LEN(resolv_opts)));
+    }
+
+    if (spec->extra_ca_pem && spec->extra_ca_pem[0]) {
+        static const char *const ca_opts[] = {"bind", "ro", "nosuid", "nodev", "noexec"};
+        json_array_append_new(mounts, mount_obj("/etc/ssl/certs/ca-certificates.crt", "bind",
+                                                sp->cabundle, ca_opts, WR_ARRAY_LEN(ca_opts)));
+    }
+
     json_t *namespaces = json_array();
-    for (size_t i = 0; i < WR_ARRAY_LEN(ns); i++)
-        json_array_append_new(namespaces, json_pack("{s:s}", "type", ns[i]));
+    for (size_t i = 0; i < WR_ARRAY_LEN(ns); i++) {
+        json_t *n = json_pack("{s:s}", "type", ns[i]);
+        if (!strcmp(ns[i], "network") && spec->netns_fd > 0) {
+            /* The daemon holds the namespace by an fd, never by a name: runsc opens it through
+             * the daemon's fd table. */
+            char path[64];
+            snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)getpid(), spec->netns_fd);
+            json_object_set_new(n, "path", json_string(path));
+        }
+        json_array_append_new(namespaces, n);
+    }
     char cgpath[128];
     cgroup_runsc_path(spec->id, cgpath, sizeof(cgpath));
 
@@ -372,8 +395,68 @@ static json_t *build_spec(const struct driver_spec *spec, const struct sb_paths 
                      cgpath);
 }
 
+/* Writes path whole through a temporary file and a rename. */
+static int write_file_atomic(const char *path, const char *text, mode_t mode, struct wr_err *err)
+{
+    char tmp[PATH_MAX + 8];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    cleanup_close int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, mode);
+    if (fd < 0)
+        return wr_err_sys(err, errno, "creating %s", tmp);
+    if (write_all(fd, text, strlen(text)) < 0)
+        return wr_err_sys(err, errno, "writing %s", tmp);
+    if (rename(tmp, path) < 0)
+        return wr_err_sys(err, errno, "renaming %s", tmp);
+    return 0;
+}
+
+/* The image's CA bundle (a file of the shared, read-only image we built) followed by the
+ * daemon's extra certificates, written to sp->cabundle. */
+static int write_ca_bundle(const struct driver_spec *spec, const struct sb_paths *sp,
+                           struct wr_err *err)
+{
+    char src[PATH_MAX + 64];
+    snprintf(src, sizeof(src), "%s/etc/ssl/certs/ca-certificates.crt", spec->image_rootfs);
+    cleanup_close int in = open(src, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (in < 0)
+        return wr_err_sys(err, errno, "opening the image's CA bundle %s", src);
+    char tmp[PATH_MAX + 8];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", sp->cabundle);
+    cleanup_close int out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (out < 0)
+        return wr_err_sys(err, errno, "creating %s", tmp);
+    char buf[65536];
+    for (;;) {
+        ssize_t n = read(in, buf, sizeof(buf));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return wr_err_sys(err, errno, "reading %s", src);
+        if (n == 0)
+            break;
+        if (write_all(out, buf, (size_t)n) < 0)
+            return wr_err_sys(err, errno, "writing %s", tmp);
+    }
+    if (write_all(out, "\n", 1) < 0 ||
+        write_all(out, spec->extra_ca_pem, strlen(spec->extra_ca_pem)) < 0)
+        return wr_err_sys(err, errno, "writing %s", tmp);
+    if (rename(tmp, sp->cabundle) < 0)
+        return wr_err_sys(err, errno, "renaming %s", tmp);
+    return 0;
+}
+
 int bundle_write_spec(const struct driver_spec *spec, const struct sb_paths *sp, struct wr_err *err)
 {
+    if (spec->extra_ca_pem && spec->extra_ca_pem[0] && write_ca_bundle(spec, sp, err) < 0)
+        return -1;
+    if (spec->netns_fd > 0 && spec->nameserver[0]) {
+        /* The sandbox's only resolver is its gateway's; the file is the host's (mounted
+         * read-only), so a start always brings the current address. */
+        char text[96];
+        snprintf(text, sizeof(text), "nameserver %s\noptions ndots:0\n", spec->nameserver);
+        if (write_file_atomic(sp->resolv, text, 0644, err) < 0)
+            return -1;
+    }
     json_t *j = build_spec(spec, sp);
     if (!j)
         return wr_err_set(err, ENOMEM, "building the OCI spec");
@@ -381,14 +464,5 @@ int bundle_write_spec(const struct driver_spec *spec, const struct sb_paths *sp,
     json_decref(j);
     if (!text)
         return wr_err_set(err, ENOMEM, "serialising the OCI spec");
-    char tmp[PATH_MAX + 8];
-    snprintf(tmp, sizeof(tmp), "%s.tmp", sp->config);
-    cleanup_close int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd < 0)
-        return wr_err_sys(err, errno, "creating %s", tmp);
-    if (write_all(fd, text, strlen(text)) < 0)
-        return wr_err_sys(err, errno, "writing %s", tmp);
-    if (rename(tmp, sp->config) < 0)
-        return wr_err_sys(err, errno, "renaming %s", tmp);
-    return 0;
+    return write_file_atomic(sp->config, text, 0644, err);
 }

@@ -30,6 +30,16 @@ struct driver_spec {
     int memory_mib;           /* memory for the sandbox's processes */
     int pids_max;             /* process-count cap inside the sandbox */
     int disk_mib;             /* quota on the writable layer */
+    /* Networking (start only): the sandbox's own network namespace, already plumbed by the
+       daemon's gateway (net/gateway.h); 0 or -1 for none at all (loopback only: a zeroed spec
+       has no network, and fd 0 is never a namespace). The driver borrows the fd for the call.
+       nameserver: the resolver's address the sandbox is given (dotted quad; "" without networking).
+     */
+    int netns_fd;
+    char nameserver[16];
+    /* PEM certificates the sandbox trusts besides its image's (NULL or "": none): appended to
+       the image's /etc/ssl/certs/ca-certificates.crt in a copy mounted read-only over it. */
+    const char *extra_ca_pem;
 };
 
 /** Resource use as measured on the host. */

@@ -254,8 +254,8 @@ static int step_spawn(struct gv_run *r, struct wr_err *err)
         return wr_err_sys(err, errno, "opening %s", r->sp.log);
     struct stat st;
     r->log_start = fstat(r->logfd, &st) == 0 ? st.st_size : 0;
-    return runsc_run_spawn(r->spec->id, r->platform, r->sp.dir, r->chan[1], r->logfd, &r->runsc_pid,
-                           err);
+    return runsc_run_spawn(r->spec->id, r->platform, r->sp.dir, r->spec->netns_fd, r->chan[1],
+                           r->logfd, &r->runsc_pid, err);
 }
 
 /* Stops the container and removes runsc's state; its cgroups stay (undo_cgroup). */

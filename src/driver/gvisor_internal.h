@@ -45,10 +45,12 @@ int runsc_has_state(const char *id);
 /**
  * Spawns `runsc run --detach` of the bundle in dir as container id, with chan_fd as the
  * init's stdin and stdout and logfd as its stderr (runsc's own errors land there too).
+ * netns_fd >= 0: the sandbox gets gVisor's own network stack over that namespace's interfaces
+ * (--network=sandbox; the bundle names the namespace), else no network (--network=none).
  * Stores the pid to give runsc_run_wait in *pid. Returns 0 or -1 with err set.
  */
-int runsc_run_spawn(const char *id, const char *platform, const char *dir, int chan_fd, int logfd,
-                    pid_t *pid, struct wr_err *err);
+int runsc_run_spawn(const char *id, const char *platform, const char *dir, int netns_fd,
+                    int chan_fd, int logfd, pid_t *pid, struct wr_err *err);
 
 /**
  * Waits for the `runsc run --detach` started by runsc_run_spawn: when it exits 0, the
@@ -78,6 +80,8 @@ struct sb_paths {
     char rootfs[PATH_MAX];
     char config[PATH_MAX];
     char log[PATH_MAX];
+    char resolv[PATH_MAX];   /* resolv.conf given to a sandbox with networking */
+    char cabundle[PATH_MAX]; /* the image's CA bundle with the daemon's extra CAs */
 };
 
 /**
