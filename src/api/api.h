@@ -64,6 +64,7 @@ void api_sandboxes_stop(struct daemon *d, struct http_req *req, struct route_mat
 void api_sandboxes_start(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_sandboxes_timeout(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_sandboxes_network(struct daemon *d, struct http_req *req, struct route_match *m);
+void api_sandboxes_network_log(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_sandboxes_events(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_sandboxes_stats(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_sandboxes_prune(struct daemon *d, struct http_req *req, struct route_match *m);

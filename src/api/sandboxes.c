@@ -141,6 +141,11 @@ void api_sandboxes_network(struct daemon *d, struct http_req *req, struct route_
     json_decref(net);
 }
 
+void api_sandboxes_network_log(struct daemon *d, struct http_req *req, struct route_match *m)
+{
+    svc_sandbox_network_log(d, m->params[0], api_sink_new(req));
+}
+
 void api_sandboxes_events(struct daemon *d, struct http_req *req, struct route_match *m)
 {
     svc_sandbox_events(d, m->params[0], api_sink_new(req));

@@ -18,6 +18,8 @@
 #include "common/log.h"
 #include "daemon/daemon.h"
 #include "daemon/service.h"
+#include "net/addr.h"
+#include "net/gateway.h"
 
 struct server {
     struct daemon d;
@@ -47,6 +49,8 @@ static void usage(FILE *out)
             "                         [--memory-overcommit F] [--disk-overcommit F]\n"
             "                         [--disk-reserve-mib N] [--max-loop-devices N]\n"
             "                         [--max-agent-log-kib N] [--stopped-retention DURATION]\n"
+            "                         [--egress auto|on|off] [--dns-upstream ADDR[:PORT]]\n"
+            "                         [--public-ranges CIDR,...] [--extra-ca-file PEM]\n"
             "\n"
             "Runs the daemon: the HTTP API on HOST:PORT (default 127.0.0.1:7070) and on the Unix\n"
             "socket (default STATE_DIR/withruntime.sock). State lives in STATE_DIR (default\n"
@@ -92,7 +96,21 @@ static void usage(FILE *out)
             "\n"
             "--stopped-retention DURATION: a sandbox stopped or failed for this long is deleted\n"
             "by the daemon (seconds, or with s, m, h, d: 90s, 15m, 12h, 7d; default 7d; 0 keeps\n"
-            "them for ever). `withruntime sandbox prune` removes them sooner.\n");
+            "them for ever). `withruntime sandbox prune` removes them sooner.\n"
+            "\n"
+            "Sandbox networking (a sandbox's `network` policy, enforced on the host):\n"
+            "  --egress auto|on|off   auto (default): on if this host can (see `withruntime\n"
+            "                         doctor`), else sandboxes get no network and a policy with\n"
+            "                         \"internet\": true is refused; on: refuse to start without\n"
+            "  --dns-upstream A[:P]   the resolver the daemon asks for sandboxes' lookups and the\n"
+            "                         proxy's own (default: the first IPv4 nameserver in\n"
+            "                         /etc/resolv.conf)\n"
+            "  --public-ranges LIST   address ranges to treat as public besides the internet's\n"
+            "                         (comma-separated CIDRs; for tests with a fake internet;\n"
+            "                         default none)\n"
+            "  --extra-ca-file PEM    certificates sandboxes trust besides their image's (added\n"
+            "                         to /etc/ssl/certs/ca-certificates.crt inside; e.g. a\n"
+            "                         TLS-inspecting proxy's, or a test internet's CA)\n");
 }
 
 /* The states and reasons the API can report, for the tests that check the spec against them. */
@@ -160,6 +178,10 @@ static int parse_args(int argc, char **argv, struct server *srv)
                                          {"max-loop-devices", required_argument, NULL, 'L'},
                                          {"max-agent-log-kib", required_argument, NULL, 'G'},
                                          {"stopped-retention", required_argument, NULL, 'T'},
+                                         {"egress", required_argument, NULL, 'N'},
+                                         {"dns-upstream", required_argument, NULL, 'U'},
+                                         {"public-ranges", required_argument, NULL, 'P'},
+                                         {"extra-ca-file", required_argument, NULL, 'A'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     optind = 1;
@@ -227,6 +249,44 @@ static int parse_args(int argc, char **argv, struct server *srv)
             cfg->output_budget = (size_t)v << 20;
             break;
         }
+        case 'N':
+            if (strcmp(optarg, "auto") && strcmp(optarg, "on") && strcmp(optarg, "off")) {
+                fprintf(stderr, "withruntime serve: --egress wants auto, on or off, got %s\n",
+                        optarg);
+                return -1;
+            }
+            snprintf(cfg->egress, sizeof(cfg->egress), "%s", optarg);
+            break;
+        case 'U': {
+            struct sockaddr_in sin;
+            struct wr_err e = {0};
+            if (!optarg[0] || gateway_parse_upstream(optarg, &sin, &e) < 0) {
+                fprintf(stderr, "withruntime serve: --dns-upstream: %s\n",
+                        optarg[0] ? e.msg : "give an IPv4 address[:port]");
+                return -1;
+            }
+            snprintf(cfg->dns_upstream, sizeof(cfg->dns_upstream), "%s", optarg);
+            break;
+        }
+        case 'P': {
+            struct addr_ranges r;
+            struct wr_err e = {0};
+            if (strlen(optarg) >= sizeof(cfg->public_ranges) ||
+                addr_ranges_parse(optarg, &r, &e) < 0) {
+                fprintf(stderr, "withruntime serve: --public-ranges: %s\n",
+                        e.msg[0] ? e.msg : "too long");
+                return -1;
+            }
+            snprintf(cfg->public_ranges, sizeof(cfg->public_ranges), "%s", optarg);
+            break;
+        }
+        case 'A':
+            if (strlen(optarg) >= sizeof(cfg->extra_ca_file)) {
+                fprintf(stderr, "withruntime serve: --extra-ca-file: path too long\n");
+                return -1;
+            }
+            snprintf(cfg->extra_ca_file, sizeof(cfg->extra_ca_file), "%s", optarg);
+            break;
         case 'C':
             if (flag_int("--max-connections", optarg, 8, 1000000, &srv->max_conns) < 0)
                 return -1;

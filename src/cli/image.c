@@ -15,6 +15,7 @@
 #include "common/util.h"
 #include "driver/doctor.h"
 #include "image/image.h"
+#include "net/gateway.h"
 
 static const char usage_image[] =
     "Usage: withruntime image COMMAND\n"
@@ -162,6 +163,15 @@ int cli_cmd_doctor(struct cli_ctx *c, int argc, char **argv)
     if (argc > 1)
         return cli_usage_error("doctor", "unexpected argument '%s'", argv[1]);
     int r = doctor_run(stdout, c->state_dir);
+    char detail[256];
+    struct wr_err err = {0};
+    printf("\nsandbox networking (egress policy, enforced on the host)\n");
+    if (gateway_probe(detail, sizeof(detail), &err) == 0)
+        printf("  [ok]   %s\n  => networking: usable here\n", detail);
+    else
+        printf("  [FAIL] %s\n  => networking: NOT usable here: sandboxes get no network, and a "
+               "policy with \"internet\": true is refused (install nftables; run as root)\n",
+               err.msg);
     fflush(stdout);
     return r == 0 ? CLI_EXIT_OK : CLI_EXIT_ERR;
 }

@@ -24,9 +24,12 @@
 #include "common/proc.h"
 #include "common/util.h"
 #include "daemon/agentconn.h"
+#include "daemon/netlog.h"
 #include "daemon/sandbox.h"
 #include "daemon/work.h"
 #include "driver/driver.h"
+#include "net/addr.h"
+#include "net/gateway.h"
 #include "store/store.h"
 
 void daemon_config_defaults(struct daemon_config *cfg)
@@ -62,6 +65,88 @@ void daemon_config_defaults(struct daemon_config *cfg)
     cfg->max_loop_devices = 256;
     cfg->agent_log_max = 1 << 20;
     cfg->stopped_retention = 7 * 86400;
+    snprintf(cfg->egress, sizeof(cfg->egress), "auto");
+}
+
+/* ---- the gateway's questions about sandboxes ---- */
+
+static json_t *gw_policy(void *ctx, const char *id)
+{
+    struct sandbox *sb = sandbox_find(ctx, id);
+    return sb && !sb->unlinked ? sb->network : NULL;
+}
+
+static void gw_denied(void *ctx, const char *id, const char *via, const char *host, int port,
+                      const char *reason)
+{
+    struct sandbox *sb = id && id[0] ? sandbox_find(ctx, id) : NULL;
+    int to_log = sb ? netlog_add(&sb->netlog, via, host, port, reason, now_ms_wall()) : 1;
+    if (to_log)
+        log_info(sb ? sb->id : NULL, "network.denied", "via=%s host=\"%.256s\" port=%d reason=%s",
+                 via, host ? host : "", port, reason ? reason : "");
+}
+
+#define EXTRA_CA_MAX (1024 * 1024)
+
+/* Reads --extra-ca-file: PEM certificates, at most EXTRA_CA_MAX bytes. */
+static int read_extra_ca(struct daemon *d, struct wr_err *err)
+{
+    const char *path = d->cfg.extra_ca_file;
+    if (!path[0])
+        return 0;
+    cleanup_close int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return wr_err_sys(err, errno, "--extra-ca-file %s", path);
+    char *buf = xmalloc(EXTRA_CA_MAX + 1);
+    size_t len = 0;
+    for (;;) {
+        ssize_t n = read(fd, buf + len, EXTRA_CA_MAX + 1 - len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        len += (size_t)n;
+        if (len > EXTRA_CA_MAX)
+            break;
+    }
+    buf[len > EXTRA_CA_MAX ? EXTRA_CA_MAX : len] = '\0';
+    if (len > EXTRA_CA_MAX || !strstr(buf, "-----BEGIN CERTIFICATE-----") || memchr(buf, 0, len)) {
+        free(buf);
+        return wr_err_set(err, EINVAL, "--extra-ca-file %s: want PEM certificates, at most 1 MiB",
+                          path);
+    }
+    d->extra_ca_pem = buf;
+    return 0;
+}
+
+/* Opens sandbox networking as cfg->egress says. Returns 0, or -1 with err set ("on" only). */
+static int open_gateway(struct daemon *d, struct wr_err *err)
+{
+    struct daemon_config *cfg = &d->cfg;
+    if (!strcmp(cfg->egress, "off")) {
+        snprintf(d->gw_error, sizeof(d->gw_error),
+                 "sandbox networking is off (serve --egress off)");
+        return 0;
+    }
+    struct gateway_config gc = {0};
+    snprintf(gc.dns_upstream, sizeof(gc.dns_upstream), "%s", cfg->dns_upstream);
+    if (addr_ranges_parse(cfg->public_ranges, &gc.extra_public, err) < 0)
+        return wr_err_prefix(err, "--public-ranges");
+    struct gateway_hooks hooks = {.policy = gw_policy, .denied = gw_denied};
+    struct wr_err e = {0};
+    d->gw = gateway_open(d->base, &gc, &hooks, d, &e);
+    if (d->gw) {
+        d->gw_error[0] = '\0';
+        return 0;
+    }
+    snprintf(d->gw_error, sizeof(d->gw_error), "this host cannot run sandbox networking: %s",
+             e.msg);
+    if (!strcmp(cfg->egress, "on")) {
+        *err = e;
+        return wr_err_prefix(err, "sandbox networking (serve --egress on)");
+    }
+    log_warn(NULL, "gateway.unavailable", "error=\"%s\"", e.msg);
+    return 0;
 }
 
 /* The agent binary: --agent, else beside this binary, else in ../lib/withruntime/. */
@@ -183,6 +268,10 @@ int daemon_open(struct daemon *d, struct wr_err *err)
         return wr_err_set(err, ENOMEM, "cannot set up the event loop");
     /* From here on this thread runs the loop, and never a driver operation. */
     driver_forbid_this_thread();
+    if (read_extra_ca(d, err) < 0)
+        return -1;
+    if (open_gateway(d, err) < 0)
+        return -1;
     if (sandbox_load_all(d, err) < 0)
         return -1;
     /* Sandboxes left by a previous run are settled (stopped or deleted) before anyone asks. */
@@ -252,6 +341,10 @@ void daemon_close(struct daemon *d)
 {
     daemon_shutdown(d);
     sandbox_free_all(d);
+    gateway_close(d->gw);
+    d->gw = NULL;
+    free(d->extra_ca_pem);
+    d->extra_ca_pem = NULL;
     if (d->store)
         store_close(d->store);
     if (d->base)

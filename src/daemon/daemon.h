@@ -43,9 +43,16 @@ struct daemon_config {
     int max_loop_devices;      /* loop devices bound on the host, starts in flight included */
     uint64_t agent_log_max;    /* bytes of a sandbox's agent.log before it is cut */
     int64_t stopped_retention; /* seconds a stopped or failed sandbox is kept; 0 = forever */
+    /* Sandbox networking (net/gateway.h): "auto" (on if this host can, else sandboxes get no
+       network and internet:true is refused), "on" (refuse to start without it), "off". */
+    char egress[8];
+    char dns_upstream[64];        /* "" = the host's first nameserver */
+    char public_ranges[1024];     /* extra ranges that count as public (tests) */
+    char extra_ca_file[PATH_MAX]; /* PEM certificates sandboxes trust besides the image's */
 };
 
 struct driver_ops;
+struct gateway;
 struct sandbox;
 struct store;
 struct work_queue;
@@ -66,6 +73,9 @@ struct daemon {
     size_t output_reserved;    /* of cfg.output_budget, held by running execs and transfers */
     long long host_memory_mib; /* physical memory, read at open */
     uint64_t logcap_next_ms;   /* when the agents' logs are next checked (monotonic) */
+    struct gateway *gw;        /* sandbox networking; NULL without */
+    char gw_error[256];        /* why there is none (egress auto, or off) */
+    char *extra_ca_pem;        /* cfg.extra_ca_file's certificates, read at open; NULL: none */
     int logcap_running;        /* a check is on a worker */
 };
 

@@ -33,6 +33,9 @@ static const char *const default_env[][2] = {
     {"HOME", "/root"},
     {"LANG", "C.UTF-8"},
     {"USER", "root"},
+    /* A sandbox is disposable and root owns it: `pip install` works there as the seed's
+     * examples expect, Debian's "externally managed" guard notwithstanding. */
+    {"PIP_BREAK_SYSTEM_PACKAGES", "1"},
 };
 
 struct outbuf {

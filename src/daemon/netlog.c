@@ -55,9 +55,9 @@ json_t *netlog_to_json(const struct netlog *log)
         const struct netlog_entry *e = &log->e[(log->head + NETLOG_MAX - n + i) % NETLOG_MAX];
         char ts[40];
         format_rfc3339(e->ms / 1000, ts, sizeof(ts));
-        json_array_append_new(arr, json_pack("{s:s, s:s, s:s, s:i, s:s}", "time", ts, "via",
-                                             e->via, "host", e->host, "port", e->port, "reason",
-                                             e->reason));
+        json_array_append_new(arr,
+                              json_pack("{s:s, s:s, s:s, s:i, s:s}", "time", ts, "via", e->via,
+                                        "host", e->host, "port", e->port, "reason", e->reason));
     }
     return json_pack("{s:o, s:I}", "entries", arr, "total", (json_int_t)(log ? log->total : 0));
 }

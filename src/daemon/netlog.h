@@ -17,8 +17,8 @@ struct netlog;
 
 /** Records a denial in *log (made if NULL). via: "dns" or "proxy". Returns 1 if the daemon's
  * log should get it too (within the burst), else 0. */
-int netlog_add(struct netlog **log, const char *via, const char *host, int port,
-               const char *reason, int64_t now_ms);
+int netlog_add(struct netlog **log, const char *via, const char *host, int port, const char *reason,
+               int64_t now_ms);
 
 /** {"entries": [{"time", "via", "host", "port", "reason"}...] oldest first, "total": n}. */
 json_t *netlog_to_json(const struct netlog *log);

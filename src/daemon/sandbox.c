@@ -16,8 +16,10 @@
 #include "common/util.h"
 #include "daemon/agentconn.h"
 #include "daemon/command.h"
+#include "daemon/netlog.h"
 #include "daemon/work.h"
 #include "driver/logcap.h"
+#include "net/gateway.h"
 #include "store/store.h"
 
 #define PING_EVERY_MS 5000
@@ -84,6 +86,7 @@ struct sandbox *sandbox_new(struct daemon *d)
     sb->env = json_object();
     sb->metadata = json_object();
     sb->network = json_pack("{s:b}", "internet", 0);
+    sb->net_slot = -1;
     return sb;
 }
 
@@ -93,6 +96,7 @@ static void sandbox_free(struct sandbox *sb)
     json_decref(sb->env);
     json_decref(sb->metadata);
     json_decref(sb->network);
+    netlog_free(sb->netlog);
     free(sb);
 }
 
@@ -299,6 +303,7 @@ void sandbox_spec(const struct sandbox *sb, struct driver_spec *spec)
     spec->memory_mib = sb->memory_mib;
     spec->pids_max = sb->d->cfg.pids_max;
     spec->disk_mib = sb->disk_mib;
+    spec->extra_ca_pem = sb->d->extra_ca_pem;
 }
 
 /* ---- driver jobs ---- */
@@ -320,7 +325,32 @@ struct sandbox_job {
     char failure[WR_ERR_MSG_MAX]; /* for create: why it failed, kept across the cleanup */
     struct driver_stats stats;    /* JOB_STATS */
     sandbox_stats_cb stats_done;
+    /* The gateway slot this job holds (-1: none): a start's until the agent says HELLO, when it
+     * passes to the sandbox; a stop's or destroy's, taken from the sandbox. job_free gives it
+     * back, after the worker has unplumbed it. */
+    int net_slot;
+    int dns_fd; /* a start's resolver socket, until the slot is activated */
 };
+
+/* Worker: the sandbox's network namespace for this start, made and joined to the gateway. */
+static int start_with_network(struct sandbox_job *j, const struct driver_ops *drv)
+{
+    struct gateway *gw = j->sb->d->gw;
+    int nsfd = -1;
+    if (gateway_plumb(gw, j->net_slot, &nsfd, &j->dns_fd, j->spec.nameserver, &j->err) < 0)
+        return -1;
+    j->spec.netns_fd = nsfd;
+    int rc = driver_start(drv, &j->spec, &j->fd, &j->err);
+    /* runsc's processes hold the namespace now; the daemon needs only the gateway's end. */
+    close(nsfd);
+    j->spec.netns_fd = -1;
+    if (rc < 0) {
+        struct wr_err e;
+        if (gateway_unplumb(gw, j->net_slot, &e) < 0)
+            log_warn(j->sb->id, "network.unplumb_failed", "error=\"%s\"", e.msg);
+    }
+    return rc;
+}
 
 static void job_run(void *p)
 {
@@ -328,10 +358,18 @@ static void job_run(void *p)
     const struct driver_ops *drv = j->sb->d->driver;
     j->fd = -1;
     switch (j->kind) {
-    case JOB_START: j->rc = driver_start(drv, &j->spec, &j->fd, &j->err); break;
+    case JOB_START:
+        j->rc = j->net_slot >= 0 ? start_with_network(j, drv)
+                                 : driver_start(drv, &j->spec, &j->fd, &j->err);
+        break;
     case JOB_STOP: j->rc = driver_stop(drv, &j->spec, &j->err); break;
     case JOB_DESTROY: j->rc = driver_destroy(drv, &j->spec, &j->err); break;
     case JOB_STATS: j->rc = driver_stats(drv, &j->spec, &j->stats, &j->err); break;
+    }
+    if ((j->kind == JOB_STOP || j->kind == JOB_DESTROY) && j->net_slot >= 0) {
+        struct wr_err e;
+        if (gateway_unplumb(j->sb->d->gw, j->net_slot, &e) < 0)
+            log_warn(j->sb->id, "network.unplumb_failed", "error=\"%s\"", e.msg);
     }
 }
 
@@ -346,6 +384,12 @@ static struct sandbox_job *job_new(struct sandbox *sb, enum job_kind kind, sandb
     j->done = done;
     j->arg = arg;
     j->fd = -1;
+    j->dns_fd = -1;
+    j->net_slot = -1;
+    if (kind == JOB_STOP || kind == JOB_DESTROY) {
+        j->net_slot = sb->net_slot;
+        sb->net_slot = -1;
+    }
     j->started_ms = now_ms_monotonic();
     return j;
 }
@@ -354,6 +398,9 @@ static void job_free(struct sandbox_job *j)
 {
     if (j->fd >= 0)
         close(j->fd);
+    if (j->dns_fd >= 0)
+        close(j->dns_fd);
+    gateway_slot_release(j->sb->d->gw, j->net_slot);
     sandbox_unref(j->sb);
     free(j);
 }
@@ -500,6 +547,8 @@ static void on_agent_state(void *arg, int ok, const char *reason)
         }
         log_info(sb->id, "sandbox.started", "ms=%llu",
                  (unsigned long long)(now_ms_monotonic() - j->started_ms));
+        sb->net_slot = j->net_slot;
+        j->net_slot = -1;
         sandbox_set_state(sb, SB_RUNNING, j->is_create ? "created" : "user");
         j->done(sb, 1, NULL, j->arg);
         job_free(j);
@@ -518,6 +567,15 @@ static void create_start_done(void *p)
         start_fail(j, j->err.msg[0] ? j->err.msg : "the driver could not start the sandbox");
         return;
     }
+    if (j->net_slot >= 0) {
+        struct wr_err e = {0};
+        if (gateway_slot_activate(sb->d->gw, j->net_slot, steal_fd(&j->dns_fd), &e) < 0) {
+            char why[WR_ERR_MSG_MAX];
+            snprintf(why, sizeof(why), "cannot serve the sandbox's DNS: %s", e.msg);
+            start_fail(j, why);
+            return;
+        }
+    }
     int fd = steal_fd(&j->fd);
     sb->create_job = j;
     sb->conn = agentconn_new(sb->d->base, fd, sb->d->cfg.hello_timeout_ms, on_agent_state, sb);
@@ -529,6 +587,14 @@ static void start_job(struct sandbox *sb, int is_create, sandbox_done_cb done, v
     sb->oom_kills_seen = 0; /* a start makes its cgroup afresh */
     struct sandbox_job *j = job_new(sb, JOB_START, done, arg);
     j->is_create = is_create;
+    if (sb->d->gw) {
+        struct wr_err e = {0};
+        j->net_slot = gateway_slot_take(sb->d->gw, sb->id, &e);
+        if (j->net_slot < 0) {
+            start_fail(j, e.msg);
+            return;
+        }
+    }
     if (mkdir(sb->dir, 0700) < 0 && errno != EEXIST) {
         /* The path is the host's: the log has it, the API the words. */
         char why[WR_ERR_MSG_MAX];

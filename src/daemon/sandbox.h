@@ -25,6 +25,7 @@ enum sb_state {
 
 struct agentconn;
 struct command;
+struct netlog;
 struct sandbox_job;
 
 /* An operation asked for while a failed sandbox is still being cleaned up. */
@@ -40,9 +41,11 @@ struct sandbox {
     int disk_mib;
     int timeout_seconds;
     char on_lease_end[8];
-    json_t *env;      /* object of strings */
-    json_t *metadata; /* object of strings */
-    json_t *network;  /* object, as given */
+    json_t *env;           /* object of strings */
+    json_t *metadata;      /* object of strings */
+    json_t *network;       /* object, normalised (net/netpolicy.h) */
+    int net_slot;          /* its slot in the daemon's gateway while it runs, else -1 */
+    struct netlog *netlog; /* its recent denied network attempts (daemon/netlog.h); NULL: none */
     int64_t created_at;
     int64_t state_since;   /* unix seconds: when it entered its state (stopped, failed...) */
     int64_t lease_ends_ms; /* wall clock, milliseconds */

@@ -14,6 +14,7 @@
 #include "common/util.h"
 #include "daemon/admission.h"
 #include "daemon/daemon.h"
+#include "daemon/netlog.h"
 #include "daemon/sandbox.h"
 #include "driver/driver.h"
 #include "image/image.h"
@@ -70,6 +71,16 @@ static void answer_deleted(struct sandbox *sb, int ok, const char *message, void
         sink_failf(arg, WR_E_INTERNAL, 0, "%s", message);
 }
 
+/* A policy that lets anything out, on a daemon without sandbox networking, is refused: the
+ * API must never report a policy nothing enforces. Returns 1 (answered) or 0. */
+static int network_refused(struct daemon *d, json_t *policy, struct sink *s)
+{
+    if (d->gw || !json_is_true(json_object_get(policy, "internet")))
+        return 0;
+    sink_failf(s, WR_E_UNAVAILABLE, 0, "network: %s", d->gw_error);
+    return 1;
+}
+
 void svc_sandbox_create(struct daemon *d, const struct sandbox_opts *o, struct sink *s)
 {
     char rootfs[PATH_MAX];
@@ -92,6 +103,10 @@ void svc_sandbox_create(struct daemon *d, const struct sandbox_opts *o, struct s
         json_object_update(sb->env, o->env);
     if (o->metadata)
         json_object_update(sb->metadata, o->metadata);
+    if (o->network && network_refused(d, o->network, s)) {
+        sandbox_unref(sb);
+        return;
+    }
     if (o->network) {
         json_decref(sb->network);
         sb->network = json_deep_copy(o->network);
@@ -254,8 +269,20 @@ void svc_sandbox_set_network(struct daemon *d, const char *id, json_t *policy, s
     struct sandbox *sb = lookup(d, id, s);
     if (!sb)
         return;
+    if (network_refused(d, policy, s))
+        return;
     sandbox_set_network(sb, policy);
     sink_reply(s, SINK_OK, sandbox_to_json(sb));
+}
+
+void svc_sandbox_network_log(struct daemon *d, const char *id, struct sink *s)
+{
+    struct sandbox *sb = lookup(d, id, s);
+    if (!sb)
+        return;
+    json_t *o = netlog_to_json(sb->netlog);
+    json_object_set_new(o, "id", json_string(sb->id));
+    sink_reply(s, SINK_OK, o);
 }
 
 static int add_event(void *arg, int64_t at, const char *type, const char *state, const char *reason)

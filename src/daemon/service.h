@@ -68,6 +68,9 @@ void svc_sandbox_set_timeout(struct daemon *d, const char *id, int timeout_secon
 void svc_sandbox_set_network(struct daemon *d, const char *id, json_t *policy, struct sink *s);
 
 /** Answers {"id", "events": [...]}: the sandbox's history, oldest first. */
+/** GET /v1/sandboxes/{id}/network/log: its recent denied lookups and connections. */
+void svc_sandbox_network_log(struct daemon *d, const char *id, struct sink *s);
+
 void svc_sandbox_events(struct daemon *d, const char *id, struct sink *s);
 
 /** Answers the sandbox's resource use as measured on the host (read on a worker thread). */

@@ -299,8 +299,8 @@ int gateway_slot_take(struct gateway *g, const char *id, struct wr_err *err)
         g->next = (i + 1) % GATEWAY_SLOTS;
         return (int)i;
     }
-    return wr_err_kind(err, WR_E_UNAVAILABLE, EAGAIN,
-                       "all %d sandbox network slots are in use", GATEWAY_SLOTS);
+    return wr_err_kind(err, WR_E_UNAVAILABLE, EAGAIN, "all %d sandbox network slots are in use",
+                       GATEWAY_SLOTS);
 }
 
 int gateway_slot_activate(struct gateway *g, int slot, int dns_fd, struct wr_err *err)
@@ -359,8 +359,11 @@ int gateway_plumb(struct gateway *g, int slot, int *netns_fd, int *dns_fd, char 
         return -1;
     if (netns_create(&ns, err) < 0)
         return -1;
-    struct netns_uplink up = {
-        .gw_ifname = gw_if, .sb_ifname = "eth0", .gw_addr = gw_addr, .sb_addr = sb_addr, .prefix = 30};
+    struct netns_uplink up = {.gw_ifname = gw_if,
+                              .sb_ifname = "eth0",
+                              .gw_addr = gw_addr,
+                              .sb_addr = sb_addr,
+                              .prefix = 30};
     if (netns_ipv6_disable(ns, err) < 0 || netns_uplink_create(g->gw_ns, ns, &up, err) < 0)
         goto fail;
     dfd = netns_socket(g->gw_ns, AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0, err);

@@ -27,7 +27,7 @@
 #include "common/err.h"
 #include "net/addr.h"
 
-#define GATEWAY_SLOTS 16384    /* /30s in 10.200.0.0/16 */
+#define GATEWAY_SLOTS 16384      /* /30s in 10.200.0.0/16 */
 #define GATEWAY_PROXY_PORT 15001 /* the proxy's port in the gateway namespace */
 
 struct gateway_config {
