@@ -601,10 +601,18 @@ class Sandbox:
         """Replaces the egress policy, e.g. ``{"internet": True, "allow": ["pypi.org"]}``
         (``"deny"`` entries win over ``"allow"``); new connections follow it at once. A bad
         entry raises :class:`InvalidRequest` naming it. ``self.network`` is the policy as the
-        daemon keeps it (normalised). Until egress lands, sandboxes reach nothing outside,
-        whatever the policy says."""
+        daemon keeps it (normalised). The host enforces it: DNS answers only allowed names,
+        and every connection goes through the daemon's egress proxy, which checks the TLS
+        server name or the HTTP ``Host`` of each request."""
         return self._update(self._client.request_json(
             "PUT", self._path + "/network", json_body=dict(network)))
+
+    def network_log(self) -> List[Dict[str, Any]]:
+        """The sandbox's recent denied lookups and connections, oldest first:
+        ``{"time", "via" ("dns" or "proxy"), "host", "port", "reason"}``. The daemon keeps the
+        last 200."""
+        return list(self._client.request_json(
+            "GET", self._path + "/network/log").get("entries", []))
 
     def delete(self) -> None:
         """Deletes the sandbox and everything in it."""
