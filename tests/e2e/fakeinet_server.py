@@ -8,6 +8,8 @@ One process, one thread per listener (and per connection):
     certificate whatever the SNI says, and answers as that host whatever the Host header says.
   - a package index: pypi.org/simple/ (PEP 503) and files.pythonhosted.org/packages/<file>.
   - the metadata service: HTTP on 169.254.169.254:80.
+  - GET /bytes/<n> on every host (for benchmarks): n bytes (at most BYTES_MAX) with a
+    Content-Length, streamed from one pseudo-random MiB repeated, never held whole.
 
 Usage: fakeinet_server.py CONFIG.json (written by fakenet.py). Every DNS query is appended to
 config["dns_log"] and every HTTP request to config["http_log"] (JSON lines) before it is
@@ -24,6 +26,7 @@ import html
 import http.server
 import json
 import os
+import random
 import re
 import socket
 import socketserver
@@ -34,6 +37,8 @@ import threading
 import time
 
 LOG_BODY_MAX = 64 * 1024
+BYTES_MAX = 16 * 1024 ** 3
+BYTES_BLOCK = random.Random(20240501).randbytes(1 << 20)  # the same bytes every run
 
 
 class Log:
@@ -191,6 +196,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "fakeinet/1"
     sys_version = ""
+    # headers and body go out in separate writes: without this, Nagle and the client's
+    # delayed ACK hold every small answer's body back ~40 ms
+    disable_nagle_algorithm = True
 
     def setup(self):
         self.request.settimeout(30)
@@ -251,11 +259,28 @@ class Handler(http.server.BaseHTTPRequestHandler):
         st, host = self.server.state, self.server.host
         path = self.path.split("?", 1)[0]
         if self.command in ("GET", "HEAD"):
+            m = re.fullmatch(r"/bytes/([0-9]{1,12})", path)
+            if m and int(m.group(1)) <= BYTES_MAX:
+                return self.stream_bytes(int(m.group(1)))
             if host == "pypi.org" and path.startswith("/simple"):
                 return self.index(path)
             if host == "files.pythonhosted.org" and path == "/packages/" + st.wheel_name:
                 return self.reply(200, st.wheel_bytes, "application/octet-stream")
         self.reply(200, f"hello from {host}\n".encode())
+
+    def stream_bytes(self, n):
+        """n bytes of BYTES_BLOCK over and over, written a block at a time."""
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(n))
+        self.end_headers()
+        if self.command == "HEAD":
+            return
+        view = memoryview(BYTES_BLOCK)
+        while n > 0:
+            k = min(n, len(view))
+            self.wfile.write(view[:k])
+            n -= k
 
     def index(self, path):
         st = self.server.state

@@ -1,0 +1,592 @@
+#!/usr/bin/env python3
+"""withruntime egress benchmark: the egress proxy against the direct path, in one run.
+
+Every TCP connection out of a sandbox goes through the daemon's egress proxy, which checks the
+TLS SNI / HTTP Host against the sandbox's `network` policy and dials upstream itself. This
+measures what that costs, against a fake internet in network namespaces of its own
+(tests/e2e/fakenet.py: nothing is reachable from there but the fake servers):
+
+  * download throughput of a large body (`GET /bytes/<n>` on example.test, 256 MiB by default)
+    with curl: over HTTPS from inside a sandbox through the proxy; the baseline, the same
+    download by the same curl binary (the image's, chrooted) run directly in the daemon's
+    network namespace, the path the proxy itself dials; and both over plain HTTP. Repetitions
+    interleaved, medians, ratio proxy / direct; CPU seconds per GiB of the daemon (the proxy),
+    the sandbox (its cgroup), the fake server and the direct curl, to see where time goes;
+  * connection set-up: N small HTTPS GETs (a new curl and connection each), curl's
+    time_namelookup / time_connect / time_appconnect / time_total, p50 / p90, in the sandbox
+    (by name, through the sandbox's resolver and the proxy) and direct (--resolve);
+  * create -> first exec `true` -> delete, one at a time, interleaved between a daemon with
+    `--egress off` and one with `--egress on` (a sandbox with the default policy, and one
+    allowed example.test), both in the fake internet's host namespace, each on a temporary
+    state directory of its own that links the image of --image-state-dir.
+
+Writes bench/results/egress.json (with the commit measured) and egress.png, prints JSON on
+stdout. Cleans up (sandboxes, daemons by PID, state directories, the namespaces) on any exit.
+"""
+
+import argparse
+import datetime
+import http.client
+import json
+import os
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "e2e"))
+
+import run as base  # noqa: E402  (bench/run.py: write_json, percentile, machine_info, ...)
+import fakenet  # noqa: E402
+
+log = base.log
+ROOT = base.ROOT
+HOST = "example.test"  # the fake host the downloads come from
+ALLOW = {"internet": True, "allow": [HOST]}
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+DL_FORMAT = "%{http_code} %{size_download} %{speed_download} %{time_total}"
+SETUP_FORMAT = ("%{http_code} %{time_namelookup} %{time_connect} %{time_appconnect} "
+                "%{time_starttransfer} %{time_total}")
+SETUP_KEYS = ("namelookup", "connect", "appconnect", "starttransfer", "total")
+SANDBOX_CA = "/tmp/fakenet-ca.pem"  # the fake CA alone, as the direct curl has it
+
+
+# ---------------------------------------------------------------- the API over a Unix socket
+
+class UnixConn(http.client.HTTPConnection):
+    def __init__(self, path, timeout):
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(self.timeout)
+        s.connect(self.path)
+        self.sock = s
+
+
+class UnixApi:
+    def __init__(self, sock_path):
+        self.sock_path = sock_path
+
+    def call(self, method, path, body=None, timeout=300, data=None):
+        conn = UnixConn(self.sock_path, timeout)
+        try:
+            headers = {}
+            if data is not None:
+                headers["Content-Type"] = "application/octet-stream"
+            elif body is not None:
+                data = json.dumps(body).encode()
+                headers["Content-Type"] = "application/json"
+            conn.request(method, path, body=data, headers=headers)
+            r = conn.getresponse()
+            payload = r.read()
+        finally:
+            conn.close()
+        if r.status >= 300:
+            raise RuntimeError(f"{method} {path} -> {r.status}: {payload[:300]!r}")
+        return json.loads(payload) if payload else None
+
+
+# ---------------------------------------------------------------- a daemon in the host ns
+
+class NsDaemon:
+    """`withruntime serve` in the fake internet's host namespace (nsenter execs it: its PID is
+    the daemon's), on a fresh state directory whose `images` links the built image."""
+
+    def __init__(self, args, net, egress):
+        self.net, self.egress = net, egress
+        self.bin, self.agent = args.bin, args.agent
+        self.state_dir = tempfile.mkdtemp(prefix=f"wr-egress-bench-{egress}-", dir="/var/tmp")
+        os.symlink(os.path.join(os.path.abspath(args.image_state_dir), "images"),
+                   os.path.join(self.state_dir, "images"))
+        self.sock = os.path.join(self.state_dir, "withruntime.sock")
+        self.log_path = os.path.join(self.state_dir, "daemon.log")
+        self.api = UnixApi(self.sock)
+        self.proc = None
+        self.live = set()
+
+    def start(self):
+        argv = ["nsenter", f"--net={self.net.host_ns}", "--", self.bin, "serve",
+                "--state-dir", self.state_dir, "--listen", "none", "--socket", self.sock,
+                "--agent", self.agent, "--egress", self.egress]
+        if self.egress == "on":
+            argv += ["--dns-upstream", fakenet.DNS_ADDR, "--public-ranges",
+                     fakenet.PUBLIC_RANGES, "--extra-ca-file", self.net.ca_pem]
+        with open(self.log_path, "ab") as logf:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf,
+                                         stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daemon (--egress {self.egress}) exited "
+                                   f"{self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                self.api.call("GET", "/v1/health", timeout=2)
+                return self
+            except (OSError, RuntimeError):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"daemon (--egress {self.egress}) did not answer in "
+                                       f"60 s:\n{self.log_tail()}")
+                time.sleep(0.1)
+
+    def log_tail(self, n=30):
+        try:
+            with open(self.log_path, "rb") as f:
+                return b"\n".join(f.read().splitlines()[-n:]).decode(errors="replace")
+        except OSError:
+            return ""
+
+    def cpu_seconds(self):
+        return proc_cpu(self.proc.pid)
+
+    def cpu_user_sys(self):
+        return proc_cpu(self.proc.pid, split=True)
+
+    # -- sandboxes
+
+    def create(self, **fields):
+        sb = self.api.call("POST", "/v1/sandboxes", fields)
+        self.live.add(sb["id"])
+        return sb["id"]
+
+    def delete(self, sid):
+        self.api.call("DELETE", f"/v1/sandboxes/{sid}")
+        self.live.discard(sid)
+
+    def exec(self, sid, command, timeout=300):
+        r = self.api.call("POST", f"/v1/sandboxes/{sid}/exec",
+                          {"command": command, "timeout_seconds": timeout},
+                          timeout=timeout + 30)
+        if r.get("stdout_encoding") != "utf-8":
+            raise RuntimeError(f"exec {command!r}: output not text: {str(r)[:300]}")
+        return r
+
+    def write_file(self, sid, path, data):
+        q = urllib.parse.urlencode({"path": path})
+        self.api.call("PUT", f"/v1/sandboxes/{sid}/files/content?{q}", data=data)
+
+    def cpu_usec(self, sid):
+        return self.api.call("GET", f"/v1/sandboxes/{sid}/stats")["cpu_usec"]
+
+    def stop(self):
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            for sid in list(self.live):
+                try:
+                    self.delete(sid)
+                except Exception as e:  # keep cleaning
+                    log(f"could not delete {sid}: {e}")
+            try:  # and any the bench lost track of
+                for sb in self.api.call("GET", "/v1/sandboxes")["sandboxes"]:
+                    self.api.call("DELETE", f"/v1/sandboxes/{sb['id']}")
+            except Exception as e:
+                log(f"could not list/delete sandboxes: {e}")
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        base.remove_state_dir(self.state_dir)  # `images` is a symlink: removed, not followed
+
+
+def proc_cpu(pid, split=False):
+    """utime + stime of a process (seconds); split: (utime, stime)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    u, s = int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
+    return (u, s) if split else u + s
+
+
+def children_cpu():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+# ---------------------------------------------------------------- curl, both ways
+
+class Curl:
+    """The image's curl run directly in the host namespace: chrooted into the image's rootfs
+    (the same binary and libraries as in the sandbox), in a private mount namespace with a
+    tmpfs on its /tmp that holds the fake CA; --resolve instead of a resolver."""
+
+    def __init__(self, net, rootfs):
+        self.net, self.rootfs = net, rootfs
+
+    def direct_argv(self, script):
+        setup = ('set -e; mount -t tmpfs -o size=1m none "$0/tmp"; cp "$1" "$0/tmp/ca.pem"; '
+                 'exec chroot "$0" /bin/sh -c "$2"')
+        return ["nsenter", f"--net={self.net.host_ns}", "--", "unshare", "--mount",
+                "--propagation", "private", "--", "sh", "-c", setup, self.rootfs,
+                self.net.ca_pem, script]
+
+    def direct(self, script, timeout=300):
+        r = subprocess.run(self.direct_argv(script), stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, timeout=timeout)
+        if r.returncode != 0:
+            raise RuntimeError(f"direct curl failed ({r.returncode}): {r.stderr[-500:]}")
+        return r.stdout
+
+    def resolve_opts(self, port):
+        return f"--cacert /tmp/ca.pem --resolve {HOST}:{port}:{self.net.addr(HOST)}"
+
+
+def parse_download(out, want):
+    code, size, speed, total = out.split()
+    if code != "200" or int(size) != want:
+        raise RuntimeError(f"download: HTTP {code}, {size} bytes of {want}")
+    return {"mib_s": float(speed) / 2**20, "seconds": float(total)}
+
+
+def measure_downloads(args, d, curl, sid):
+    size = args.mib << 20
+    url = {"https": f"https://{HOST}/bytes/{size}", "http": f"http://{HOST}/bytes/{size}"}
+    w = f"-w '{DL_FORMAT}'"
+    srv = fakenet_server_pid(curl.net)
+
+    def in_sandbox(scheme):
+        t = (d.cpu_user_sys(), d.cpu_usec(sid), proc_cpu(srv))
+        r = d.exec(sid, f"curl -sS -m 240 -o /dev/null {w} --cacert {SANDBOX_CA} "
+                        f"{url[scheme]}")
+        if r["exit_code"] != 0:
+            raise RuntimeError(f"sandbox curl {scheme}: {str(r)[:500]}")
+        res = parse_download(r["stdout"], size)
+        u, s = d.cpu_user_sys()
+        res["cpu_s"] = {"daemon": u + s - sum(t[0]), "daemon_user": u - t[0][0],
+                        "daemon_sys": s - t[0][1],
+                        "sandbox": (d.cpu_usec(sid) - t[1]) / 1e6,
+                        "fake_server": proc_cpu(srv) - t[2]}
+        return res
+
+    def direct(scheme):
+        port = 443 if scheme == "https" else 80
+        t = (children_cpu(), proc_cpu(srv))
+        out = curl.direct(f"curl -sS -m 240 -o /dev/null {w} {curl.resolve_opts(port)} "
+                          f"{url[scheme]}")
+        res = parse_download(out, size)
+        res["cpu_s"] = {"curl": children_cpu() - t[0], "fake_server": proc_cpu(srv) - t[1]}
+        return res
+
+    runs = {"sandbox_https": lambda: in_sandbox("https"),
+            "direct_https": lambda: direct("https"),
+            "sandbox_http": lambda: in_sandbox("http"),
+            "direct_http": lambda: direct("http")}
+    log("download warm-up (1 MiB each way)")
+    small = 1 << 20
+    d.exec(sid, f"curl -sS -o /dev/null https://{HOST}/bytes/{small} "
+                f"-o /dev/null http://{HOST}/bytes/{small}")
+    curl.direct(f"curl -sS -o /dev/null {curl.resolve_opts(443)} https://{HOST}/bytes/{small}")
+    samples = {k: [] for k in runs}
+    names = list(runs)
+    for rep in range(args.reps):
+        order = names[rep % len(names):] + names[:rep % len(names)]  # rotate: no fixed order
+        for k in order:
+            samples[k].append(runs[k]())
+        log(f"download rep {rep + 1}/{args.reps}: " + ", ".join(
+            f"{k} {samples[k][-1]['mib_s']:.0f}" for k in names) + " MiB/s")
+
+    out = {"size_mib": args.mib, "repetitions": args.reps, "url_path": f"/bytes/{size}"}
+    for k, xs in samples.items():
+        speeds = [x["mib_s"] for x in xs]
+        gib = args.mib / 1024 * len(xs)
+        cpu = {c: round(sum(x["cpu_s"][c] for x in xs) / gib, 2) for c in xs[0]["cpu_s"]}
+        out[k] = {"median_mib_s": round(statistics.median(speeds), 1),
+                  "min_mib_s": round(min(speeds), 1), "max_mib_s": round(max(speeds), 1),
+                  "samples_mib_s": [round(s, 1) for s in speeds],
+                  "cpu_seconds_per_gib": cpu}
+    out["ratio_proxy_over_direct_https"] = round(
+        out["sandbox_https"]["median_mib_s"] / out["direct_https"]["median_mib_s"], 3)
+    out["ratio_proxy_over_direct_http"] = round(
+        out["sandbox_http"]["median_mib_s"] / out["direct_http"]["median_mib_s"], 3)
+    out["goal_ratio"] = 0.8
+    return out
+
+
+def fakenet_server_pid(net):
+    return net.proc.pid  # nsenter execs the server: the same PID
+
+
+def setup_stats(rows):
+    """curl's cumulative times, and the phases between them: the name lookup, the TCP connect
+    (to the proxy, in the sandbox), the TLS handshake (through the proxy: its sniffing of the
+    ClientHello, its own lookup and dial) and the wait for the first byte."""
+    out = {"n": len(rows)}
+
+    def put(k, ms):
+        out[k] = {"p50_ms": round(base.percentile(ms, 50), 2),
+                  "p90_ms": round(base.percentile(ms, 90), 2)}
+
+    for i, k in enumerate(SETUP_KEYS):
+        put(k, [r[i] * 1000 for r in rows])
+    put("phase_tcp", [(r[1] - r[0]) * 1000 for r in rows])
+    if any(r[2] for r in rows):
+        put("phase_tls", [(r[2] - r[1]) * 1000 for r in rows])
+    put("phase_first_byte", [(r[3] - max(r[1], r[2])) * 1000 for r in rows])
+    return out
+
+
+def parse_setup(out, n):
+    rows = []
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) != 1 + len(SETUP_KEYS):
+            continue
+        if f[0] != "200":
+            raise RuntimeError(f"set-up GET: HTTP {f[0]}")
+        rows.append([float(x) for x in f[1:]])
+    if len(rows) != n:
+        raise RuntimeError(f"set-up: {len(rows)} answers of {n}:\n{out[-500:]}")
+    return rows
+
+
+def measure_setup(args, d, curl, sid):
+    """N small GETs, a new curl process and connection each: HTTPS (TLS done = appconnect) and
+    plain HTTP (the proxy's first byte = starttransfer), in the sandbox by name through its
+    resolver and the proxy, and direct with --resolve. Both curls trust the fake CA alone."""
+    n = args.setup_n
+    w = f"-w '{SETUP_FORMAT}\\n'"
+    out = {}
+    for scheme, port in (("https", 443), ("http", 80)):
+        loop = (f"for i in $(seq {n}); do curl -sS -m 20 -o /dev/null {w} @OPTS@ "
+                f"{scheme}://{HOST}/; done")
+        log(f"connection set-up: {n} {scheme.upper()} GETs in the sandbox, {n} direct")
+        d.exec(sid, f"curl -sS -o /dev/null --cacert {SANDBOX_CA} {scheme}://{HOST}/")  # warm
+        r = d.exec(sid, loop.replace("@OPTS@", f"--cacert {SANDBOX_CA}"))
+        if r["exit_code"] != 0:
+            raise RuntimeError(f"sandbox set-up loop: {str(r)[:500]}")
+        sandbox = parse_setup(r["stdout"], n)
+        direct = parse_setup(curl.direct(loop.replace("@OPTS@", curl.resolve_opts(port))), n)
+        res = {"sandbox_by_name": setup_stats(sandbox), "direct_resolve": setup_stats(direct)}
+        keys = ("appconnect", "total") if scheme == "https" else ("starttransfer", "total")
+        for k in keys:
+            for q in ("p50_ms", "p90_ms"):
+                res[f"ratio_{k}_{q[:3]}"] = round(
+                    res["sandbox_by_name"][k][q] / res["direct_resolve"][k][q], 2)
+        out[scheme] = res
+    return out
+
+
+def measure_create(args, on, off):
+    n = args.create_n
+    variants = {"egress_off": (off, {}),
+                "egress_on_default_policy": (on, {}),
+                "egress_on_allow": (on, {"network": ALLOW})}
+    log(f"create -> first exec -> delete, {n} one at a time per variant, interleaved")
+    for d, extra in variants.values():  # warm-up, not counted
+        sid = d.create(memory_mib=args.memory_mib, **extra)
+        d.exec(sid, "true")
+        d.delete(sid)
+    first = {k: [] for k in variants}
+    whole = {k: [] for k in variants}
+    names = list(variants)
+    for i in range(n):
+        for k in names[i % 3:] + names[:i % 3]:
+            d, extra = variants[k]
+            t0 = time.perf_counter()
+            sid = d.create(memory_mib=args.memory_mib, **extra)
+            r = d.exec(sid, "true")
+            t1 = time.perf_counter()
+            if r["exit_code"] != 0:
+                raise RuntimeError(f"exec true: {r}")
+            d.delete(sid)
+            first[k].append(t1 - t0)
+            whole[k].append(time.perf_counter() - t0)
+    out = {}
+    for k in names:
+        out[k] = {"through_delete": base.stats_ms(whole[k]),
+                  "to_first_exec": base.stats_ms(first[k])}
+    for k in names[1:]:
+        for q in ("p50_ms", "p90_ms"):
+            out[f"ratio_{k}_over_off_{q[:3]}"] = round(
+                out[k]["through_delete"][q] / out["egress_off"]["through_delete"][q], 2)
+    return out
+
+
+# ---------------------------------------------------------------- chart
+
+def chart(res, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib is not installed (pip install -r bench/requirements.txt); no chart")
+        return False
+    r = res["results"]
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5.2))
+
+    ax = axes[0]
+    dl = r["download"]
+    keys = ["direct_https", "sandbox_https", "direct_http", "sandbox_http"]
+    labels = ["HTTPS\ndirect", "HTTPS\nsandbox+proxy", "HTTP\ndirect", "HTTP\nsandbox+proxy"]
+    colors = ["#6a9f4a", "#3b6fb6", "#a8cf8e", "#9db7db"]
+    meds = [dl[k]["median_mib_s"] for k in keys]
+    err = [[m - dl[k]["min_mib_s"] for m, k in zip(meds, keys)],
+           [dl[k]["max_mib_s"] - m for m, k in zip(meds, keys)]]
+    ax.bar(range(4), meds, color=colors, yerr=err, capsize=4)
+    for x, (v, k) in enumerate(zip(meds, keys)):
+        ax.text(x + 0.08, v, f"{v:.0f}", ha="left", va="bottom", fontsize=8)
+    ax.set_xticks(range(4))
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_ylabel("MiB/s (median, min–max)")
+    ax.set_title(f"{dl['size_mib']} MiB download ×{dl['repetitions']}: proxy/direct "
+                 f"HTTPS {dl['ratio_proxy_over_direct_https']:.2f}, "
+                 f"HTTP {dl['ratio_proxy_over_direct_http']:.2f}", fontsize=9)
+
+    ax = axes[1]
+    su = r["setup"]
+    groups = [("https", "appconnect", "HTTPS: TLS done"), ("https", "total", "HTTPS: GET done"),
+              ("http", "starttransfer", "HTTP: first byte")]
+    width = 0.2
+    for i, (scheme, gk, gl) in enumerate(groups):
+        for who, col, lab in (("direct_resolve", "#6a9f4a", "direct"),
+                              ("sandbox_by_name", "#3b6fb6", "sandbox+proxy")):
+            for j, q in enumerate(("p50_ms", "p90_ms")):
+                x = i + (0 if who == "direct_resolve" else 2 * width) + j * width
+                v = su[scheme][who][gk][q]
+                ax.bar(x, v, width, color=col, alpha=1.0 if j == 0 else 0.55,
+                       label=f"{lab} {q[:3]}" if i == 0 else None)
+                ax.text(x, v, f"{v:.1f}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks([k + 1.5 * width for k in range(len(groups))])
+    ax.set_xticklabels([f"{gl}\n(time_{gk})" for _, gk, gl in groups], fontsize=8)
+    ax.set_ylabel("ms")
+    ax.set_title(f"small GET, new curl + connection each "
+                 f"(n={su['https']['direct_resolve']['n']})", fontsize=9)
+    ax.legend(fontsize=7)
+
+    ax = axes[2]
+    cr = r["create"]
+    vk = ["egress_off", "egress_on_default_policy", "egress_on_allow"]
+    vl = ["--egress off", "--egress on\ndefault policy", f"--egress on\nallow {HOST}"]
+    vc = ["#e08a2c", "#3b6fb6", "#9db7db"]
+    for j, q in enumerate(("p50_ms", "p90_ms")):
+        for k, (key, col) in enumerate(zip(vk, vc)):
+            x = j + k * 0.27
+            v = cr[key]["through_delete"][q]
+            ax.bar(x, v, 0.27, color=col, label=vl[k].replace("\n", " ") if j == 0 else None)
+            ax.text(x, v, f"{v:.0f}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks([0.27, 1.27])
+    ax.set_xticklabels(["p50", "p90"])
+    ax.set_ylabel("ms")
+    ax.set_title(f"create → exec true → delete (n={cr['egress_off']['through_delete']['n']} "
+                 "each, interleaved)", fontsize=9)
+    ax.legend(fontsize=7)
+
+    m = res["machine"]
+    fig.suptitle(f"withruntime egress bench — {m['nproc']} CPUs, {m['ram_gib']} GiB, kernel "
+                 f"{m['kernel']}, {m['runsc']}, {res['started_at']}, "
+                 f"commit {res['commit']['sha'][:10]}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+# ---------------------------------------------------------------- main
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build/withruntime"))
+    ap.add_argument("--agent", default=os.path.join(ROOT, "build/withruntime-agent"))
+    ap.add_argument("--image-state-dir", default="/var/lib/withruntime-test",
+                    help="where the image is (built there if missing); the daemons' own "
+                    "temporary state directories link its `images`")
+    ap.add_argument("--mib", type=int, default=256, help="download size (default 256)")
+    ap.add_argument("--reps", type=int, default=5, help="downloads of each kind (default 5)")
+    ap.add_argument("--setup-n", type=int, default=30, help="small GETs each way (default 30)")
+    ap.add_argument("--create-n", type=int, default=20,
+                    help="create/exec/delete cycles per variant (default 20)")
+    ap.add_argument("--memory-mib", type=int, default=1024)
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench/results"))
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("bench: run as root (namespaces, runsc, the daemon)")
+    for p in (args.bin, args.agent):
+        if not os.access(p, os.X_OK):
+            raise SystemExit(f"bench: {p} is not built (make)")
+
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    t_start = time.monotonic()
+    rootfs = os.path.join(args.image_state_dir, "images", "default", "rootfs")
+    if not os.path.isfile(os.path.join(rootfs, "usr/bin/curl")):
+        log(f"image build in {args.image_state_dir}")
+        subprocess.run([args.bin, "--state-dir", args.image_state_dir, "image", "build"],
+                       check=True, stdin=subprocess.DEVNULL)
+    rootfs = os.path.realpath(rootfs)
+
+    workdir = tempfile.mkdtemp(prefix="wr-egress-bench-")
+    net = fakenet.FakeNet(workdir)
+    on = off = None
+    stop_now = []
+
+    def on_term(signum, _frame):
+        stop_now.append(signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        log("fake internet")
+        net.start()
+        on = NsDaemon(args, net, "on")
+        on.start()
+        off = NsDaemon(args, net, "off")
+        off.start()
+        log(f"daemons: --egress on pid {on.proc.pid}, --egress off pid {off.proc.pid}")
+        curl = Curl(net, rootfs)
+        sid = on.create(memory_mib=args.memory_mib, network=ALLOW)
+        with open(net.ca_pem, "rb") as f:
+            on.write_file(sid, SANDBOX_CA, f.read())
+        version = on.exec(sid, "curl --version | head -1")["stdout"].strip()
+        results = {
+            "download": measure_downloads(args, on, curl, sid),
+            "setup": measure_setup(args, on, curl, sid),
+        }
+        on.delete(sid)
+        results["create"] = measure_create(args, on, off)
+        res = {
+            "started_at": started,
+            "seconds": round(time.monotonic() - t_start, 1),
+            "commit": base.git_commit(),
+            "machine": base.machine_info("systrap"),
+            "config": {"download_mib": args.mib, "reps": args.reps, "setup_n": args.setup_n,
+                       "create_n": args.create_n, "memory_mib": args.memory_mib,
+                       "host": HOST, "policy": ALLOW, "rootfs": rootfs, "curl": version,
+                       "direct_path": "nsenter --net=<host ns> + chroot into the image "
+                                      "rootfs: the image's curl, --resolve, --cacert"},
+            "results": results,
+        }
+        jpath = base.write_json(args.out, "egress.json", res)
+        ppath = os.path.join(args.out, "egress.png")
+        drew = chart(res, ppath)
+        print(json.dumps(res, indent=2))
+        log(f"wrote {jpath}" + (f" and {ppath}" if drew else "") +
+            f" in {res['seconds']:.0f} s")
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for d in (on, off):
+            if d is not None:
+                try:
+                    d.stop()
+                except Exception as e:
+                    log(f"stopping a daemon: {e}")
+        try:
+            net.stop()
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+    if stop_now:
+        sys.exit(128 + stop_now[0])
+
+
+if __name__ == "__main__":
+    main()
