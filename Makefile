@@ -19,7 +19,7 @@ WARN := -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -Wformat=2 -Wvla \
         -Wmissing-prototypes -Wstrict-prototypes -Wno-format-nonliteral -Wno-format-truncation
 CFLAGS_BASE := -std=c17 -D_GNU_SOURCE $(OPT) $(WARN) -Isrc -pthread -fstack-protector-strong
 CFLAGS_ALL := $(CFLAGS_BASE) $(SANFLAGS) $(CFLAGS)
-LIBS := -levent -levent_pthreads -ljansson -lsqlite3 -lpthread $(shell pkg-config --libs libnftables)
+LIBS := -levent -levent_pthreads -levent_openssl -lssl -lcrypto -ljansson -lsqlite3 -lpthread $(shell pkg-config --libs libnftables)
 
 COMMON_SRC := $(wildcard src/common/*.c) $(wildcard src/proto/*.c)
 DAEMON_SRC := $(wildcard src/driver/*.c src/image/*.c src/store/*.c src/http/*.c src/net/*.c \

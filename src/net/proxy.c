@@ -3,10 +3,19 @@
  * timer armed (the connection's one event):
  *
  *   SNIFF     reading the first bytes (client read capped at SNIFF_BUF_MAX, first_bytes_ms)
+ *   HANDSHAKE intercepting: the sandbox's TLS handshake (first_bytes_ms), then SNIFF again for
+ *             the first request head in the decrypted stream (first_bytes_ms)
  *   LOOKUP    the policy passed; resolving the name (client not read; lookup has its own timeout)
  *   DIAL      connecting to the resolved public addresses in turn (connect_ms over all of them)
+ *   UPTLS     intercepting: the TLS handshake with the upstream (connect_ms)
  *   RELAY     both ways; client-to-upstream HTTP followed request by request (idle_ms)
  *   REFUSING  a 4xx/5xx being flushed, then a lingering close (FLUSH_MS)
+ *
+ * When intercepting, c->cl and c->up become libevent's OpenSSL filters over the socket
+ * bufferevents, so the relay reads and writes plaintext through the same code. What a filter
+ * has encrypted waits in its socket bufferevent's output, which the relay counts as queued too
+ * (queued()); a callback on that buffer wakes the filter's write callback when it empties, so
+ * that a FIN (after a close_notify) never overtakes the bytes before it.
  *
  * Whoever frees a connection does it through conn_close, from any callback; a function that may
  * have closed it returns -1 so that its caller touches nothing more. Bufferevents may be freed
@@ -18,7 +27,11 @@
 #include <errno.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
 #include <event2/listener.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +42,7 @@
 #include "common/util.h"
 #include "net/netpolicy.h"
 #include "net/sniff.h"
+#include "net/tlsmitm.h"
 
 /* First bytes kept while deciding: a ClientHello of SNIFF_TLS_HELLO_MAX spread over records
  * (a 5-byte header each), or an HTTP head. Still undecided at this many: refused. */
@@ -43,7 +57,7 @@
  * loop spinning on a listening socket that stays readable. */
 #define ACCEPT_PAUSE_MS 100
 
-enum conn_state { ST_SNIFF, ST_LOOKUP, ST_DIAL, ST_RELAY, ST_REFUSING };
+enum conn_state { ST_SNIFF, ST_HANDSHAKE, ST_LOOKUP, ST_DIAL, ST_UPTLS, ST_RELAY, ST_REFUSING };
 enum conn_kind { KIND_NONE, KIND_TLS, KIND_HTTP };
 /* Where the client-to-upstream byte stream stands. */
 enum req_state { RQ_HEAD, RQ_BODY, RQ_CHUNKED, RQ_RAW };
@@ -60,6 +74,10 @@ struct conn {
     int orig_port;
     char orig_text[INET_ADDRSTRLEN];
     struct bufferevent *cl, *up;
+    /* Intercepting: on the output of the socket bufferevent under cl's (up's) TLS filter. */
+    struct evbuffer_cb_entry *cl_drain, *up_drain;
+    int mitm;     /* TLS terminated here: cl (and, once dialed, up) are TLS filters */
+    int alpn_bad; /* the ClientHello offered ALPN without http/1.1 */
     struct event *timer;
     struct lookup_req *lk;
     /* The pinned target: the name checked, resolved and dialed, and the port. */
@@ -105,15 +123,60 @@ static void timer_ms(struct conn *c, uint64_t ms)
     event_add(c->timer, &tv);
 }
 
+/* Frees a side's bufferevent (and, under a TLS filter, the socket's with it). */
+static void side_free(struct bufferevent **bev, struct evbuffer_cb_entry **drain)
+{
+    if (*drain) {
+        evbuffer_remove_cb_entry(bufferevent_get_output(bufferevent_get_underlying(*bev)), *drain);
+        *drain = NULL;
+    }
+    if (*bev)
+        bufferevent_free(*bev);
+    *bev = NULL;
+}
+
+/* Bytes on their way to bev's peer: in its output and, under a TLS filter, encrypted in the
+ * socket bufferevent's. */
+static size_t queued(struct bufferevent *bev)
+{
+    size_t n = evbuffer_get_length(bufferevent_get_output(bev));
+    struct bufferevent *raw = bufferevent_get_underlying(bev);
+    if (raw)
+        n += evbuffer_get_length(bufferevent_get_output(raw));
+    return n;
+}
+
+/* Sends bev's peer our FIN once all queued for it went out (under TLS, a close_notify first).
+ * Returns 1 once sent; 0 while still flushing: bev's write callback comes again when the socket
+ * drained (on_raw_drained). */
+static int half_close(struct bufferevent *bev)
+{
+    SSL *ssl = bufferevent_openssl_get_ssl(bev);
+    if (ssl && !(SSL_get_shutdown(ssl) & SSL_SENT_SHUTDOWN) &&
+        evbuffer_get_length(bufferevent_get_output(bev)) == 0) {
+        SSL_shutdown(ssl);
+        ERR_clear_error(); /* nothing to learn from it, and libevent reads the queue */
+    }
+    if (queued(bev) > 0)
+        return 0;
+    shutdown(bufferevent_getfd(bev), SHUT_WR);
+    return 1;
+}
+
+/* The socket bufferevent under a TLS filter drained: the filter itself would not say so. */
+static void on_raw_drained(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
+{
+    if (info->n_deleted > 0 && evbuffer_get_length(buf) == 0)
+        bufferevent_trigger(arg, EV_WRITE, BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
+}
+
 static void conn_close(struct conn *c)
 {
     struct proxy *p = c->p;
     if (c->lk)
         lookup_cancel(c->lk);
-    if (c->cl)
-        bufferevent_free(c->cl);
-    if (c->up)
-        bufferevent_free(c->up);
+    side_free(&c->cl, &c->cl_drain);
+    side_free(&c->up, &c->up_drain);
     if (c->timer)
         event_free(c->timer);
     if (c->prev)
@@ -139,9 +202,9 @@ static int same_host(const struct sockaddr *a, const struct sockaddr *b)
     return 0;
 }
 
-static void note_queued(struct proxy *p, struct evbuffer *out)
+static void note_queued(struct proxy *p, struct bufferevent *dst)
 {
-    size_t n = evbuffer_get_length(out);
+    size_t n = queued(dst);
     if (n > p->stats.queued_max)
         p->stats.queued_max = n;
 }
@@ -170,20 +233,19 @@ static void on_refusing_write(struct bufferevent *bev, void *arg)
     struct conn *c = arg;
     if (evbuffer_get_length(bufferevent_get_output(bev)) > 0 || c->cl_shut)
         return;
-    if (c->cl_eof) {
+    if (c->cl_eof && queued(bev) == 0) {
         conn_close(c);
         return;
     }
     /* Lingering close: our FIN now, the socket closed when the client's comes (or FLUSH_MS). */
-    shutdown(bufferevent_getfd(bev), SHUT_WR);
-    c->cl_shut = 1;
+    if (half_close(bev))
+        c->cl_shut = 1;
 }
 
 static void on_refusing_event(struct bufferevent *bev, short what, void *arg)
 {
     struct conn *c = arg;
-    if ((what & BEV_EVENT_EOF) && !c->cl_shut &&
-        evbuffer_get_length(bufferevent_get_output(bev)) > 0) {
+    if ((what & BEV_EVENT_EOF) && !c->cl_shut && queued(bev) > 0) {
         c->cl_eof = 1; /* the client is done sending; still flush it the answer */
         bufferevent_disable(bev, EV_READ);
         return;
@@ -199,10 +261,7 @@ static void respond(struct conn *c, int status, const char *text)
         lookup_cancel(c->lk);
         c->lk = NULL;
     }
-    if (c->up) {
-        bufferevent_free(c->up);
-        c->up = NULL;
-    }
+    side_free(&c->up, &c->up_drain);
     c->state = ST_REFUSING;
     struct evbuffer *in = bufferevent_get_input(c->cl), *out = bufferevent_get_output(c->cl);
     evbuffer_drain(in, evbuffer_get_length(in));
@@ -274,6 +333,27 @@ static size_t move(struct conn *c, struct evbuffer *from, struct evbuffer *to, s
     return (size_t)moved;
 }
 
+/* Forwards the head at the start of in (len bytes) to out: on an intercepted connection through
+ * the rewrite_head hook, which may replace it. */
+static void forward_head(struct conn *c, struct evbuffer *in, struct evbuffer *out, size_t len)
+{
+    struct proxy *p = c->p;
+    if (c->mitm && p->hooks.rewrite_head) {
+        const char *head = (const char *)evbuffer_pullup(in, (ev_ssize_t)len);
+        size_t outlen = 0;
+        char *repl =
+            head ? p->hooks.rewrite_head(p->ctx, c->id, c->host, head, len, &outlen) : NULL;
+        if (repl) {
+            evbuffer_drain(in, len);
+            evbuffer_add(out, repl, outlen);
+            free(repl);
+            p->stats.bytes_up += outlen;
+            return;
+        }
+    }
+    move(c, in, out, len, 1);
+}
+
 /* Whether the head at the start of in (len bytes) is worth parsing yet: short enough to tell a
  * non-HTTP start, at the size limit (to refuse it), or with its blank line in. */
 static int head_ready(struct conn *c, struct evbuffer *in, size_t len)
@@ -324,7 +404,8 @@ static int check_next_head(struct conn *c, const struct sniff_http *h)
         return -1;
     }
     if (r < 0 || strcmp(host, c->host) != 0 || port != c->port) {
-        deny(c, h->host, port, "host_changed");
+        /* Intercepted, the pinned host is the SNI: a request elsewhere contradicts it. */
+        deny(c, h->host, port, c->mitm ? "host_mismatch" : "host_changed");
         return -1;
     }
     json_t *policy =
@@ -361,7 +442,7 @@ static int next_head(struct conn *c, struct evbuffer *in, size_t len)
     }
     if (check_next_head(c, &h) < 0)
         return -1;
-    move(c, in, bufferevent_get_output(c->up), h.head_len, 1);
+    forward_head(c, in, bufferevent_get_output(c->up), h.head_len);
     after_head(c, h.body, h.content_length, h.upgrade);
     return 1;
 }
@@ -415,8 +496,8 @@ static int pump_up(struct conn *c)
                 break;
         }
     }
-    note_queued(p, out);
-    if (evbuffer_get_length(out) >= p->cfg.buffer_max) {
+    note_queued(p, c->up);
+    if (queued(c->up) >= p->cfg.buffer_max) {
         bufferevent_disable(c->cl, EV_READ);
         c->cl_paused = 1;
     }
@@ -429,8 +510,8 @@ static void pump_down(struct conn *c)
     struct proxy *p = c->p;
     struct evbuffer *in = bufferevent_get_input(c->up), *out = bufferevent_get_output(c->cl);
     move(c, in, out, evbuffer_get_length(in), 0);
-    note_queued(p, out);
-    if (evbuffer_get_length(out) >= p->cfg.buffer_max) {
+    note_queued(p, c->cl);
+    if (queued(c->cl) >= p->cfg.buffer_max) {
         bufferevent_disable(c->up, EV_READ);
         c->up_paused = 1;
     }
@@ -467,13 +548,12 @@ static void drained(struct conn *c, int to_up)
     int *paused = to_up ? &c->cl_paused : &c->up_paused;
     int src_eof = to_up ? c->cl_eof : c->up_eof;
     int *shut = to_up ? &c->up_shut : &c->cl_shut;
-    size_t queued = evbuffer_get_length(bufferevent_get_output(dst));
-    if (*paused && !src_eof && queued < c->p->cfg.buffer_max) {
+    if (*paused && !src_eof && queued(dst) < c->p->cfg.buffer_max) {
         *paused = 0;
         bufferevent_enable(src, EV_READ);
     }
-    if (src_eof && queued == 0 && !*shut) {
-        shutdown(bufferevent_getfd(dst), SHUT_WR);
+    if (src_eof && !*shut && evbuffer_get_length(bufferevent_get_output(dst)) == 0 &&
+        half_close(dst)) {
         *shut = 1;
         maybe_finish(c);
     }
@@ -509,6 +589,8 @@ static void on_relay_event(struct bufferevent *bev, short what, void *arg)
     drained(c, from_cl);
 }
 
+static void up_tls_start(struct conn *c);
+
 static void relay_start(struct conn *c)
 {
     struct proxy *p = c->p;
@@ -521,16 +603,194 @@ static void relay_start(struct conn *c)
     bufferevent_setwatermark(c->cl, EV_READ, 0, 0);
     bufferevent_setwatermark(c->cl, EV_WRITE, p->cfg.buffer_max / 2, 0);
     bufferevent_setwatermark(c->up, EV_WRITE, p->cfg.buffer_max / 2, 0);
+    /* Under a TLS filter, the socket's output holds at most a quarter more: the filter stops
+     * encrypting there, so the filter's own output fills and the relay's flow control sees it. */
+    struct bufferevent *raw_cl = bufferevent_get_underlying(c->cl);
+    struct bufferevent *raw_up = bufferevent_get_underlying(c->up);
+    if (raw_cl)
+        bufferevent_setwatermark(raw_cl, EV_WRITE, 0, p->cfg.buffer_max / 4);
+    if (raw_up)
+        bufferevent_setwatermark(raw_up, EV_WRITE, 0, p->cfg.buffer_max / 4);
     bufferevent_enable(c->cl, EV_READ | EV_WRITE);
     bufferevent_enable(c->up, EV_READ | EV_WRITE);
     timer_ms(c, p->cfg.idle_ms);
     if (c->kind == KIND_HTTP) {
-        move(c, bufferevent_get_input(c->cl), bufferevent_get_output(c->up), c->first_head_len, 1);
+        forward_head(c, bufferevent_get_input(c->cl), bufferevent_get_output(c->up),
+                     c->first_head_len);
         after_head(c, c->first_body, c->first_length, c->first_upgrade);
     } else {
         c->rq = RQ_RAW;
     }
     pump_up(c);
+}
+
+/* ---- intercepting ---- */
+
+/* The first OpenSSL error queued, as text for a log line ("" if none); the queue is cleared. */
+static void ssl_error_text(char *out, size_t cap)
+{
+    unsigned long e = ERR_get_error();
+    out[0] = '\0';
+    if (e)
+        ERR_error_string_n(e, out, cap);
+    ERR_clear_error();
+}
+
+/* Puts a TLS filter over the socket bufferevent *side (which it then owns); NULL on failure
+ * (*side untouched, ssl freed). */
+static struct bufferevent *tls_over(struct conn *c, struct bufferevent **side,
+                                    struct evbuffer_cb_entry **drain, SSL *ssl,
+                                    enum bufferevent_ssl_state state)
+{
+    struct bufferevent *raw = *side;
+    struct bufferevent *tls = bufferevent_openssl_filter_new(
+        c->p->base, raw, ssl, state, BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS);
+    if (!tls) {
+        SSL_free(ssl);
+        return NULL;
+    }
+    /* A peer that closes without a close_notify has still sent all it meant to; HTTP's own
+     * framing tells a cut-off message, as over plain TCP. */
+    bufferevent_openssl_set_allow_dirty_shutdown(tls, 1);
+    *drain = evbuffer_add_cb(bufferevent_get_output(raw), on_raw_drained, tls);
+    *side = tls;
+    return tls;
+}
+
+static void on_up_tls_event(struct bufferevent *bev, short what, void *arg)
+{
+    struct conn *c = arg;
+    if (what & BEV_EVENT_CONNECTED) {
+        relay_start(c);
+        return;
+    }
+    SSL *ssl = bufferevent_openssl_get_ssl(bev);
+    long v = ssl ? SSL_get_verify_result(ssl) : X509_V_OK;
+    char why[256];
+    ssl_error_text(why, sizeof(why));
+    log_info(c->id[0] ? c->id : NULL, "proxy.upstream_tls",
+             "host=%s port=%d verify=\"%s\" error=\"%s\"", c->host, c->port,
+             X509_verify_cert_error_string(v), why);
+    refuse(c, c->host, c->port, "upstream_tls", 502);
+}
+
+/* Connected upstream: the TLS handshake with it, within connect_ms. */
+static void up_tls_start(struct conn *c)
+{
+    struct proxy *p = c->p;
+    struct wr_err err = {0};
+    SSL *ssl = tlsmitm_client_ssl(p->cfg.mitm, c->host, &err);
+    struct bufferevent *raw = c->up;
+    if (!ssl || !tls_over(c, &c->up, &c->up_drain, ssl, BUFFEREVENT_SSL_CONNECTING)) {
+        log_warn(c->id[0] ? c->id : NULL, "proxy.upstream_tls", "host=%s error=\"%s\"", c->host,
+                 ssl ? "no TLS filter" : err.msg);
+        refuse(c, c->host, c->port, "upstream_tls", 502);
+        return;
+    }
+    c->state = ST_UPTLS;
+    bufferevent_setcb(c->up, NULL, NULL, on_up_tls_event, c);
+    bufferevent_enable(c->up, EV_READ | EV_WRITE);
+    timer_ms(c, (uint64_t)p->cfg.connect_ms);
+    /* The filter waits for its socket's callbacks; one now sends the ClientHello. */
+    bufferevent_trigger(raw, EV_WRITE, BEV_TRIG_IGNORE_WATERMARKS);
+}
+
+static void decide(struct conn *c, const char *name, int port);
+
+/* The first request head in the decrypted stream: its Host must be the SNI. */
+static void decide_intercepted(struct conn *c, const struct sniff_http *h)
+{
+    if (h->is_connect) {
+        deny(c, h->host, h->port, "connect");
+        return;
+    }
+    char host[SNIFF_NAME_MAX + 1];
+    int port = h->port_given ? h->port : c->orig_port;
+    int r = h->host_is_addr ? -2 : netpolicy_host(h->host, host, sizeof(host));
+    if (r < 0 || strcmp(host, c->host) != 0 || port != c->orig_port) {
+        deny(c, h->host, port, "host_mismatch");
+        return;
+    }
+    c->first_head_len = h->head_len;
+    c->first_body = h->body;
+    c->first_length = h->content_length;
+    c->first_upgrade = h->upgrade;
+    decide(c, c->host, c->orig_port);
+}
+
+static void on_head_read(struct bufferevent *bev, void *arg)
+{
+    struct conn *c = arg;
+    if (c->state != ST_SNIFF)
+        return;
+    struct evbuffer *in = bufferevent_get_input(bev);
+    size_t len = evbuffer_get_length(in);
+    if (len == 0 || !head_ready(c, in, len))
+        return;
+    size_t take = len < SNIFF_HTTP_HEAD_MAX + 1 ? len : SNIFF_HTTP_HEAD_MAX + 1;
+    const uint8_t *buf = evbuffer_pullup(in, (ev_ssize_t)take);
+    struct sniff_http h;
+    int r = buf ? sniff_http(buf, take, &h) : SNIFF_BAD;
+    if (r == SNIFF_OK) {
+        decide_intercepted(c, &h);
+    } else if (r == SNIFF_BAD) {
+        refuse(c, c->host, c->port, "malformed", 400);
+    } else if (r == SNIFF_NOT_HTTP) {
+        c->kind = KIND_TLS; /* no HTTP client to answer: closed */
+        deny(c, c->host, c->port, "protocol");
+    }
+}
+
+static void on_head_event(struct bufferevent *bev, short what, void *arg)
+{
+    struct conn *c = arg;
+    c->kind = KIND_TLS;
+    if (evbuffer_get_length(bufferevent_get_input(bev)) > 0)
+        deny(c, c->host, c->port, "protocol");
+    else
+        conn_close(c);
+}
+
+static void on_handshake_event(struct bufferevent *bev, short what, void *arg)
+{
+    struct conn *c = arg;
+    if (what & BEV_EVENT_CONNECTED) {
+        c->kind = KIND_HTTP; /* refusals from here on are answered over TLS */
+        c->state = ST_SNIFF;
+        c->scanned = 0;
+        bufferevent_setcb(c->cl, on_head_read, NULL, on_head_event, c);
+        timer_ms(c, (uint64_t)c->p->cfg.first_bytes_ms);
+        on_head_read(c->cl, c);
+        return;
+    }
+    char why[256];
+    ssl_error_text(why, sizeof(why));
+    log_info(c->id[0] ? c->id : NULL, "proxy.tls_handshake", "host=%s error=\"%s\"", c->host, why);
+    refuse(c, c->host, c->port, c->alpn_bad ? "alpn" : "tls_handshake", 0);
+}
+
+/* The SNI passed: answers the sandbox's handshake as c->host, within first_bytes_ms. The
+ * ClientHello is still in the socket's input, where the TLS filter reads it. */
+static void mitm_accept(struct conn *c)
+{
+    struct proxy *p = c->p;
+    struct wr_err err = {0};
+    SSL *ssl = tlsmitm_server_ssl(p->cfg.mitm, c->host, &err);
+    struct bufferevent *raw = c->cl;
+    if (!ssl || !tls_over(c, &c->cl, &c->cl_drain, ssl, BUFFEREVENT_SSL_ACCEPTING)) {
+        log_warn(c->id[0] ? c->id : NULL, "proxy.tls_handshake", "host=%s error=\"%s\"", c->host,
+                 ssl ? "no TLS filter" : err.msg);
+        refuse(c, c->host, c->port, "tls_handshake", 0);
+        return;
+    }
+    c->mitm = 1;
+    c->state = ST_HANDSHAKE;
+    bufferevent_setcb(c->cl, NULL, NULL, on_handshake_event, c);
+    bufferevent_setwatermark(c->cl, EV_READ, 0, SNIFF_BUF_MAX);
+    bufferevent_enable(c->cl, EV_READ | EV_WRITE);
+    timer_ms(c, (uint64_t)p->cfg.first_bytes_ms);
+    /* No read event will announce bytes already read: the filter is told of them now. */
+    bufferevent_trigger(raw, EV_READ, BEV_TRIG_IGNORE_WATERMARKS);
 }
 
 /* ---- dialing ---- */
@@ -545,7 +805,10 @@ static void on_dial_event(struct bufferevent *bev, short what, void *arg)
         return;
     }
     if (what & BEV_EVENT_CONNECTED) {
-        relay_start(c);
+        if (c->mitm)
+            up_tls_start(c);
+        else
+            relay_start(c);
         return;
     }
     bufferevent_free(c->up);
@@ -652,6 +915,10 @@ static void decide(struct conn *c, const char *name, int port)
         deny(c, c->host, port, netpolicy_reason(v));
         return;
     }
+    if (c->kind == KIND_TLS && p->cfg.mitm && !c->mitm) {
+        mitm_accept(c);
+        return;
+    }
     if (c->kind == KIND_HTTP)
         p->stats.requests++;
     c->state = ST_LOOKUP;
@@ -704,6 +971,7 @@ static void on_sniff_read(struct bufferevent *bev, void *arg)
     }
     if (r == SNIFF_OK) {
         c->kind = KIND_TLS;
+        c->alpn_bad = t.has_alpn && !(t.alpn & SNIFF_ALPN_HTTP11);
         if (!t.has_sni)
             deny(c, c->orig_text, c->orig_port, "no_sni");
         else
@@ -751,7 +1019,16 @@ static int on_timer_state(struct conn *c)
 {
     struct proxy *p = c->p;
     switch (c->state) {
-    case ST_SNIFF: deny(c, c->orig_text, c->orig_port, "timeout"); return -1;
+    case ST_SNIFF:
+        if (c->mitm) {
+            c->kind = KIND_TLS; /* a client silent after its handshake: closed */
+            deny(c, c->host, c->port, "timeout");
+        } else {
+            deny(c, c->orig_text, c->orig_port, "timeout");
+        }
+        return -1;
+    case ST_HANDSHAKE: deny(c, c->host, c->port, "timeout"); return -1;
+    case ST_UPTLS: refuse(c, c->host, c->port, "upstream_tls", 502); return -1;
     case ST_LOOKUP: return 0; /* not armed: the lookup gives up by itself */
     case ST_DIAL:
         bufferevent_free(c->up);

@@ -9,14 +9,24 @@
  * address the sandbox dialed is never dialed: names are pinned, so lying about DNS gets a sandbox
  * nowhere.
  *
- * The proxy never terminates TLS: a TLS connection is relayed byte for byte once its SNI passed.
- * HTTP is relayed too, but its client-to-server direction is followed at request boundaries, and
- * each kept-alive request must pass the policy again and name the host the connection is pinned
- * to. A denied HTTP request gets a 403 that says why; anything else denied is closed.
+ * HTTP is relayed with its client-to-server direction followed at request boundaries: each
+ * kept-alive request must pass the policy again and name the host the connection is pinned to. A
+ * denied HTTP request gets a 403 that says why; anything else denied is closed.
+ *
+ * TLS is relayed byte for byte once its SNI passed, unless the proxy is given an interception
+ * context (proxy_config.mitm, net/tlsmitm.h). Then it terminates every TLS connection whose SNI
+ * passed: it answers the sandbox's handshake with a certificate for the SNI from the daemon's CA
+ * (HTTP/1.1 only: a client whose ALPN list lacks it is refused), reads what comes through as
+ * HTTP/1.x like plain HTTP, with one more rule (every request's Host must name the SNI, and the
+ * port dialed if it gives one), and opens its own verified TLS connection upstream. Each request
+ * head may be rewritten on its way (proxy_hooks.rewrite_head): that is how secrets get into
+ * headers without entering the sandbox. Refusals after the handshake are HTTP answers over the
+ * sandbox's TLS connection.
  *
  * One proxy runs on one event_base and is used from that base's thread only. Memory is bounded:
  * max_conns connections, each holding at most its sniff buffer (SNIFF_HTTP_HEAD_MAX or a
- * ClientHello) or buffer_max per direction.
+ * ClientHello) or about buffer_max per direction (TLS records on their way included), plus
+ * OpenSSL's own per-connection state when intercepting.
  */
 #ifndef WR_NET_PROXY_H
 #define WR_NET_PROXY_H
@@ -31,6 +41,8 @@
 #include "common/err.h"
 #include "net/addr.h"
 #include "net/lookup.h"
+
+struct tlsmitm;
 
 /* Defaults for a proxy_config field left 0. */
 #define PROXY_MAX_CONNS 4096
@@ -63,9 +75,22 @@ struct proxy_hooks {
      * netpolicy_reason's, or "unknown_client", "too_many_connections", "no_original_dst",
      * "protocol", "malformed", "timeout" (no decision within first_bytes_ms), "no_sni", "address",
      * "connect", "port_mismatch", "host_changed", "private_address", a lookup's failure
-     * ("nxdomain", "no_address", "timeout", ...), or "connect_failed". Valid only for the call.
+     * ("nxdomain", "no_address", "timeout", ...), or "connect_failed"; when intercepting TLS
+     * also "host_mismatch" (a request's Host is not the SNI), "alpn" (the client offered no
+     * http/1.1), "tls_handshake" (the handshake with the sandbox failed) or "upstream_tls" (the
+     * upstream's handshake or certificate failed). Valid only for the call.
      */
     void (*denied)(void *ctx, const char *id, const char *host, int port, const char *reason);
+    /**
+     * For each request head on an intercepted TLS connection to host (the SNI, already checked
+     * to match the request's Host): may return a replacement head (malloc'd, *outlen bytes; the
+     * proxy frees it), which is forwarded upstream as it is (the replacement must keep the
+     * head's body framing) -- the daemon puts secrets into header fields here -- or NULL to
+     * forward the head as it is. head is len bytes, request line to blank line, valid only for
+     * the call. May be NULL.
+     */
+    char *(*rewrite_head)(void *ctx, const char *id, const char *host, const char *head, size_t len,
+                          size_t *outlen /* OUT */);
 };
 
 /** Limits; a field left 0 takes its default (PROXY_*). */
@@ -77,6 +102,9 @@ struct proxy_config {
     int connect_ms;    /* to connect upstream, over all of a name's addresses */
     int idle_ms;       /* a relay with no bytes either way is closed */
     size_t buffer_max; /* bytes queued per direction before its source is no longer read */
+    /* Intercept TLS (borrowed: must outlive the proxy); NULL: relay TLS byte for byte. The
+       sandbox's handshake must finish within first_bytes_ms, the upstream's within connect_ms. */
+    struct tlsmitm *mitm;
 };
 
 /** Counters since proxy_new, for the network log and the tests. */

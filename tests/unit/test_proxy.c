@@ -11,6 +11,14 @@
  * host and reason with nothing sent upstream, kept-alive requests checked one by one, TLS relayed
  * verbatim by SNI, everything else closed; and the limits: per peer, the relay's flow control,
  * idle and first-bytes timeouts, proxy_close_peer.
+ *
+ * A second proxy on the same loop intercepts TLS (net/tlsmitm.h): the test makes a CA for it,
+ * an "upstream" CA that signs the fake TLS upstreams' certificates (for allowed.test, and one
+ * for another name), and a "rogue" CA nobody trusts. The sandbox is then a blocking OpenSSL
+ * client that trusts only the proxy's CA, and sees: its requests answered, a certificate for the
+ * SNI from that CA, a Host other than the SNI refused, secrets put into headers on the way out
+ * and never shown to it, untrusted upstreams answered 502, h2-only clients and stalled
+ * handshakes closed, and 4 MiB each way intact with bounded queues.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -39,7 +47,12 @@
 #include "net/lookup.h"
 #include "net/netpolicy.h"
 #include "net/proxy.h"
+#include "net/tlsmitm.h"
 #include "tap.h"
+#include <event2/bufferevent_ssl.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 
 #define WAIT_MS 10000
 #define PER_PEER 16
@@ -63,6 +76,8 @@ static int orig_port; /* what original_dst answers */
 static char denied_log[16384];
 static char http_log[16384];
 static int http_requests;
+static char tls_heads[65536]; /* every head the fake TLS upstreams got, whole */
+static int tls_requests;
 static uint8_t tls_first[4096];
 static size_t tls_first_len;
 static atomic_int dns_asked;
@@ -160,10 +175,28 @@ static void server_free(struct bufferevent *bev)
 
 static void server_event(struct bufferevent *bev, short what, void *arg)
 {
+    if (what == BEV_EVENT_CONNECTED)
+        return; /* a TLS upstream's handshake done */
     server_free(bev);
 }
 
-/* An HTTP/1.1 server with keep-alive: answers each request with what it saw. */
+static uint32_t fnv(const uint8_t *p, size_t n)
+{
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 16777619u;
+    return h;
+}
+
+static void pattern(uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = (uint8_t)(i * 7 + (i >> 13));
+}
+
+/* An HTTP/1.1 server with keep-alive: answers each request with what it saw (arg non-NULL: a
+ * TLS one, which also records each head whole and a hash of each body). GET /big gets BIG
+ * bytes of pattern(). */
 static void http_read(struct bufferevent *bev, void *arg)
 {
     struct evbuffer *in = bufferevent_get_input(bev);
@@ -205,13 +238,31 @@ static void http_read(struct bufferevent *bev, void *arg)
             size_t k = strcspn(h, "\r");
             snprintf(host, sizeof(host), "%.*s", (int)k, h);
         }
+        if (arg) {
+            pthread_mutex_lock(&mu);
+            tls_requests++;
+            size_t used = strlen(tls_heads);
+            snprintf(tls_heads + used, sizeof(tls_heads) - used, "%s", head);
+            pthread_mutex_unlock(&mu);
+        }
         free(head);
         char body[256];
         evbuffer_drain(in, hl);
         size_t blen = total - hl;
         char got[64] = "";
         evbuffer_copyout(in, got, blen < sizeof(got) - 1 ? blen : sizeof(got) - 1);
+        const uint8_t *all = blen ? evbuffer_pullup(in, (ev_ssize_t)blen) : NULL;
+        uint32_t sum = fnv(all, blen);
         evbuffer_drain(in, blen);
+        if (strcmp(path, "/big") == 0) {
+            evbuffer_add_printf(bufferevent_get_output(bev),
+                                "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", BIG);
+            uint8_t *big = malloc(BIG);
+            pattern(big, BIG);
+            evbuffer_add(bufferevent_get_output(bev), big, BIG);
+            free(big);
+            continue;
+        }
         pthread_mutex_lock(&mu);
         http_requests++;
         size_t used = strlen(http_log);
@@ -220,6 +271,9 @@ static void http_read(struct bufferevent *bev, void *arg)
         pthread_mutex_unlock(&mu);
         int n = snprintf(body, sizeof(body), "upstream saw %s %s host=%s body=%zu\n", method, path,
                          host, blen);
+        if (arg)
+            n = snprintf(body, sizeof(body), "upstream saw %s %s host=%s body=%zu sum=%08x\n",
+                         method, path, host, blen, sum);
         evbuffer_add_printf(bufferevent_get_output(bev),
                             "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", n, body);
     }
@@ -277,6 +331,39 @@ static struct evconnlistener *server_listen(int tls, int *port)
     return l;
 }
 
+/* A TLS HTTP/1.1 upstream: its certificate for name, from m's CA. */
+struct tls_upstream {
+    struct tlsmitm *m;
+    const char *name;
+    int port;
+    struct evconnlistener *l;
+};
+
+static void on_tls_upstream_accept(struct evconnlistener *lis, evutil_socket_t fd,
+                                   struct sockaddr *sa, int salen, void *arg)
+{
+    struct tls_upstream *u = arg;
+    struct wr_err err = {0};
+    SSL *ssl = tlsmitm_server_ssl(u->m, u->name, &err);
+    struct bufferevent *bev = bufferevent_openssl_socket_new(
+        base, fd, ssl, BUFFEREVENT_SSL_ACCEPTING, BEV_OPT_CLOSE_ON_FREE);
+    bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
+    server_track(bev);
+    bufferevent_setcb(bev, http_read, NULL, server_event, (void *)1);
+    bufferevent_enable(bev, EV_READ | EV_WRITE);
+}
+
+static void tls_upstream_listen(struct tls_upstream *u)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    u->l = evconnlistener_new_bind(base, on_tls_upstream_accept, u,
+                                   LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE, 64,
+                                   (struct sockaddr *)&sa, sizeof(sa));
+    socklen_t len = sizeof(sa);
+    getsockname(evconnlistener_get_fd(u->l), (struct sockaddr *)&sa, &len);
+    u->port = ntohs(sa.sin_port);
+}
+
 /* ---- the proxy's hooks (loop thread) ---- */
 
 static int is_ip(const struct sockaddr *sa, const char *ip)
@@ -321,6 +408,30 @@ static void hook_denied(void *ctx, const char *id, const char *host, int port, c
     size_t used = strlen(denied_log);
     snprintf(denied_log + used, sizeof(denied_log) - used, "%s|%s|%d|%s;", id, host, port, reason);
     pthread_mutex_unlock(&mu);
+}
+
+#define PLACEHOLDER "Authorization: Bearer PLACEHOLDER\r\n"
+#define SECRET "Authorization: Bearer real-secret-0123\r\n"
+static char rewrite_log[4096];
+
+/* The daemon's part: the placeholder in a head replaced by the real value. */
+static char *hook_rewrite(void *ctx, const char *id, const char *host, const char *head, size_t len,
+                          size_t *outlen)
+{
+    pthread_mutex_lock(&mu);
+    size_t used = strlen(rewrite_log);
+    snprintf(rewrite_log + used, sizeof(rewrite_log) - used, "%s|%s;", id, host);
+    pthread_mutex_unlock(&mu);
+    const char *at = memmem(head, len, PLACEHOLDER, strlen(PLACEHOLDER));
+    if (!at)
+        return NULL;
+    size_t before = (size_t)(at - head), after = len - before - strlen(PLACEHOLDER);
+    char *out = malloc(len + strlen(SECRET));
+    memcpy(out, head, before);
+    memcpy(out + before, SECRET, strlen(SECRET));
+    memcpy(out + before + strlen(SECRET), at + strlen(PLACEHOLDER), after);
+    *outlen = before + strlen(SECRET) + after;
+    return out;
 }
 
 /* ---- the test's side ---- */
@@ -425,8 +536,8 @@ static void close_peer(evutil_socket_t fd, short what, void *arg)
     proxy_close_peer(proxy, (struct sockaddr *)&sa, sizeof(sa));
 }
 
-/* A connection to the proxy from src (NULL: 127.0.0.1), as a sandbox would make it. */
-static int dial_proxy(const char *src)
+/* A connection to a proxy at to from src (NULL: 127.0.0.1), as a sandbox would make it. */
+static int dial_at(const struct sockaddr_in *to, const char *src)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct timeval tv = {WAIT_MS / 1000, 0};
@@ -438,9 +549,14 @@ static int dial_proxy(const char *src)
         if (bind(fd, (struct sockaddr *)&me, sizeof(me)) < 0)
             perror("bind");
     }
-    if (connect(fd, (struct sockaddr *)&proxy_addr, sizeof(proxy_addr)) < 0)
+    if (connect(fd, (const struct sockaddr *)to, sizeof(*to)) < 0)
         perror("connect");
     return fd;
+}
+
+static int dial_proxy(const char *src)
+{
+    return dial_at(&proxy_addr, src);
 }
 
 static int send_all(int fd, const void *p, size_t n)
@@ -967,6 +1083,361 @@ static void idle_and_close_peer(void)
        s1.active);
 }
 
+/* ---- intercepted TLS ---- */
+
+static struct proxy *mproxy;
+static struct sockaddr_in mproxy_addr;
+static struct tlsmitm *mitm, *upstream_ca, *rogue_ca;
+static struct tls_upstream up_ok, up_wrong, up_rogue;
+static X509 *mitm_ca;
+static SSL_CTX *sandbox_ctx; /* trusts only the proxy's CA */
+
+struct mstats_req {
+    struct proxy_stats s;
+    atomic_int done;
+};
+
+static void copy_mstats(evutil_socket_t fd, short what, void *arg)
+{
+    struct mstats_req *req = arg;
+    proxy_stats(mproxy, &req->s);
+    req->done = 1;
+}
+
+static struct proxy_stats mstats(void)
+{
+    struct mstats_req req = {.done = 0};
+    event_base_once(base, -1, EV_TIMEOUT, copy_mstats, &req, &(struct timeval){0, 0});
+    for (int i = 0; i < WAIT_MS && !req.done; i++)
+        msleep(1);
+    return req.s;
+}
+
+static int tls_upstream_requests(void)
+{
+    pthread_mutex_lock(&mu);
+    int n = tls_requests;
+    pthread_mutex_unlock(&mu);
+    return n;
+}
+
+static int tls_heads_has(const char *want)
+{
+    pthread_mutex_lock(&mu);
+    int found = strstr(tls_heads, want) != NULL;
+    pthread_mutex_unlock(&mu);
+    return found;
+}
+
+static const unsigned char alpn_h11[] = "\x08http/1.1", alpn_h2[] = "\x02h2";
+
+/* A sandbox's TLS client on a new connection to the intercepting proxy: SNI sni, ALPN alpn
+ * (wire format). Returns the SSL after its handshake, or NULL (*fd then closed and -1). */
+static SSL *tls_dial(const char *sni, const unsigned char *alpn, size_t alpn_len, int *fd)
+{
+    *fd = dial_at(&mproxy_addr, NULL);
+    SSL *ssl = SSL_new(sandbox_ctx);
+    SSL_set_tlsext_host_name(ssl, sni);
+    SSL_set1_host(ssl, sni);
+    SSL_set_alpn_protos(ssl, alpn, (unsigned)alpn_len);
+    SSL_set_fd(ssl, *fd);
+    if (SSL_connect(ssl) != 1) {
+        ERR_clear_error();
+        SSL_free(ssl);
+        close(*fd);
+        *fd = -1;
+        return NULL;
+    }
+    return ssl;
+}
+
+static void tls_close(SSL *ssl, int fd)
+{
+    if (ssl)
+        SSL_free(ssl);
+    if (fd >= 0)
+        close(fd);
+}
+
+static int tls_send(SSL *ssl, const char *s)
+{
+    return SSL_write(ssl, s, (int)strlen(s)) == (int)strlen(s) ? 0 : -1;
+}
+
+/* read_response over TLS. */
+static void tls_read_response(SSL *ssl, struct resp *r)
+{
+    memset(r, 0, sizeof(*r));
+    r->status = -1;
+    size_t n = 0;
+    while (n < sizeof(r->head) - 1) {
+        if (SSL_read(ssl, r->head + n, 1) != 1)
+            return;
+        n++;
+        if (n >= 4 && memcmp(r->head + n - 4, "\r\n\r\n", 4) == 0)
+            break;
+    }
+    const char *cl = strcasestr(r->head, "\r\ncontent-length:");
+    size_t blen = cl ? strtoul(cl + 17, NULL, 10) : 0;
+    if (blen >= sizeof(r->body))
+        return;
+    for (size_t got = 0; got < blen;) {
+        int k = SSL_read(ssl, r->body + got, (int)(blen - got));
+        if (k <= 0)
+            return;
+        got += (size_t)k;
+    }
+    sscanf(r->head, "HTTP/1.1 %d", &r->status);
+}
+
+/* Whether the peer closes the TLS connection within ms (close_notify, EOF or error). */
+static int tls_closed_within(SSL *ssl, int fd, int ms)
+{
+    uint64_t end = now_ms_monotonic() + (uint64_t)ms;
+    char buf[4096];
+    for (;;) {
+        int left = (int)(end - now_ms_monotonic());
+        if (left <= 0)
+            return 0;
+        struct pollfd pfd = {fd, POLLIN, 0};
+        if (!SSL_pending(ssl) && poll(&pfd, 1, left) <= 0)
+            return 0;
+        int k = SSL_read(ssl, buf, sizeof(buf));
+        if (k <= 0) {
+            ERR_clear_error();
+            return 1;
+        }
+    }
+}
+
+static void mitm_basics(void)
+{
+    struct resp r;
+    char req[1024];
+    int fd;
+    set_orig(up_ok.port);
+
+    SSL *ssl = tls_dial("allowed.test", alpn_h11, sizeof(alpn_h11) - 1, &fd);
+    ok(ssl != NULL, "intercepted: the sandbox's handshake for allowed.test succeeds");
+    if (!ssl)
+        return;
+    X509 *peer = SSL_get1_peer_certificate(ssl);
+    ok(SSL_get_verify_result(ssl) == X509_V_OK && peer &&
+           X509_check_host(peer, "allowed.test", 0, 0, NULL) == 1 &&
+           X509_check_issued(mitm_ca, peer) == X509_V_OK,
+       "it verified a certificate for allowed.test issued by the proxy's CA");
+    X509_free(peer);
+    const unsigned char *sel = NULL;
+    unsigned sel_len = 0;
+    SSL_get0_alpn_selected(ssl, &sel, &sel_len);
+    ok(sel_len == 8 && memcmp(sel, "http/1.1", 8) == 0, "ALPN agreed on http/1.1");
+    tls_send(ssl, "GET /hello HTTP/1.1\r\nHost: allowed.test\r\n\r\n");
+    tls_read_response(ssl, &r);
+    ok(r.status == 200 && strstr(r.body, "upstream saw GET /hello host=allowed.test body=0"),
+       "an allowed HTTPS GET gets the upstream's answer (%d %s)", r.status, r.body);
+    snprintf(req, sizeof(req), "GET /again HTTP/1.1\r\nHost: ALLOWED.test:%d\r\n\r\n", up_ok.port);
+    tls_send(ssl, req);
+    tls_read_response(ssl, &r);
+    ok(r.status == 200 && strstr(r.body, "GET /again"),
+       "kept alive, a second one with Host naming the SNI and the port dialed (%d)", r.status);
+    tls_close(ssl, fd);
+
+    int before = tls_upstream_requests();
+    ssl = tls_dial("allowed.test", alpn_h11, sizeof(alpn_h11) - 1, &fd);
+    tls_send(ssl, "GET /evil HTTP/1.1\r\nHost: evil.test\r\n\r\n");
+    tls_read_response(ssl, &r);
+    ok(r.status == 403 && strstr(r.body, "evil.test") && strstr(r.body, "(host_mismatch)"),
+       "Host: evil.test under SNI allowed.test: 403 host_mismatch over TLS (%d %s)", r.status,
+       r.body);
+    ok(tls_closed_within(ssl, fd, 3000), "and closed");
+    tls_close(ssl, fd);
+    ok(denied_has("sb-1|evil.test|%d|host_mismatch;", up_ok.port), "logged");
+
+    ssl = tls_dial("allowed.test", alpn_h11, sizeof(alpn_h11) - 1, &fd);
+    snprintf(req, sizeof(req), "GET /port HTTP/1.1\r\nHost: allowed.test:%d\r\n\r\n",
+             up_ok.port + 1);
+    tls_send(ssl, req);
+    tls_read_response(ssl, &r);
+    ok(r.status == 403 && strstr(r.body, "(host_mismatch)"),
+       "a Host naming another port: 403 host_mismatch (%d)", r.status);
+    tls_close(ssl, fd);
+
+    ssl = tls_dial("allowed.test", alpn_h11, sizeof(alpn_h11) - 1, &fd);
+    tls_send(ssl, "GET /one HTTP/1.1\r\nHost: allowed.test\r\n\r\n");
+    tls_read_response(ssl, &r);
+    ok(r.status == 200, "kept alive: the first request is served (%d)", r.status);
+    tls_send(ssl, "GET /two HTTP/1.1\r\nHost: other.test\r\n\r\n");
+    tls_read_response(ssl, &r);
+    ok(r.status == 403 && strstr(r.body, "other.test") && strstr(r.body, "(host_mismatch)"),
+       "a second one with another Host: 403 host_mismatch (%d)", r.status);
+    ok(tls_closed_within(ssl, fd, 3000), "and closed");
+    tls_close(ssl, fd);
+    ok(tls_upstream_requests() == before + 1 && !tls_heads_has("/evil") &&
+           !tls_heads_has("/port") && !tls_heads_has("GET /two"),
+       "the upstream saw only the one allowed request (%d)", tls_upstream_requests() - before);
+
+    ssl = tls_dial("allowed.test", alpn_h11, sizeof(alpn_h11) - 1, &fd);
+    SSL_write(ssl, "\x01\x02\x03 garbage\r\n\r\n", 15);
+    ok(tls_closed_within(ssl, fd, 3000), "bytes that are no HTTP inside the TLS: closed");
+    tls_close(ssl, fd);
+    ok(denied_has("sb-1|allowed.test|%d|protocol;", up_ok.port), "logged as protocol");
+}
+
+static void mitm_secrets(void)
+{
+    struct resp r;
+    int fd;
+    set_orig(up_ok.port);
+    SSL *ssl = tls_dial("allowed.test", alpn_h11, sizeof(alpn_h11) - 1, &fd);
+    tls_send(ssl, "GET /secret HTTP/1.1\r\nHost: allowed.test\r\n" PLACEHOLDER "\r\n");
+    tls_read_response(ssl, &r);
+    ok(r.status == 200 && strstr(r.body, "GET /secret"), "a request with a placeholder is served");
+    ok(tls_heads_has("GET /secret HTTP/1.1\r\nHost: allowed.test\r\n" SECRET "\r\n") &&
+           !tls_heads_has("PLACEHOLDER"),
+       "the upstream got the real value in its place");
+    ok(!strstr(r.head, "real-secret") && !strstr(r.body, "real-secret"),
+       "and the sandbox never saw it");
+    tls_send(ssl, "POST /secret2 HTTP/1.1\r\nHost: allowed.test\r\n" PLACEHOLDER
+                  "Content-Length: 5\r\n\r\nhello");
+    tls_read_response(ssl, &r);
+    ok(r.status == 200 && strstr(r.body, "POST /secret2") && strstr(r.body, "body=5"),
+       "a kept-alive POST's head is rewritten too, its body intact (%d)", r.status);
+    ok(tls_heads_has("POST /secret2 HTTP/1.1\r\nHost: allowed.test\r\n" SECRET),
+       "with the real value upstream");
+    tls_close(ssl, fd);
+    pthread_mutex_lock(&mu);
+    int hooked = strstr(rewrite_log, "sb-1|allowed.test;") != NULL;
+    pthread_mutex_unlock(&mu);
+    ok(hooked, "rewrite_head was given the sandbox's id and the SNI");
+}
+
+static void mitm_refusals(void)
+{
+    struct resp r;
+    int fd;
+
+    set_orig(up_wrong.port);
+    SSL *ssl = tls_dial("allowed.test", alpn_h11, sizeof(alpn_h11) - 1, &fd);
+    tls_send(ssl, "GET /wrong HTTP/1.1\r\nHost: allowed.test\r\n\r\n");
+    tls_read_response(ssl, &r);
+    ok(r.status == 502 && strstr(r.body, "(upstream_tls)"),
+       "an upstream whose certificate names another host: 502 upstream_tls (%d %s)", r.status,
+       r.body);
+    tls_close(ssl, fd);
+    ok(denied_has("sb-1|allowed.test|%d|upstream_tls;", up_wrong.port), "logged");
+
+    set_orig(up_rogue.port);
+    ssl = tls_dial("allowed.test", alpn_h11, sizeof(alpn_h11) - 1, &fd);
+    tls_send(ssl, "GET /rogue HTTP/1.1\r\nHost: allowed.test\r\n\r\n");
+    tls_read_response(ssl, &r);
+    ok(r.status == 502 && strstr(r.body, "(upstream_tls)"),
+       "an upstream whose certificate is from an untrusted CA: 502 upstream_tls (%d)", r.status);
+    tls_close(ssl, fd);
+    ok(denied_has("sb-1|allowed.test|%d|upstream_tls;", up_rogue.port), "logged");
+    ok(!tls_heads_has("/wrong") && !tls_heads_has("/rogue"), "neither got the request");
+
+    set_orig(up_ok.port);
+    ssl = tls_dial("allowed.test", alpn_h2, sizeof(alpn_h2) - 1, &fd);
+    ok(ssl == NULL, "a client offering only h2: its handshake fails");
+    tls_close(ssl, fd);
+    ok(denied_has("sb-1|allowed.test|%d|alpn;", up_ok.port), "logged as alpn");
+
+    ssl = tls_dial("evil.test", alpn_h11, sizeof(alpn_h11) - 1, &fd);
+    ok(ssl == NULL, "an SNI the policy denies: no handshake at all");
+    tls_close(ssl, fd);
+    ok(denied_has("sb-1|evil.test|%d|not_allowed;", up_ok.port), "logged as not_allowed");
+
+    /* A client that sends a real ClientHello (made through memory BIOs, so that nothing of
+     * the proxy's answer is ever read) and never its Finished. */
+    fd = dial_at(&mproxy_addr, NULL);
+    ssl = SSL_new(sandbox_ctx);
+    SSL_set_tlsext_host_name(ssl, "allowed.test");
+    SSL_set_alpn_protos(ssl, alpn_h11, sizeof(alpn_h11) - 1);
+    BIO *wbio = BIO_new(BIO_s_mem());
+    SSL_set_bio(ssl, BIO_new(BIO_s_mem()), wbio);
+    int rc = SSL_connect(ssl);
+    char *ch = NULL;
+    long chlen = BIO_get_mem_data(wbio, &ch);
+    ok(rc < 0 && SSL_get_error(ssl, rc) == SSL_ERROR_WANT_READ && chlen > 0 &&
+           send_all(fd, ch, (size_t)chlen) == 0,
+       "a ClientHello sent, then silence");
+    uint64_t t0 = now_ms_monotonic();
+    ok(closed_within(fd, FIRST_BYTES_MS + 3000), "closed");
+    uint64_t took = now_ms_monotonic() - t0;
+    ok(took + 200 >= FIRST_BYTES_MS, "after first_bytes_ms (%llu ms)", (unsigned long long)took);
+    ok(denied_has("sb-1|allowed.test|%d|timeout;", up_ok.port), "logged as timeout");
+    tls_close(ssl, fd);
+
+    /* A well-formed ClientHello OpenSSL cannot answer (no signature_algorithms, no key_share). */
+    uint8_t hello[1024];
+    size_t n = client_hello("allowed.test", hello);
+    fd = dial_at(&mproxy_addr, NULL);
+    send_all(fd, hello, n);
+    ok(closed_within(fd, 3000), "a handshake that fails: closed");
+    close(fd);
+    ok(denied_has("sb-1|allowed.test|%d|tls_handshake;", up_ok.port), "logged as tls_handshake");
+    ERR_clear_error();
+}
+
+/* 4 MiB up (a POST body) and 4 MiB down (GET /big) through one intercepted connection, the
+ * client not reading at first so that every buffer on the way fills. */
+static void mitm_big(void)
+{
+    set_orig(up_ok.port);
+    int fd;
+    SSL *ssl = tls_dial("allowed.test", alpn_h11, sizeof(alpn_h11) - 1, &fd);
+    uint8_t *buf = malloc(BIG);
+    pattern(buf, BIG);
+    char head[256];
+    snprintf(head, sizeof(head),
+             "POST /upload HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: %d\r\n\r\n", BIG);
+    tls_send(ssl, head);
+    size_t sent = 0;
+    while (sent < BIG) {
+        int k = SSL_write(ssl, buf + sent, BIG - (int)sent > 65536 ? 65536 : BIG - (int)sent);
+        if (k <= 0)
+            break;
+        sent += (size_t)k;
+    }
+    struct resp r;
+    tls_read_response(ssl, &r);
+    char want[64];
+    snprintf(want, sizeof(want), "body=%d sum=%08x", BIG, fnv(buf, BIG));
+    ok(r.status == 200 && strstr(r.body, want), "4 MiB up, intact (%d %s)", r.status, r.body);
+
+    tls_send(ssl, "GET /big HTTP/1.1\r\nHost: allowed.test\r\n\r\n");
+    msleep(500); /* not reading: the proxy must stop reading the upstream */
+    char line[4096];
+    size_t n = 0;
+    while (n < sizeof(line) - 1 && SSL_read(ssl, line + n, 1) == 1) {
+        n++;
+        if (n >= 4 && memcmp(line + n - 4, "\r\n\r\n", 4) == 0)
+            break;
+    }
+    line[n] = '\0';
+    memset(buf, 0, BIG);
+    size_t got = 0;
+    while (got < BIG) {
+        int k = SSL_read(ssl, buf + got, (int)(BIG - got));
+        if (k <= 0)
+            break;
+        got += (size_t)k;
+    }
+    uint8_t *want_buf = malloc(BIG);
+    pattern(want_buf, BIG);
+    ok(strncmp(line, "HTTP/1.1 200", 12) == 0 && got == BIG && memcmp(buf, want_buf, BIG) == 0,
+       "4 MiB down, intact (%zu)", got);
+    struct proxy_stats s = mstats();
+    ok(s.queued_max <= BUFFER_MAX + 64 * 1024,
+       "no direction queued much more than buffer_max %d, TLS records included (most: %zu)",
+       BUFFER_MAX, s.queued_max);
+    ok(s.bytes_up >= BIG && s.bytes_down >= BIG, "counted both ways (%llu up, %llu down)",
+       (unsigned long long)s.bytes_up, (unsigned long long)s.bytes_down);
+    tls_close(ssl, fd);
+    free(buf);
+    free(want_buf);
+}
+
 static void keepalive_tick(evutil_socket_t fd, short what, void *arg)
 {
 }
@@ -1005,17 +1476,43 @@ int main(void)
     ok(http_l && tls_l && closed_port > 0, "fake upstreams on ports %d (HTTP), %d (TLS)", http_port,
        tls_port);
 
-    set_policy("{\"internet\": true, \"allow\": [\"allowed.test:%d\", \"other.test:%d\", "
-               "\"private.test:%d\", \"local.test:%d\", \"mixed.test:%d\", \"nx.test:%d\", "
-               "\"dead.test:%d\", \"tls.test:%d\"]}",
-               http_port, http_port, http_port, http_port, http_port, http_port, closed_port,
-               tls_port);
+    /* The CAs: the proxy's, the fake internet's, and one nobody trusts. */
+    char dir[] = "/tmp/wr-proxy-tls-XXXXXX";
+    char files[6][128];
+    const char *names[6] = {"mitm.pem", "mitm.key", "up.pem", "up.key", "rogue.pem", "rogue.key"};
+    ok(mkdtemp(dir) != NULL, "a directory for the CAs");
+    for (int i = 0; i < 6; i++)
+        snprintf(files[i], sizeof(files[i]), "%s/%s", dir, names[i]);
+    ok(tlsmitm_ca_create(files[0], files[1], "proxy CA", &err) == 0 &&
+           tlsmitm_ca_create(files[2], files[3], "upstream CA", &err) == 0 &&
+           tlsmitm_ca_create(files[4], files[5], "rogue CA", &err) == 0,
+       "three CAs %s", err.msg);
+    mitm = tlsmitm_new(files[0], files[1], files[2], &err);
+    upstream_ca = tlsmitm_new(files[2], files[3], NULL, &err);
+    rogue_ca = tlsmitm_new(files[4], files[5], NULL, &err);
+    ok(mitm && upstream_ca && rogue_ca, "tlsmitm_new %s", err.msg);
+    mitm_ca = tlsmitm_ca_cert(mitm);
+    up_ok = (struct tls_upstream){.m = upstream_ca, .name = "allowed.test"};
+    up_wrong = (struct tls_upstream){.m = upstream_ca, .name = "wrong.test"};
+    up_rogue = (struct tls_upstream){.m = rogue_ca, .name = "allowed.test"};
+    tls_upstream_listen(&up_ok);
+    tls_upstream_listen(&up_wrong);
+    tls_upstream_listen(&up_rogue);
+    ok(up_ok.l && up_wrong.l && up_rogue.l, "fake TLS upstreams on %d, %d (wrong name), %d (rogue)",
+       up_ok.port, up_wrong.port, up_rogue.port);
+    sandbox_ctx = SSL_CTX_new(TLS_client_method());
+    SSL_CTX_set_verify(sandbox_ctx, SSL_VERIFY_PEER, NULL);
+    ok(SSL_CTX_load_verify_locations(sandbox_ctx, files[0], NULL) == 1,
+       "the sandbox trusts the proxy's CA only");
+
     snprintf(allow_all, sizeof(allow_all),
              "{\"internet\": true, \"allow\": [\"allowed.test:%d\", \"other.test:%d\", "
              "\"private.test:%d\", \"local.test:%d\", \"mixed.test:%d\", \"nx.test:%d\", "
-             "\"dead.test:%d\", \"tls.test:%d\"]}",
+             "\"dead.test:%d\", \"tls.test:%d\", \"allowed.test:%d\", \"other.test:%d\", "
+             "\"allowed.test:%d\", \"allowed.test:%d\"]}",
              http_port, http_port, http_port, http_port, http_port, http_port, closed_port,
-             tls_port);
+             tls_port, up_ok.port, up_ok.port, up_wrong.port, up_rogue.port);
+    set_policy("%s", allow_all);
 
     lk = lookup_new(base, (struct sockaddr *)&dns_addr, sizeof(dns_addr), &err);
     ok(lk != NULL, "lookup_new %s", err.msg);
@@ -1047,6 +1544,20 @@ int main(void)
     proxy = proxy_new(base, lfd, lk, &cfg, &hooks, NULL, &err);
     ok(proxy != NULL, "proxy_new %s", err.msg);
 
+    int mfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    mproxy_addr =
+        (struct sockaddr_in){.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    alen = sizeof(mproxy_addr);
+    ok(bind(mfd, (struct sockaddr *)&mproxy_addr, sizeof(mproxy_addr)) == 0 &&
+           listen(mfd, 128) == 0 && getsockname(mfd, (struct sockaddr *)&mproxy_addr, &alen) == 0,
+       "the intercepting proxy's listening socket");
+    struct proxy_config mcfg = cfg;
+    mcfg.mitm = mitm;
+    struct proxy_hooks mhooks = hooks;
+    mhooks.rewrite_head = hook_rewrite;
+    mproxy = proxy_new(base, mfd, lk, &mcfg, &mhooks, NULL, &err);
+    ok(mproxy != NULL, "proxy_new with an interception context %s", err.msg);
+
     struct event *tick = event_new(base, -1, EV_PERSIST, keepalive_tick, NULL);
     event_add(tick, &(struct timeval){1, 0});
     pthread_t loop;
@@ -1058,6 +1569,10 @@ int main(void)
     big();
     limits();
     idle_and_close_peer();
+    mitm_basics();
+    mitm_secrets();
+    mitm_refusals();
+    mitm_big();
 
     struct proxy_stats s = stats();
     ok(s.accepted > 0 && s.denied > 0 && s.requests > 0 && s.active_max <= PER_PEER + 8,
@@ -1068,12 +1583,23 @@ int main(void)
     event_base_loopbreak(base);
     pthread_join(loop, NULL);
     proxy_free(proxy);
+    proxy_free(mproxy);
     lookup_free(lk);
     for (int i = 0; i < SERVER_CONNS; i++)
         if (server_conns[i])
             bufferevent_free(server_conns[i]);
     evconnlistener_free(http_l);
     evconnlistener_free(tls_l);
+    evconnlistener_free(up_ok.l);
+    evconnlistener_free(up_wrong.l);
+    evconnlistener_free(up_rogue.l);
+    tlsmitm_free(mitm);
+    tlsmitm_free(upstream_ca);
+    tlsmitm_free(rogue_ca);
+    SSL_CTX_free(sandbox_ctx);
+    for (int i = 0; i < 6; i++)
+        unlink(files[i]);
+    rmdir(dir);
     event_free(tick);
     event_free(dns_ev);
     close(dns_fd);

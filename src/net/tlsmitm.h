@@ -1,0 +1,97 @@
+/*
+ * TLS interception for the egress proxy. Secrets must reach upstream servers in request headers
+ * without ever entering a sandbox, so the proxy has to see (and rewrite) the requests inside a
+ * sandbox's TLS connections: it answers the sandbox's handshake itself, with a certificate for
+ * the SNI signed by a per-daemon CA that sandboxes trust, and opens its own TLS connection to
+ * the upstream, verified against the system's trust store (plus, for the tests' fake internet,
+ * an extra CA file).
+ *
+ * This module holds the OpenSSL side of that: the CA (made once per daemon with
+ * tlsmitm_ca_create, loaded by tlsmitm_new), one leaf key made at start, the leaf certificates
+ * minted per host and kept in a small LRU cache, and the two SSL_CTXs (towards the sandbox and
+ * towards upstreams). Both speak TLS 1.2 or later and HTTP/1.1 only (ALPN), since the proxy reads
+ * what goes through as HTTP/1.x. The proxy (net/proxy.h) does the I/O.
+ *
+ * One tlsmitm is used from one thread (the proxy's loop).
+ */
+#ifndef WR_NET_TLSMITM_H
+#define WR_NET_TLSMITM_H
+
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+#include <stdint.h>
+
+#include "common/err.h"
+
+/* Hosts whose leaf certificate is kept; past it the least recently used one goes. */
+#define TLSMITM_CACHE_MAX 1024
+/* A leaf is valid from an hour ago (clocks in sandboxes may lag) for a week (or until the CA
+ * expires, if sooner); the cache mints a new one once less than a day is left. */
+#define TLSMITM_LEAF_BACKDATE_S 3600
+#define TLSMITM_LEAF_DAYS 7
+#define TLSMITM_LEAF_RENEW_S (24 * 3600)
+/* The CA's lifetime. */
+#define TLSMITM_CA_DAYS 3650
+
+struct tlsmitm;
+
+/** Counters since tlsmitm_new. */
+struct tlsmitm_stats {
+    uint64_t minted;     /* leaf certificates made */
+    uint64_t cache_hits; /* leaves served from the cache */
+    unsigned cached;     /* hosts in the cache now */
+};
+
+/**
+ * Makes a new CA: an EC P-256 key and a self-signed X.509 v3 certificate for common_name, valid
+ * TLSMITM_CA_DAYS, with basicConstraints CA:TRUE and keyUsage keyCertSign+cRLSign (both
+ * critical) and a subjectKeyIdentifier. The key goes to key_path (mode 0600), the certificate to
+ * cert_path (0644), both PEM, each written to a temporary file in its directory and then linked
+ * into place, so neither appears half-written and neither replaces an existing file (EEXIST).
+ * Returns 0, or -1 with err set (and neither file left behind).
+ */
+int tlsmitm_ca_create(const char *cert_path, const char *key_path, const char *common_name,
+                      struct wr_err *err);
+
+/**
+ * Loads the CA (PEM certificate and its private key; they must match and the certificate must
+ * be a CA), makes the leaf key and both SSL_CTXs. upstream_extra_ca_path (PEM, may be NULL) is
+ * trusted for upstreams besides the system's default store. Returns it (free with
+ * tlsmitm_free), or NULL with err set.
+ */
+struct tlsmitm *tlsmitm_new(const char *ca_cert_path, const char *ca_key_path,
+                            const char *upstream_extra_ca_path, struct wr_err *err);
+
+/** Frees m and its cache. NULL is a no-op. */
+void tlsmitm_free(struct tlsmitm *m);
+
+/**
+ * A server-side SSL to answer a sandbox's handshake for host (a normalised name: lower case, no
+ * trailing dot), with host's leaf certificate (minted or from the cache) and the leaf key set on
+ * it; ALPN selects "http/1.1", and a client that offers ALPN without it fails the handshake with
+ * a no_application_protocol alert. The caller owns the SSL (SSL_free). NULL with err set on
+ * failure.
+ */
+SSL *tlsmitm_server_ssl(struct tlsmitm *m, const char *host, struct wr_err *err);
+
+/**
+ * A client-side SSL to an upstream for host: SNI host, the peer verified against the upstream
+ * trust (SSL_VERIFY_PEER) and its certificate required to name host, ALPN offering "http/1.1".
+ * The caller owns the SSL. NULL with err set on failure.
+ */
+SSL *tlsmitm_client_ssl(struct tlsmitm *m, const char *host, struct wr_err *err);
+
+/**
+ * host's leaf certificate, minted or from the cache (and marked recently used). Borrowed: valid
+ * until m is freed or host leaves the cache (take a reference with X509_up_ref to keep it). NULL
+ * with err set on failure.
+ */
+X509 *tlsmitm_leaf(struct tlsmitm *m, const char *host, struct wr_err *err);
+
+/** The CA certificate (borrowed, valid until m is freed). */
+X509 *tlsmitm_ca_cert(const struct tlsmitm *m);
+
+/** Copies m's counters into out. */
+void tlsmitm_stats(const struct tlsmitm *m, struct tlsmitm_stats *out /* OUT */);
+
+#endif
