@@ -433,6 +433,7 @@ class Sandbox:
         timeout_seconds: Optional[int] = None,
         on_lease_end: Optional[str] = None,
         network: Optional[Mapping[str, Any]] = None,
+        secrets: Optional[Sequence[str]] = None,
         max_cost_micros: Optional[int] = None,
         client: Optional[Client] = None,
         **options: Any,
@@ -450,9 +451,12 @@ class Sandbox:
             timeout_seconds: The lease: seconds until ``on_lease_end`` happens (default 3600).
             on_lease_end: ``"stop"`` (keep the files) or ``"delete"``, when the lease ends or
                 the ``with`` block is left.
-            network: The egress policy, e.g. ``{"internet": True, "allow": ["pypi.org"]}``.
-                Stored and returned normalised (``internet`` always, ``allow`` only when
-                given); sandboxes have no network yet, whatever it says.
+            network: The egress policy, e.g. ``{"internet": True, "allow": ["pypi.org"]}``,
+                enforced by the host (default: no network, DNS included). Stored and returned
+                normalised (``internet`` always, ``allow`` and ``deny`` only when given).
+            secrets: Names of secrets (``withruntime secrets set``) to give it: each name is
+                set in its commands' environment to a placeholder that the daemon's proxy
+                replaces by the real value in HTTPS request headers to the secret's hosts.
             max_cost_micros: A cost cap in micro-dollars, sent as given. A daemon that does
                 not meter cost (this one, today) refuses it: :class:`InvalidRequest` naming
                 ``max_cost_micros``, and no sandbox is created.
@@ -475,6 +479,7 @@ class Sandbox:
             "timeout_seconds": timeout_seconds,
             "on_lease_end": on_lease_end,
             "network": network,
+            "secrets": list(secrets) if secrets else None,
             "max_cost_micros": max_cost_micros,
         }
         body.update(options)

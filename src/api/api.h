@@ -65,6 +65,10 @@ void api_sandboxes_start(struct daemon *d, struct http_req *req, struct route_ma
 void api_sandboxes_timeout(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_sandboxes_network(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_sandboxes_network_log(struct daemon *d, struct http_req *req, struct route_match *m);
+void api_secrets_list(struct daemon *d, struct http_req *req, struct route_match *m);
+void api_secrets_get(struct daemon *d, struct http_req *req, struct route_match *m);
+void api_secrets_set(struct daemon *d, struct http_req *req, struct route_match *m);
+void api_secrets_delete(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_sandboxes_events(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_sandboxes_stats(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_sandboxes_prune(struct daemon *d, struct http_req *req, struct route_match *m);

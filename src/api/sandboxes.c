@@ -13,7 +13,7 @@
 
 static const char *const create_fields[] = {
     "image",           "cpus",         "memory_mib", "disk_mib", "env", "metadata",
-    "timeout_seconds", "on_lease_end", "network",    NULL};
+    "timeout_seconds", "on_lease_end", "network",    "secrets",  NULL};
 
 void api_sandboxes_create(struct daemon *d, struct http_req *req, struct route_match *m)
 {
@@ -23,7 +23,7 @@ void api_sandboxes_create(struct daemon *d, struct http_req *req, struct route_m
     struct wr_err err = {0};
     const char *image = "default", *ole = "stop";
     long long cpus, mem, disk, timeout;
-    json_t *env = NULL, *md = NULL, *net = NULL;
+    json_t *env = NULL, *md = NULL, *net = NULL, *secrets = NULL;
     if (jv_only(o, create_fields, &err) < 0 || jv_string(o, "image", 64, &image, &err) < 0 ||
         jv_int(o, "cpus", 1, d->cfg.max_cpus, 2 > d->cfg.max_cpus ? d->cfg.max_cpus : 2, &cpus,
                &err) < 0 ||
@@ -39,6 +39,11 @@ void api_sandboxes_create(struct daemon *d, struct http_req *req, struct route_m
         wr_err_kind(&err, WR_E_INVALID, 0, "on_lease_end: must be \"stop\" or \"delete\"");
         goto bad;
     }
+    secrets = json_object_get(o, "secrets");
+    if (json_is_array(secrets) && json_array_size(secrets) == 0)
+        secrets = NULL;
+    else if (jv_string_array(o, "secrets", 32, 64, &secrets, &err) < 0)
+        goto bad;
     net = netpolicy_parse(json_object_get(o, "network"), &err);
     if (!net)
         goto bad;
@@ -52,6 +57,7 @@ void api_sandboxes_create(struct daemon *d, struct http_req *req, struct route_m
         .env = env,
         .metadata = md,
         .network = net,
+        .secrets = secrets,
     };
     svc_sandbox_create(d, &opts, api_sink_new(req));
     json_decref(net);

@@ -18,8 +18,6 @@
 #include "common/log.h"
 #include "daemon/daemon.h"
 #include "daemon/service.h"
-#include "net/addr.h"
-#include "net/gateway.h"
 
 struct server {
     struct daemon d;
@@ -257,29 +255,20 @@ static int parse_args(int argc, char **argv, struct server *srv)
             }
             snprintf(cfg->egress, sizeof(cfg->egress), "%s", optarg);
             break;
-        case 'U': {
-            struct sockaddr_in sin;
-            struct wr_err e = {0};
-            if (!optarg[0] || gateway_parse_upstream(optarg, &sin, &e) < 0) {
-                fprintf(stderr, "withruntime serve: --dns-upstream: %s\n",
-                        optarg[0] ? e.msg : "give an IPv4 address[:port]");
+        case 'U':
+            if (!optarg[0] || strlen(optarg) >= sizeof(cfg->dns_upstream)) {
+                fprintf(stderr, "withruntime serve: --dns-upstream wants an IPv4 address[:port]\n");
                 return -1;
             }
             snprintf(cfg->dns_upstream, sizeof(cfg->dns_upstream), "%s", optarg);
             break;
-        }
-        case 'P': {
-            struct addr_ranges r;
-            struct wr_err e = {0};
-            if (strlen(optarg) >= sizeof(cfg->public_ranges) ||
-                addr_ranges_parse(optarg, &r, &e) < 0) {
-                fprintf(stderr, "withruntime serve: --public-ranges: %s\n",
-                        e.msg[0] ? e.msg : "too long");
+        case 'P':
+            if (strlen(optarg) >= sizeof(cfg->public_ranges)) {
+                fprintf(stderr, "withruntime serve: --public-ranges: too long\n");
                 return -1;
             }
             snprintf(cfg->public_ranges, sizeof(cfg->public_ranges), "%s", optarg);
             break;
-        }
         case 'A':
             if (strlen(optarg) >= sizeof(cfg->extra_ca_file)) {
                 fprintf(stderr, "withruntime serve: --extra-ca-file: path too long\n");
@@ -407,6 +396,11 @@ int api_serve_main(int argc, char **argv)
     s.body_memory_mib = BODY_MEMORY_MIB;
     if (parse_args(argc, argv, &s) < 0)
         return 2;
+    struct wr_err cerr = {0};
+    if (daemon_config_check(&s.d.cfg, &cerr) < 0) {
+        fprintf(stderr, "withruntime serve: %s\n", cerr.msg);
+        return 2;
+    }
     if (getenv("WITHRUNTIME_DEBUG"))
         log_set_level(WR_LOG_DEBUG);
     struct wr_err err = {0};

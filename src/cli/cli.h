@@ -77,6 +77,9 @@ int cli_cmd_image(struct cli_ctx *c, int argc, char **argv);
 /** `withruntime doctor`. Returns the exit code. */
 int cli_cmd_doctor(struct cli_ctx *c, int argc, char **argv);
 
+/** `withruntime secrets set|list|rm` (cli/secrets.c). */
+int cli_cmd_secrets(struct cli_ctx *c, int argc, char **argv);
+
 /** `withruntime login URL [--key KEY]`. Returns the exit code. */
 int cli_cmd_login(struct cli_ctx *c, int argc, char **argv);
 

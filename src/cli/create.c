@@ -25,8 +25,8 @@ static const char usage_create[] =
     "  --allow HOST              let it reach only HOST: a name, '*.name', optionally :PORT\n"
     "                            (repeatable; implies --internet)\n"
     "  --deny HOST               never HOST, even if allowed (repeatable)\n"
-    "                            (the policy is kept; until egress lands, sandboxes reach\n"
-    "                            nothing outside, whatever it says)\n"
+    "  --secret NAME             give it secret NAME (see 'withruntime secrets --help'): its\n"
+    "                            commands see a placeholder (repeatable)\n"
     "  --on-lease-end stop|delete  what happens when the lease ends (default stop)\n"
     "  --json                    print the sandbox object\n"
     "  -h, --help                this help\n";
@@ -38,6 +38,7 @@ void cli_create_opts_init(struct cli_create_opts *co)
     co->metadata = json_object();
     co->allow = json_array();
     co->deny = json_array();
+    co->secrets = json_array();
     co->internet = false;
 }
 
@@ -76,6 +77,7 @@ int cli_create_opt(const char *cmd, struct cli_create_opts *co, int opt, const c
         json_array_append_new(opt == OPT_ALLOW ? co->allow : co->deny, json_string(arg));
         co->internet = true;
         return 1;
+    case OPT_SECRET: json_array_append_new(co->secrets, json_string(arg)); return 1;
     default: return 0;
     }
 }
@@ -86,6 +88,8 @@ json_t *cli_create_opts_body(struct cli_create_opts *co)
         json_object_set(co->body, "env", co->env);
     if (json_object_size(co->metadata))
         json_object_set(co->body, "metadata", co->metadata);
+    if (json_array_size(co->secrets))
+        json_object_set(co->body, "secrets", co->secrets);
     if (co->internet) {
         json_t *net = json_pack("{s:b}", "internet", 1);
         if (json_array_size(co->allow))
@@ -104,6 +108,7 @@ void cli_create_opts_free(struct cli_create_opts *co)
     json_decref(co->metadata);
     json_decref(co->allow);
     json_decref(co->deny);
+    json_decref(co->secrets);
 }
 
 int cli_create_failed(const struct wr_err *err)
@@ -128,6 +133,7 @@ int cli_sandbox_create(struct cli_ctx *c, int argc, char **argv)
         {"internet", no_argument, 0, OPT_INTERNET},
         {"allow", required_argument, 0, OPT_ALLOW},
         {"deny", required_argument, 0, OPT_DENY},
+        {"secret", required_argument, 0, OPT_SECRET},
         {"on-lease-end", required_argument, 0, OPT_LEASE_END},
         {"json", no_argument, 0, OPT_JSON},
         {"help", no_argument, 0, 'h'},

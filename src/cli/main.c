@@ -35,9 +35,9 @@ static const struct {
     const char *name;
     int (*fn)(struct cli_ctx *, int, char **);
 } commands[] = {
-    {"sandbox", cli_cmd_sandbox}, {"image", cli_cmd_image}, {"serve", cmd_serve},
-    {"doctor", cli_cmd_doctor},   {"login", cli_cmd_login}, {"logout", cli_cmd_logout},
-    {"version", cli_cmd_version},
+    {"sandbox", cli_cmd_sandbox}, {"image", cli_cmd_image},     {"serve", cmd_serve},
+    {"doctor", cli_cmd_doctor},   {"login", cli_cmd_login},     {"logout", cli_cmd_logout},
+    {"version", cli_cmd_version}, {"secrets", cli_cmd_secrets},
 };
 
 static int dispatch(struct cli_ctx *c, int argc, char **argv)

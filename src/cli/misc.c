@@ -24,6 +24,7 @@ static const char usage_top[] =
     "  image build [NAME]      build an image's root filesystem (root only)\n"
     "  image list              list built images\n"
     "  serve [OPTIONS]         run the daemon (see 'withruntime serve --help')\n"
+    "  secrets set|list|rm     secrets bound to hosts, never seen inside a sandbox\n"
     "  doctor                  say which sandbox drivers this host can run, and why not\n"
     "  login URL [--key KEY]   save the daemon to use (~/.config/withruntime/connection.json)\n"
     "  logout                  forget the saved daemon\n"

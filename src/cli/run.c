@@ -38,8 +38,9 @@ static const char usage_run[] =
     "  --allow HOST     let it reach only HOST: a name, '*.name', optionally :PORT\n"
     "                   (repeatable; implies --internet), e.g.\n"
     "                   --allow pypi.org --allow '*.pythonhosted.org'\n"
-    "  --deny HOST      never HOST, even if allowed (repeatable); the policy is kept,\n"
-    "                   but until egress lands sandboxes reach nothing outside\n"
+    "  --deny HOST      never HOST, even if allowed (repeatable)\n"
+    "  --secret NAME    give it secret NAME: CMD sees a placeholder, HTTPS requests to\n"
+    "                   the secret's hosts carry the value (repeatable)\n"
     "  --cwd DIR        working directory (default /workspace)\n"
     "  --stdin          send our stdin (read to the end first, up to 512 KiB) to CMD\n"
     "  --keep           keep the sandbox and print its id on stderr\n"
@@ -69,6 +70,7 @@ static int run_parse_opts(struct run *run, int argc, char **argv)
         {"internet", no_argument, 0, OPT_INTERNET},
         {"allow", required_argument, 0, OPT_ALLOW},
         {"deny", required_argument, 0, OPT_DENY},
+        {"secret", required_argument, 0, OPT_SECRET},
         {"cwd", required_argument, 0, OPT_CWD},
         {"stdin", no_argument, 0, OPT_STDIN},
         {"keep", no_argument, 0, OPT_KEEP},

@@ -38,6 +38,7 @@ enum {
     OPT_INTERNET,
     OPT_ALLOW,
     OPT_DENY,
+    OPT_SECRET,
 };
 
 /* ---- helpers (sandbox.c) ---- */
@@ -80,9 +81,10 @@ struct cli_create_opts {
     json_t *body;
     json_t *env;
     json_t *metadata;
-    json_t *allow; /* --allow HOST: the network policy's allow list */
-    json_t *deny;  /* --deny HOST */
-    bool internet; /* --internet, or implied by --allow / --deny */
+    json_t *allow;   /* --allow HOST: the network policy's allow list */
+    json_t *deny;    /* --deny HOST */
+    json_t *secrets; /* --secret NAME */
+    bool internet;   /* --internet, or implied by --allow / --deny */
 };
 
 /** Makes co's three objects, empty. Free with cli_create_opts_free. */

@@ -26,10 +26,12 @@
 #include "daemon/agentconn.h"
 #include "daemon/netlog.h"
 #include "daemon/sandbox.h"
+#include "daemon/secrets.h"
 #include "daemon/work.h"
 #include "driver/driver.h"
 #include "net/addr.h"
 #include "net/gateway.h"
+#include "net/tlsmitm.h"
 #include "store/store.h"
 
 void daemon_config_defaults(struct daemon_config *cfg)
@@ -68,6 +70,17 @@ void daemon_config_defaults(struct daemon_config *cfg)
     snprintf(cfg->egress, sizeof(cfg->egress), "auto");
 }
 
+int daemon_config_check(const struct daemon_config *cfg, struct wr_err *err)
+{
+    struct sockaddr_in sin;
+    struct addr_ranges r;
+    if (cfg->dns_upstream[0] && gateway_parse_upstream(cfg->dns_upstream, &sin, err) < 0)
+        return wr_err_prefix(err, "--dns-upstream");
+    if (addr_ranges_parse(cfg->public_ranges, &r, err) < 0)
+        return wr_err_prefix(err, "--public-ranges");
+    return 0;
+}
+
 /* ---- the gateway's questions about sandboxes ---- */
 
 static json_t *gw_policy(void *ctx, const char *id)
@@ -86,37 +99,93 @@ static void gw_denied(void *ctx, const char *id, const char *via, const char *ho
                  via, host ? host : "", port, reason ? reason : "");
 }
 
-#define EXTRA_CA_MAX (1024 * 1024)
+#define PEM_MAX (1024 * 1024)
 
-/* Reads --extra-ca-file: PEM certificates, at most EXTRA_CA_MAX bytes. */
-static int read_extra_ca(struct daemon *d, struct wr_err *err)
+/* Reads a file of PEM certificates (at most PEM_MAX bytes) into a new string; what names it in
+ * errors. Returns NULL with err set. */
+static char *read_pem(const char *path, const char *what, struct wr_err *err)
 {
-    const char *path = d->cfg.extra_ca_file;
-    if (!path[0])
-        return 0;
     cleanup_close int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return wr_err_sys(err, errno, "--extra-ca-file %s", path);
-    char *buf = xmalloc(EXTRA_CA_MAX + 1);
+    if (fd < 0) {
+        wr_err_sys(err, errno, "%s %s", what, path);
+        return NULL;
+    }
+    char *buf = xmalloc(PEM_MAX + 1);
     size_t len = 0;
     for (;;) {
-        ssize_t n = read(fd, buf + len, EXTRA_CA_MAX + 1 - len);
+        ssize_t n = read(fd, buf + len, PEM_MAX + 1 - len);
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0)
             break;
         len += (size_t)n;
-        if (len > EXTRA_CA_MAX)
+        if (len > PEM_MAX)
             break;
     }
-    buf[len > EXTRA_CA_MAX ? EXTRA_CA_MAX : len] = '\0';
-    if (len > EXTRA_CA_MAX || !strstr(buf, "-----BEGIN CERTIFICATE-----") || memchr(buf, 0, len)) {
+    buf[len > PEM_MAX ? PEM_MAX : len] = '\0';
+    if (len > PEM_MAX || !strstr(buf, "-----BEGIN CERTIFICATE-----") || memchr(buf, 0, len)) {
         free(buf);
-        return wr_err_set(err, EINVAL, "--extra-ca-file %s: want PEM certificates, at most 1 MiB",
-                          path);
+        wr_err_set(err, EINVAL, "%s %s: want PEM certificates, at most 1 MiB", what, path);
+        return NULL;
     }
-    d->extra_ca_pem = buf;
+    return buf;
+}
+
+/* What sandboxes trust besides their image's bundle: the daemon's CA (if networking made one)
+ * and --extra-ca-file's certificates. */
+static int read_trust(struct daemon *d, const char *ca_path, struct wr_err *err)
+{
+    char *ca = ca_path ? read_pem(ca_path, "the daemon's CA", err) : NULL;
+    if (ca_path && !ca)
+        return -1;
+    char *extra = NULL;
+    if (d->cfg.extra_ca_file[0] &&
+        !(extra = read_pem(d->cfg.extra_ca_file, "--extra-ca-file", err))) {
+        free(ca);
+        return -1;
+    }
+    if (!ca && !extra)
+        return 0;
+    size_t a = ca ? strlen(ca) : 0, b = extra ? strlen(extra) : 0;
+    d->extra_ca_pem = xmalloc(a + b + 2);
+    snprintf(d->extra_ca_pem, a + b + 2, "%s%s%s", ca ? ca : "", a && b ? "\n" : "",
+             extra ? extra : "");
+    free(ca);
+    free(extra);
     return 0;
+}
+
+/* The daemon's own CA (STATE_DIR/ca/ca.pem and ca.key, made on first use), with which the
+ * proxy signs the certificates it shows sandboxes. */
+static int ensure_ca(struct daemon *d, char *cert, char *key, size_t cap, struct wr_err *err)
+{
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof(dir), "%s/ca", d->cfg.state_dir);
+    snprintf(cert, cap, "%s/ca.pem", dir);
+    snprintf(key, cap, "%s/ca.key", dir);
+    if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+        return wr_err_sys(err, errno, "creating %s", dir);
+    if (access(cert, F_OK) == 0 && access(key, F_OK) == 0)
+        return 0;
+    char host[128] = "";
+    gethostname(host, sizeof(host) - 1);
+    char cn[200];
+    snprintf(cn, sizeof(cn), "withruntime sandbox CA (%.120s)", host[0] ? host : "localhost");
+    if (tlsmitm_ca_create(cert, key, cn, err) < 0)
+        return wr_err_prefix(err, "making the daemon's CA");
+    log_info(NULL, "gateway.ca_created", "cert=\"%s\"", cert);
+    return 0;
+}
+
+/* A request head to host on an intercepted TLS connection: the sandbox's secrets go in. */
+static char *gw_rewrite_head(void *ctx, const char *id, const char *host, const char *head,
+                             size_t len, size_t *outlen)
+{
+    struct daemon *d = ctx;
+    struct sandbox *sb = sandbox_find(d, id);
+    if (!sb || !json_object_size(sb->secrets))
+        return NULL;
+    return secrets_rewrite_head(d->secrets, sb->secrets, host, head, len, outlen);
 }
 
 /* Opens sandbox networking as cfg->egress says. Returns 0, or -1 with err set ("on" only). */
@@ -132,12 +201,19 @@ static int open_gateway(struct daemon *d, struct wr_err *err)
     snprintf(gc.dns_upstream, sizeof(gc.dns_upstream), "%s", cfg->dns_upstream);
     if (addr_ranges_parse(cfg->public_ranges, &gc.extra_public, err) < 0)
         return wr_err_prefix(err, "--public-ranges");
-    struct gateway_hooks hooks = {.policy = gw_policy, .denied = gw_denied};
+    struct gateway_hooks hooks = {
+        .policy = gw_policy, .denied = gw_denied, .rewrite_head = gw_rewrite_head};
     struct wr_err e = {0};
-    d->gw = gateway_open(d->base, &gc, &hooks, d, &e);
+    char cert[PATH_MAX], key[PATH_MAX];
+    if (ensure_ca(d, cert, key, sizeof(cert), &e) == 0) {
+        gc.ca_cert = cert;
+        gc.ca_key = key;
+        gc.upstream_extra_ca = cfg->extra_ca_file[0] ? cfg->extra_ca_file : NULL;
+        d->gw = gateway_open(d->base, &gc, &hooks, d, &e);
+    }
     if (d->gw) {
         d->gw_error[0] = '\0';
-        return 0;
+        return read_trust(d, cert, err);
     }
     snprintf(d->gw_error, sizeof(d->gw_error), "this host cannot run sandbox networking: %s",
              e.msg);
@@ -146,7 +222,7 @@ static int open_gateway(struct daemon *d, struct wr_err *err)
         return wr_err_prefix(err, "sandbox networking (serve --egress on)");
     }
     log_warn(NULL, "gateway.unavailable", "error=\"%s\"", e.msg);
-    return 0;
+    return read_trust(d, NULL, err);
 }
 
 /* The agent binary: --agent, else beside this binary, else in ../lib/withruntime/. */
@@ -268,8 +344,9 @@ int daemon_open(struct daemon *d, struct wr_err *err)
         return wr_err_set(err, ENOMEM, "cannot set up the event loop");
     /* From here on this thread runs the loop, and never a driver operation. */
     driver_forbid_this_thread();
-    if (read_extra_ca(d, err) < 0)
-        return -1;
+    d->secrets = secrets_open(cfg->state_dir, d->store, err);
+    if (!d->secrets)
+        return wr_err_prefix(err, "secrets");
     if (open_gateway(d, err) < 0)
         return -1;
     if (sandbox_load_all(d, err) < 0)
@@ -345,6 +422,8 @@ void daemon_close(struct daemon *d)
     d->gw = NULL;
     free(d->extra_ca_pem);
     d->extra_ca_pem = NULL;
+    secrets_free(d->secrets);
+    d->secrets = NULL;
     if (d->store)
         store_close(d->store);
     if (d->base)

@@ -54,6 +54,7 @@ struct daemon_config {
 struct driver_ops;
 struct gateway;
 struct sandbox;
+struct secrets;
 struct store;
 struct work_queue;
 
@@ -75,7 +76,9 @@ struct daemon {
     uint64_t logcap_next_ms;   /* when the agents' logs are next checked (monotonic) */
     struct gateway *gw;        /* sandbox networking; NULL without */
     char gw_error[256];        /* why there is none (egress auto, or off) */
-    char *extra_ca_pem;        /* cfg.extra_ca_file's certificates, read at open; NULL: none */
+    char *extra_ca_pem;        /* what sandboxes trust besides their image: the daemon's CA and
+                                  cfg.extra_ca_file's certificates, read at open; NULL: none */
+    struct secrets *secrets;   /* daemon/secrets.h */
     int logcap_running;        /* a check is on a worker */
 };
 
@@ -109,6 +112,10 @@ int daemon_reserve_output(struct daemon *d, size_t n, const char *what, struct w
 
 /** Gives back what daemon_reserve_output reserved. */
 void daemon_release_output(struct daemon *d, size_t n);
+
+/** Checks what daemon_open would only find bad later (--dns-upstream, --public-ranges).
+ * Returns 0, or -1 with err naming the option. */
+int daemon_config_check(const struct daemon_config *cfg, struct wr_err *err);
 
 /** Fills cfg with defaults (state dir from $WITHRUNTIME_STATE_DIR or /var/lib/withruntime). */
 void daemon_config_defaults(struct daemon_config *cfg);

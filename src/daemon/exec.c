@@ -36,6 +36,13 @@ static const char *const default_env[][2] = {
     /* A sandbox is disposable and root owns it: `pip install` works there as the seed's
      * examples expect, Debian's "externally managed" guard notwithstanding. */
     {"PIP_BREAK_SYSTEM_PACKAGES", "1"},
+    /* The system bundle holds the daemon's CA (its proxy terminates TLS); these point the tools
+     * that keep their own bundles at it too. */
+    {"SSL_CERT_FILE", "/etc/ssl/certs/ca-certificates.crt"},
+    {"REQUESTS_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt"},
+    {"CURL_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt"},
+    {"NODE_EXTRA_CA_CERTS", "/etc/ssl/certs/ca-certificates.crt"},
+    {"PIP_CERT", "/etc/ssl/certs/ca-certificates.crt"},
 };
 
 struct outbuf {
@@ -390,6 +397,8 @@ static int build_exec(struct sandbox *sb, const struct exec_request *r, struct p
     json_t *merged = json_object();
     for (size_t i = 0; i < WR_ARRAY_LEN(default_env); i++)
         json_object_set_new(merged, default_env[i][0], json_string(default_env[i][1]));
+    /* A secret's name holds its placeholder: the proxy swaps in the value on its way out. */
+    json_object_update(merged, sb->secrets);
     json_object_update(merged, sb->env);
     if (r->env)
         json_object_update(merged, r->env);

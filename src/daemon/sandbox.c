@@ -86,6 +86,7 @@ struct sandbox *sandbox_new(struct daemon *d)
     sb->env = json_object();
     sb->metadata = json_object();
     sb->network = json_pack("{s:b}", "internet", 0);
+    sb->secrets = json_object();
     sb->net_slot = -1;
     return sb;
 }
@@ -97,6 +98,7 @@ static void sandbox_free(struct sandbox *sb)
     json_decref(sb->metadata);
     json_decref(sb->network);
     netlog_free(sb->netlog);
+    json_decref(sb->secrets);
     free(sb);
 }
 
@@ -166,6 +168,14 @@ json_t *sandbox_to_json(const struct sandbox *sb)
                           "env", sb->env, "metadata", sb->metadata, "timeout_seconds",
                           sb->timeout_seconds, "on_lease_end", sb->on_lease_end, "network",
                           sb->network, "created_at", created, "lease_ends_at", lease);
+    json_t *names = json_array();
+    const char *name;
+    json_t *ph;
+    json_object_foreach(sb->secrets, name, ph)
+    {
+        json_array_append_new(names, json_string(name));
+    }
+    json_object_set_new(o, "secrets", names);
     if (sb->reason[0] && (sb->state == SB_FAILED || sb->state == SB_STOPPED))
         json_object_set_new(o, "state_reason", json_string(sb->reason));
     if (sb->detail[0] && sb->state == SB_FAILED) {
@@ -185,6 +195,7 @@ static char *sandbox_doc(const struct sandbox *sb)
     json_object_set_new(o, "reason", json_string(sb->reason));
     json_object_set_new(o, "detail", json_string(sb->detail));
     json_object_set_new(o, "rootfs", json_string(sb->rootfs));
+    json_object_set(o, "secret_placeholders", sb->secrets);
     char *s = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     return s;
@@ -743,6 +754,9 @@ static int load_doc(struct sandbox *sb, const char *id, const char *state, const
         json_decref(sb->network);
         sb->network = json_incref(net);
     }
+    json_t *ph = json_object_get(o, "secret_placeholders");
+    if (json_is_object(ph))
+        json_object_update(sb->secrets, ph);
     if (detail)
         snprintf(sb->detail, sizeof(sb->detail), "%s", detail);
     if (reason && reason_known(reason)) {

@@ -44,6 +44,7 @@ struct sandbox {
     json_t *env;           /* object of strings */
     json_t *metadata;      /* object of strings */
     json_t *network;       /* object, normalised (net/netpolicy.h) */
+    json_t *secrets;       /* {NAME: placeholder} of the secrets it was given (daemon/secrets.h) */
     int net_slot;          /* its slot in the daemon's gateway while it runs, else -1 */
     struct netlog *netlog; /* its recent denied network attempts (daemon/netlog.h); NULL: none */
     int64_t created_at;

@@ -16,6 +16,7 @@
 #include "daemon/daemon.h"
 #include "daemon/netlog.h"
 #include "daemon/sandbox.h"
+#include "daemon/secrets.h"
 #include "driver/driver.h"
 #include "image/image.h"
 #include "store/store.h"
@@ -106,6 +107,20 @@ void svc_sandbox_create(struct daemon *d, const struct sandbox_opts *o, struct s
     if (o->network && network_refused(d, o->network, s)) {
         sandbox_unref(sb);
         return;
+    }
+    size_t i;
+    json_t *name;
+    json_array_foreach(o->secrets, i, name)
+    {
+        const char *n = json_string_value(name);
+        if (!secrets_exists(d->secrets, n)) {
+            sink_failf(s, WR_E_NOT_FOUND, ENOENT, "secrets: no secret named %.64s", n);
+            sandbox_unref(sb);
+            return;
+        }
+        char ph[SECRET_PLACEHOLDER_LEN + 1];
+        secrets_placeholder(ph);
+        json_object_set_new(sb->secrets, n, json_string(ph));
     }
     if (o->network) {
         json_decref(sb->network);
@@ -273,6 +288,42 @@ void svc_sandbox_set_network(struct daemon *d, const char *id, json_t *policy, s
         return;
     sandbox_set_network(sb, policy);
     sink_reply(s, SINK_OK, sandbox_to_json(sb));
+}
+
+void svc_secrets_list(struct daemon *d, struct sink *s)
+{
+    sink_reply(s, SINK_OK, secrets_list_json(d->secrets));
+}
+
+void svc_secret_get(struct daemon *d, const char *name, struct sink *s)
+{
+    json_t *o = secrets_get_json(d->secrets, name);
+    if (!o) {
+        sink_failf(s, WR_E_NOT_FOUND, ENOENT, "no secret named %.64s", name);
+        return;
+    }
+    sink_reply(s, SINK_OK, o);
+}
+
+void svc_secret_set(struct daemon *d, const char *name, const char *value, size_t len,
+                    json_t *hosts, struct sink *s)
+{
+    struct wr_err err = {0};
+    if (secrets_set(d->secrets, d->store, name, value, len, hosts, &err) < 0) {
+        sink_fail(s, &err);
+        return;
+    }
+    sink_reply(s, SINK_OK, secrets_get_json(d->secrets, name));
+}
+
+void svc_secret_delete(struct daemon *d, const char *name, struct sink *s)
+{
+    struct wr_err err = {0};
+    if (secrets_delete(d->secrets, d->store, name, &err) < 0) {
+        sink_fail(s, &err);
+        return;
+    }
+    sink_reply(s, SINK_OK, json_pack("{s:s, s:b}", "name", name, "deleted", 1));
 }
 
 void svc_sandbox_network_log(struct daemon *d, const char *id, struct sink *s)

@@ -33,6 +33,7 @@ struct sandbox_opts {
     json_t *env;              /* object of strings, borrowed; NULL = none */
     json_t *metadata;         /* object of strings, borrowed; NULL = none */
     json_t *network;          /* normalised {"internet": bool[, "allow": [...]]}, borrowed */
+    json_t *secrets;          /* array of secret names, borrowed; NULL = none */
 };
 
 /** Creates and starts a sandbox; answers SINK_CREATED with it once its agent answered. */
@@ -68,6 +69,13 @@ void svc_sandbox_set_timeout(struct daemon *d, const char *id, int timeout_secon
 void svc_sandbox_set_network(struct daemon *d, const char *id, json_t *policy, struct sink *s);
 
 /** Answers {"id", "events": [...]}: the sandbox's history, oldest first. */
+/** The secrets (daemon/secrets.h): list, get, set (create or replace), delete. */
+void svc_secrets_list(struct daemon *d, struct sink *s);
+void svc_secret_get(struct daemon *d, const char *name, struct sink *s);
+void svc_secret_set(struct daemon *d, const char *name, const char *value, size_t len,
+                    json_t *hosts, struct sink *s);
+void svc_secret_delete(struct daemon *d, const char *name, struct sink *s);
+
 /** GET /v1/sandboxes/{id}/network/log: its recent denied lookups and connections. */
 void svc_sandbox_network_log(struct daemon *d, const char *id, struct sink *s);
 

@@ -17,11 +17,11 @@
 
 #include "common/log.h"
 #include "common/util.h"
-#include "driver/driver.h"
 #include "net/lookup.h"
 #include "net/netns.h"
 #include "net/proxy.h"
 #include "net/resolver.h"
+#include "net/tlsmitm.h"
 
 #define GATEWAY_NET 0x0ac80000u /* 10.200.0.0/16 */
 #define GATEWAY_LISTEN_BACKLOG 1024
@@ -30,7 +30,7 @@ struct gw_slot {
     struct gateway *g;
     int index;
     int used;
-    char id[DRIVER_ID_LEN + 1];
+    char id[GATEWAY_ID_MAX + 1];
     struct resolver *resolver;
 };
 
@@ -42,6 +42,7 @@ struct gateway {
     int gw_ns; /* the gateway namespace */
     struct sockaddr_in upstream;
     struct lookup *lookup;
+    struct tlsmitm *mitm;
     struct proxy *proxy;
     struct gw_slot *slots; /* GATEWAY_SLOTS of them */
     unsigned used;
@@ -179,6 +180,14 @@ static void proxy_denied(void *ctx, const char *id, const char *host, int port, 
         g->hooks.denied(g->ctx, id, "proxy", host, port, reason);
 }
 
+static char *proxy_rewrite_head(void *ctx, const char *id, const char *host, const char *head,
+                                size_t len, size_t *outlen)
+{
+    struct gateway *g = ctx;
+    return g->hooks.rewrite_head ? g->hooks.rewrite_head(g->ctx, id, host, head, len, outlen)
+                                 : NULL;
+}
+
 static json_t *dns_policy(void *ctx, const struct sockaddr *client, socklen_t len)
 {
     struct gw_slot *s = ctx;
@@ -251,11 +260,21 @@ struct gateway *gateway_open(struct event_base *base, const struct gateway_confi
     int lfd = make_listener(g, err);
     if (lfd < 0)
         goto fail;
-    struct proxy_config pc = {.extra_public = &g->cfg.extra_public};
+    if (cfg->ca_cert && cfg->ca_key) {
+        g->mitm = tlsmitm_new(cfg->ca_cert, cfg->ca_key, cfg->upstream_extra_ca, err);
+        if (!g->mitm) {
+            close(lfd);
+            goto fail;
+        }
+    }
+    /* the paths are the caller's, for this call only */
+    g->cfg.ca_cert = g->cfg.ca_key = g->cfg.upstream_extra_ca = NULL;
+    struct proxy_config pc = {.extra_public = &g->cfg.extra_public, .mitm = g->mitm};
     struct proxy_hooks ph = {.policy = proxy_policy,
                              .original_dst = proxy_original_dst,
                              .is_local = proxy_is_local,
-                             .denied = proxy_denied};
+                             .denied = proxy_denied,
+                             .rewrite_head = proxy_rewrite_head};
     g->proxy = proxy_new(base, lfd, g->lookup, &pc, &ph, g, err);
     if (!g->proxy)
         goto fail;
@@ -277,6 +296,7 @@ void gateway_close(struct gateway *g)
         if (g->slots[i].resolver)
             resolver_free(g->slots[i].resolver);
     proxy_free(g->proxy);
+    tlsmitm_free(g->mitm);
     lookup_free(g->lookup);
     if (g->gw_ns >= 0)
         close(g->gw_ns);

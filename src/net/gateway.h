@@ -29,6 +29,7 @@
 
 #define GATEWAY_SLOTS 16384      /* /30s in 10.200.0.0/16 */
 #define GATEWAY_PROXY_PORT 15001 /* the proxy's port in the gateway namespace */
+#define GATEWAY_ID_MAX 31        /* a sandbox id (the daemon's are 24 characters) */
 
 struct gateway_config {
     /* Where the resolvers and the proxy send their own queries: "a.b.c.d" or "a.b.c.d:port";
@@ -36,6 +37,9 @@ struct gateway_config {
     char dns_upstream[64];
     /* Ranges that count as public besides the globally routable ones (tests; off by default). */
     struct addr_ranges extra_public;
+    /* The daemon's CA, which signs what the proxy shows sandboxes when it terminates their TLS;
+       and certificates the proxy trusts upstream besides the system's (NULL: none). */
+    const char *ca_cert, *ca_key, *upstream_extra_ca;
 };
 
 struct gateway_hooks {
@@ -44,6 +48,10 @@ struct gateway_hooks {
     /** A denied lookup (via "dns") or connection (via "proxy"). */
     void (*denied)(void *ctx, const char *id, const char *via, const char *host, int port,
                    const char *reason);
+    /** A request head to host on sandbox id's intercepted TLS connection: a replacement
+     * (malloc'd, *outlen bytes) or NULL to send it as it is (see net/proxy.h). May be NULL. */
+    char *(*rewrite_head)(void *ctx, const char *id, const char *host, const char *head, size_t len,
+                          size_t *outlen);
 };
 
 struct gateway;

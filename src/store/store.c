@@ -41,7 +41,13 @@ static const char *schema =
     "  state TEXT,"
     "  reason TEXT"
     ");"
-    "CREATE INDEX IF NOT EXISTS events_by_sandbox ON events (sandbox_id, seq);";
+    "CREATE INDEX IF NOT EXISTS events_by_sandbox ON events (sandbox_id, seq);"
+    "CREATE TABLE IF NOT EXISTS secrets ("
+    "  name TEXT PRIMARY KEY,"
+    "  hosts TEXT NOT NULL,"
+    "  sealed BLOB NOT NULL,"
+    "  updated_at INTEGER NOT NULL"
+    ");";
 
 static int db_err(struct store *s, struct wr_err *err, const char *what)
 {
@@ -219,4 +225,65 @@ int store_event_foreach(struct store *s, const char *sandbox_id, int limit,
     if (rc != SQLITE_ROW && rc != SQLITE_DONE)
         return db_err(s, err, "list events");
     return 0;
+}
+
+/* ---- secrets (sealed by daemon/secrets.c; the store never sees a value) ---- */
+
+int store_secret_put(struct store *s, const char *name, const char *hosts, const void *sealed,
+                     size_t len, int64_t updated_at, struct wr_err *err)
+{
+    if (db_fault("store.secret", "store a secret", err) < 0)
+        return -1;
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(s->db,
+                           "INSERT INTO secrets (name, hosts, sealed, updated_at) VALUES (?,?,?,?) "
+                           "ON CONFLICT(name) DO UPDATE SET hosts=excluded.hosts, "
+                           "sealed=excluded.sealed, updated_at=excluded.updated_at",
+                           -1, &st, NULL) != SQLITE_OK)
+        return db_err(s, err, "store a secret");
+    sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, hosts, -1, SQLITE_STATIC);
+    sqlite3_bind_blob(st, 3, sealed, (int)len, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 4, updated_at);
+    int rc = sqlite3_step(st);
+    sqlite3_finalize(st);
+    return rc == SQLITE_DONE ? 0 : db_err(s, err, "store a secret");
+}
+
+int store_secret_delete(struct store *s, const char *name, struct wr_err *err)
+{
+    if (db_fault("store.secret", "delete a secret", err) < 0)
+        return -1;
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(s->db, "DELETE FROM secrets WHERE name = ?", -1, &st, NULL) != SQLITE_OK)
+        return db_err(s, err, "delete a secret");
+    sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(st);
+    sqlite3_finalize(st);
+    return rc == SQLITE_DONE ? 0 : db_err(s, err, "delete a secret");
+}
+
+int store_secret_foreach(struct store *s,
+                         int (*cb)(void *arg, const char *name, const char *hosts,
+                                   const void *sealed, size_t len, int64_t updated_at),
+                         void *arg, struct wr_err *err)
+{
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(s->db,
+                           "SELECT name, hosts, sealed, updated_at FROM secrets ORDER BY name", -1,
+                           &st, NULL) != SQLITE_OK)
+        return db_err(s, err, "list secrets");
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *name = (const char *)sqlite3_column_text(st, 0);
+        const char *hosts = (const char *)sqlite3_column_text(st, 1);
+        const void *blob = sqlite3_column_blob(st, 2);
+        size_t len = (size_t)sqlite3_column_bytes(st, 2);
+        if (!name || !hosts)
+            continue;
+        if (cb(arg, name, hosts, blob, len, sqlite3_column_int64(st, 3)) < 0)
+            break;
+    }
+    sqlite3_finalize(st);
+    return rc == SQLITE_ROW || rc == SQLITE_DONE ? 0 : db_err(s, err, "list secrets");
 }

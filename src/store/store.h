@@ -5,6 +5,7 @@
 #ifndef WR_STORE_H
 #define WR_STORE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/err.h"
@@ -43,5 +44,18 @@ int store_event_foreach(struct store *s, const char *sandbox_id, int limit,
                         int (*cb)(void *arg, int64_t at, const char *type, const char *state,
                                   const char *reason),
                         void *arg, struct wr_err *err);
+
+/** Stores (or replaces) a secret: its name, its hosts (JSON text) and its sealed value. */
+int store_secret_put(struct store *s, const char *name, const char *hosts, const void *sealed,
+                     size_t len, int64_t updated_at, struct wr_err *err);
+
+/** Deletes a secret (none by that name is fine). */
+int store_secret_delete(struct store *s, const char *name, struct wr_err *err);
+
+/** Calls cb for every secret, by name; cb returning < 0 stops early. */
+int store_secret_foreach(struct store *s,
+                         int (*cb)(void *arg, const char *name, const char *hosts,
+                                   const void *sealed, size_t len, int64_t updated_at),
+                         void *arg, struct wr_err *err);
 
 #endif
