@@ -144,7 +144,7 @@ class Daemon:
                   file=sys.stderr)
 
     def delete_all(self):
-        """Deletes every sandbox the daemon has (without checking answers against the spec:
+        """Deletes every sandbox and secret the daemon has (without checking answers against the spec:
         this is cleanup). Returns their ids."""
         ids = []
         try:
@@ -154,6 +154,12 @@ class Daemon:
                 self.client.request("DELETE", f"/v1/sandboxes/{sb['id']}", validate=False)
         except Exception as e:  # the daemon may be broken; the caller still stops it
             print(f"conftest: could not delete sandboxes: {e}", file=sys.stderr)
+        try:  # and the secrets tests (the fuzzer among them) left
+            r = self.client.request("GET", "/v1/secrets", validate=False)
+            for sec in r.json()["secrets"] if r.status == 200 else []:
+                self.client.request("DELETE", f"/v1/secrets/{sec['name']}", validate=False)
+        except Exception as e:
+            print(f"conftest: could not delete secrets: {e}", file=sys.stderr)
         return ids
 
     def log_bytes(self):

@@ -193,9 +193,11 @@ print(json.dumps(out))
 '''
 
 
-def test_internet_true_still_has_no_network(client, make_sandbox, daemon):
-    """Until egress lands, `{"internet": true}` is stored and returned, and changes nothing: the
-    sandbox has only its own loopback, no routes, and no path to the daemon's port."""
+def test_internet_true_gives_one_link_to_the_gateway_only(client, make_sandbox, daemon):
+    """`{"internet": true}` gives the sandbox one interface, eth0, whose only route is the
+    default one to its gateway (the daemon's egress proxy and resolver; test_egress.py checks
+    what gets through), no IPv6, and 127.0.0.1 is still the sandbox's own loopback: the daemon's
+    port on the host is not there."""
     sb = make_sandbox(memory_mib=256, network={"internet": True})
     assert sb["network"] == {"internet": True}
     # positive control on the host: the daemon does listen on that port
@@ -205,9 +207,14 @@ def test_internet_true_still_has_no_network(client, make_sandbox, daemon):
                     timeout_seconds=30)
     assert r["exit_code"] == 0, r
     probe = json.loads(r["stdout"])
-    assert probe["interfaces"] == ["lo"], probe
+    assert probe["interfaces"] == ["eth0", "lo"], probe
     assert probe["inet6"] in ([], ["lo"]), probe
-    assert probe["routes"] == [], probe
+    # one default route (destination 00000000) through eth0, to an address of 10.200.0.0/16
+    assert len(probe["routes"]) >= 1, probe
+    default = [r.split() for r in probe["routes"] if r.split()[1] == "00000000"]
+    assert len(default) == 1 and default[0][0] == "eth0", probe
+    gateway = bytes.fromhex(default[0][2])[::-1]
+    assert gateway[:2] == bytes([10, 200]), probe
     # 127.0.0.1 inside is the sandbox's own loopback: nothing listens there ...
     assert probe["daemon_port"] == "ConnectionRefusedError", probe
     # ... until the sandbox listens itself (the probe can connect when there is a path)

@@ -28,7 +28,7 @@ def test_create_with_every_option(daemon):
         assert sbx.metadata == {"owner": "sdk-test"}
         assert sbx.timeout_seconds == 600
         assert sbx.on_lease_end == "delete"
-        # stored and returned (normalised: as given here), though sandboxes have no network yet
+        # returned normalised (as given here); tests/e2e/test_egress.py checks it is enforced
         assert sbx.network == network
         # the lease starts when the create request is accepted (api/openapi.yaml, note 7;
         # src/daemon/sandbox.c sets it at create and at start), not when the sandbox is up:
