@@ -64,4 +64,8 @@ int addr_is_public(const struct sockaddr *sa, const struct addr_ranges *extra);
  */
 int addr_parse_literal(const char *host, struct sockaddr_storage *out);
 
+/** Whether a and b are the same address and port (AF_INET or AF_INET6; 0 for others): where a
+ * DNS answer must come from. */
+int addr_same(const struct sockaddr_storage *a, const struct sockaddr_storage *b);
+
 #endif

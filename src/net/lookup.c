@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "common/util.h"
+#include "net/addr.h"
 
 /* Datagrams read per readiness callback, so one busy socket does not starve the loop. */
 #define READ_BATCH 64
@@ -283,22 +284,6 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     query_done(q, -1, "timeout", NULL, 0);
 }
 
-static int same_addr(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
-{
-    if (a->ss_family != b->ss_family)
-        return 0;
-    if (a->ss_family == AF_INET) {
-        const struct sockaddr_in *x = (const void *)a, *y = (const void *)b;
-        return x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
-    }
-    if (a->ss_family == AF_INET6) {
-        const struct sockaddr_in6 *x = (const void *)a, *y = (const void *)b;
-        return x->sin6_port == y->sin6_port &&
-               memcmp(&x->sin6_addr, &y->sin6_addr, sizeof(x->sin6_addr)) == 0;
-    }
-    return 0;
-}
-
 static void on_read(evutil_socket_t fd, short what, void *arg)
 {
     (void)what;
@@ -310,7 +295,7 @@ static void on_read(evutil_socket_t fd, short what, void *arg)
         ssize_t n = recvfrom(fd, l->in, sizeof(l->in), MSG_TRUNC, (struct sockaddr *)&from, &flen);
         if (n < 0)
             return;
-        if ((size_t)n > sizeof(l->in) || n < DNS_HEADER_LEN || !same_addr(&from, &l->upstream))
+        if ((size_t)n > sizeof(l->in) || n < DNS_HEADER_LEN || !addr_same(&from, &l->upstream))
             continue;
         struct query *q = query_by_id(l, (uint16_t)(l->in[0] << 8 | l->in[1]));
         if (!q)

@@ -20,6 +20,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include "net/addr.h"
 #include "net/dnsmsg.h"
 #include "net/netpolicy.h"
 
@@ -223,22 +224,6 @@ static void on_client(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-static int same_addr(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
-{
-    if (a->ss_family != b->ss_family)
-        return 0;
-    if (a->ss_family == AF_INET) {
-        const struct sockaddr_in *x = (const void *)a, *y = (const void *)b;
-        return x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
-    }
-    if (a->ss_family == AF_INET6) {
-        const struct sockaddr_in6 *x = (const void *)a, *y = (const void *)b;
-        return x->sin6_port == y->sin6_port &&
-               memcmp(&x->sin6_addr, &y->sin6_addr, sizeof(x->sin6_addr)) == 0;
-    }
-    return 0;
-}
-
 static int dns_addr_public(const struct dns_addr *a, const struct addr_ranges *extra)
 {
     struct sockaddr_storage ss;
@@ -300,7 +285,7 @@ static void on_upstream(evutil_socket_t fd, short what, void *arg)
             recvfrom(fd, r->upin, sizeof(r->upin), MSG_TRUNC, (struct sockaddr *)&from, &flen);
         if (n < 0)
             return;
-        if ((size_t)n > sizeof(r->upin) || n < DNS_HEADER_LEN || !same_addr(&from, &r->upstream))
+        if ((size_t)n > sizeof(r->upin) || n < DNS_HEADER_LEN || !addr_same(&from, &r->upstream))
             continue;
         struct pending *p = slot_by_id(r, (uint16_t)(r->upin[0] << 8 | r->upin[1]));
         if (!p)

@@ -238,6 +238,29 @@ def test_address_targets_are_refused(egress, net, sb, target):
     assert net.requests() == [], "an address target reached the fake internet"
 
 
+OWN_ADDR = ("python3 -c \"import socket;s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);"
+            "s.connect(('192.0.2.1',9));print(s.getsockname()[0])\"")
+
+
+def test_another_sandbox_is_out_of_reach(egress, net, sb):
+    a = sb(network={"internet": True})["id"]
+    b = sb(network={"internet": True})["id"]
+    code, addr_b, _ = run(egress, b, OWN_ADDR)
+    addr_b = addr_b.strip()
+    assert code == 0 and addr_b.startswith("10.200."), addr_b
+    # b listens; a tries it by address, and by a name that resolves to it
+    egress.client.exec(b, "nohup python3 -m http.server 8080 >/dev/null 2>&1 &")
+    code, out, _ = run(egress, b, "sleep 1; curl -s -m 5 -o /dev/null -w '%{http_code}' "
+                       "http://127.0.0.1:8080/")
+    assert out == "200", "control: b's server answers inside b"
+    code, body, status = curl(egress, a, f"http://{addr_b}:8080/")
+    assert status == 403 and "(address)" in body, (code, status, body)
+    net.set_dns("neighbour.test", addr_b)
+    code, body, status = curl(egress, a, f"--resolve neighbour.test:8080:{net.addr('pypi.org')} "
+                              "http://neighbour.test:8080/")
+    assert status in (403, 502) and "Directory listing" not in body, (status, body)
+
+
 def test_the_daemons_own_api_is_out_of_reach(egress, net, sb):
     sid = sb(network={"internet": True})["id"]
     # 127.0.0.1 inside is the sandbox's own loopback; the host's address goes to the proxy
