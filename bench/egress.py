@@ -56,7 +56,9 @@ DL_FORMAT = "%{http_code} %{size_download} %{speed_download} %{time_total}"
 SETUP_FORMAT = ("%{http_code} %{time_namelookup} %{time_connect} %{time_appconnect} "
                 "%{time_starttransfer} %{time_total}")
 SETUP_KEYS = ("namelookup", "connect", "appconnect", "starttransfer", "total")
-SANDBOX_CA = "/tmp/fakenet-ca.pem"  # the fake CA alone, as the direct curl has it
+# What the sandbox's curl trusts: the one CA of the certificates it is shown, as the direct curl
+# has it. The proxy terminates TLS, so inside that is the daemon's CA (STATE_DIR/ca/ca.pem).
+SANDBOX_CA = "/tmp/daemon-ca.pem"
 
 
 # ---------------------------------------------------------------- the API over a Unix socket
@@ -545,7 +547,7 @@ def main():
         log(f"daemons: --egress on pid {on.proc.pid}, --egress off pid {off.proc.pid}")
         curl = Curl(net, rootfs)
         sid = on.create(memory_mib=args.memory_mib, network=ALLOW)
-        with open(net.ca_pem, "rb") as f:
+        with open(os.path.join(on.state_dir, "ca", "ca.pem"), "rb") as f:
             on.write_file(sid, SANDBOX_CA, f.read())
         version = on.exec(sid, "curl --version | head -1")["stdout"].strip()
         results = {
