@@ -177,6 +177,13 @@ static int ensure_ca(struct daemon *d, char *cert, char *key, size_t cap, struct
     return 0;
 }
 
+static void gw_allowed(void *ctx, const char *id, const char *host, int port)
+{
+    struct sandbox *sb = id && id[0] ? sandbox_find(ctx, id) : NULL;
+    if (sb && netlog_note_allowed(&sb->netlog, now_ms_wall()))
+        log_info(sb->id, "network.allowed", "host=\"%.256s\" port=%d", host ? host : "", port);
+}
+
 /* A request head to host on an intercepted TLS connection: the sandbox's secrets go in. */
 static char *gw_rewrite_head(void *ctx, const char *id, const char *host, const char *head,
                              size_t len, size_t *outlen)
@@ -201,8 +208,10 @@ static int open_gateway(struct daemon *d, struct wr_err *err)
     snprintf(gc.dns_upstream, sizeof(gc.dns_upstream), "%s", cfg->dns_upstream);
     if (addr_ranges_parse(cfg->public_ranges, &gc.extra_public, err) < 0)
         return wr_err_prefix(err, "--public-ranges");
-    struct gateway_hooks hooks = {
-        .policy = gw_policy, .denied = gw_denied, .rewrite_head = gw_rewrite_head};
+    struct gateway_hooks hooks = {.policy = gw_policy,
+                                  .denied = gw_denied,
+                                  .allowed = gw_allowed,
+                                  .rewrite_head = gw_rewrite_head};
     struct wr_err e = {0};
     char cert[PATH_MAX], key[PATH_MAX];
     if (ensure_ca(d, cert, key, sizeof(cert), &e) == 0) {

@@ -22,6 +22,8 @@ struct netlog {
     uint64_t total;
     int64_t minute_start_ms;
     unsigned minute_count;
+    int64_t allowed_minute_start_ms;
+    unsigned allowed_minute_count;
 };
 
 int netlog_add(struct netlog **logp, const char *via, const char *host, int port,
@@ -45,6 +47,18 @@ int netlog_add(struct netlog **logp, const char *via, const char *host, int port
         log->minute_count = 0;
     }
     return ++log->minute_count <= NETLOG_DAEMON_BURST;
+}
+
+int netlog_note_allowed(struct netlog **logp, int64_t now_ms)
+{
+    if (!*logp)
+        *logp = xcalloc(1, sizeof(**logp));
+    struct netlog *log = *logp;
+    if (now_ms - log->allowed_minute_start_ms >= 60000) {
+        log->allowed_minute_start_ms = now_ms;
+        log->allowed_minute_count = 0;
+    }
+    return ++log->allowed_minute_count <= NETLOG_DAEMON_BURST;
 }
 
 json_t *netlog_to_json(const struct netlog *log)

@@ -20,6 +20,10 @@ struct netlog;
 int netlog_add(struct netlog **log, const char *via, const char *host, int port, const char *reason,
                int64_t now_ms);
 
+/** Notes a connection let through; returns 1 if the daemon's log should get it (the first
+ * NETLOG_DAEMON_BURST of each minute per sandbox), else 0. Allowed ones are not kept. */
+int netlog_note_allowed(struct netlog **log, int64_t now_ms);
+
 /** {"entries": [{"time", "via", "host", "port", "reason"}...] oldest first, "total": n}. */
 json_t *netlog_to_json(const struct netlog *log);
 

@@ -180,6 +180,13 @@ static void proxy_denied(void *ctx, const char *id, const char *host, int port, 
         g->hooks.denied(g->ctx, id, "proxy", host, port, reason);
 }
 
+static void proxy_allowed(void *ctx, const char *id, const char *host, int port)
+{
+    struct gateway *g = ctx;
+    if (g->hooks.allowed)
+        g->hooks.allowed(g->ctx, id, host, port);
+}
+
 static char *proxy_rewrite_head(void *ctx, const char *id, const char *host, const char *head,
                                 size_t len, size_t *outlen)
 {
@@ -274,6 +281,7 @@ struct gateway *gateway_open(struct event_base *base, const struct gateway_confi
                              .original_dst = proxy_original_dst,
                              .is_local = proxy_is_local,
                              .denied = proxy_denied,
+                             .allowed = proxy_allowed,
                              .rewrite_head = proxy_rewrite_head};
     g->proxy = proxy_new(base, lfd, g->lookup, &pc, &ph, g, err);
     if (!g->proxy)

@@ -48,6 +48,8 @@ struct gateway_hooks {
     /** A denied lookup (via "dns") or connection (via "proxy"). */
     void (*denied)(void *ctx, const char *id, const char *via, const char *host, int port,
                    const char *reason);
+    /** A connection let through to host:port (may be NULL). */
+    void (*allowed)(void *ctx, const char *id, const char *host, int port);
     /** A request head to host on sandbox id's intercepted TLS connection: a replacement
      * (malloc'd, *outlen bytes) or NULL to send it as it is (see net/proxy.h). May be NULL. */
     char *(*rewrite_head)(void *ctx, const char *id, const char *host, const char *head, size_t len,

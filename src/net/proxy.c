@@ -598,6 +598,8 @@ static void relay_start(struct conn *c)
     c->state = ST_RELAY;
     c->last_io_ms = now_ms_monotonic();
     log_debug(c->id[0] ? c->id : NULL, "proxy.relay", "host=%s port=%d", c->host, c->port);
+    if (p->hooks.allowed)
+        p->hooks.allowed(p->ctx, c->id, c->host, c->port);
     bufferevent_setcb(c->cl, on_cl_read, on_cl_write, on_relay_event, c);
     bufferevent_setcb(c->up, on_up_read, on_up_write, on_relay_event, c);
     bufferevent_setwatermark(c->cl, EV_READ, 0, 0);

@@ -81,6 +81,8 @@ struct proxy_hooks {
      * upstream's handshake or certificate failed). Valid only for the call.
      */
     void (*denied)(void *ctx, const char *id, const char *host, int port, const char *reason);
+    /** A connection let through: dialed and relaying to host:port (may be NULL). */
+    void (*allowed)(void *ctx, const char *id, const char *host, int port);
     /**
      * For each request head on an intercepted TLS connection to host (the SNI, already checked
      * to match the request's Host): may return a replacement head (malloc'd, *outlen bytes; the

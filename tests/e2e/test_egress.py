@@ -135,6 +135,10 @@ def test_allow_list_lets_pypi_through_and_nothing_else(egress, net, sb):
     assert code == 0 and status == 200 and "wr_hello" in body, (code, body)
     code, body, status = curl(egress, sid, "https://files.pythonhosted.org/")
     assert code == 0 and status == 200, (code, body)
+    # connections let through are logged too (the daemon's log, not the sandbox's denials)
+    lines = [line for line in egress.log_bytes().splitlines() if b"event=network.allowed" in line]
+    assert any(sid.encode() in line and b'host="files.pythonhosted.org" port=443' in line
+               for line in lines), lines[-5:]
     # evil.test: no answer from DNS, and no way through with the address either
     assert lookup(egress, sid, "evil.test") == []
     code, _, status = curl(egress, sid,
