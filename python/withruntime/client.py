@@ -401,7 +401,8 @@ class Client:
     # ---- system ----
 
     def health(self) -> Dict[str, Any]:
-        """``GET /v1/health``: ``{"status": "ok", "version": ..., "driver": ..., "sandboxes": N}``."""
+        """``GET /v1/health``: ``{"status": "ok", "version": ..., "driver": ..., "sandboxes": N,
+        "network": {"enabled": bool[, "reason": ...]}}``."""
         return dict(self.request_json("GET", "/v1/health"))
 
     def images(self) -> List[Dict[str, Any]]:

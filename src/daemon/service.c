@@ -382,9 +382,11 @@ void svc_sandbox_stats(struct daemon *d, const char *id, struct sink *s)
 
 void svc_health(struct daemon *d, struct sink *s)
 {
+    json_t *net = d->gw ? json_pack("{s:b}", "enabled", 1)
+                        : json_pack("{s:b, s:s}", "enabled", 0, "reason", d->gw_error);
     sink_reply(s, SINK_OK,
-               json_pack("{s:s, s:s, s:s, s:i}", "status", "ok", "version", WR_VERSION, "driver",
-                         d->driver->name, "sandboxes", d->nsandboxes));
+               json_pack("{s:s, s:s, s:s, s:i, s:o}", "status", "ok", "version", WR_VERSION,
+                         "driver", d->driver->name, "sandboxes", d->nsandboxes, "network", net));
 }
 
 static int add_image(void *arg, const struct image_info *info)

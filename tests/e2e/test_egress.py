@@ -397,3 +397,29 @@ def test_pip_install_from_the_fake_index(egress, net, sb):
     code, out, err = run(egress, sid, "pip install --no-cache-dir wr-hello 2>&1 && "
                          "python3 -c 'import wr_hello; print(wr_hello.greet())'", timeout=120)
     assert code == 0 and "hello from the fake index" in out, (out, err)
+
+
+# ---- a daemon without networking ----
+
+
+@pytest.fixture(scope="module")
+def no_egress():
+    from test_failures import FakeDaemon, serve_checked
+    from conftest import WR_AGENT
+    yield from serve_checked(FakeDaemon(WR_AGENT, ["--egress", "off"]))
+
+
+def test_egress_off_says_so_and_refuses_internet(no_egress, client):
+    h = no_egress.req("GET", "/v1/health").json()
+    assert h["network"]["enabled"] is False and "--egress off" in h["network"]["reason"], h
+    r = no_egress.req("POST", "/v1/sandboxes", {"network": {"internet": True}})
+    assert r.status == 503 and "network" in r.error[1] and "--egress off" in r.error[1], r
+    assert no_egress.req("GET", "/v1/sandboxes").json()["sandboxes"] == []
+    r = no_egress.req("POST", "/v1/sandboxes", {"memory_mib": 256})
+    assert r.status == 201, r
+    sid = r.json()["id"]
+    r = no_egress.req("PUT", f"/v1/sandboxes/{sid}/network", {"internet": True})
+    assert r.status == 503, r
+    assert no_egress.req("DELETE", f"/v1/sandboxes/{sid}").status == 200
+    # the session's daemon, on this host, has it
+    assert client.health()["network"] == {"enabled": True}
