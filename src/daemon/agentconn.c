@@ -396,7 +396,11 @@ static int send_frame(struct agentconn *c, uint32_t id, uint16_t type, uint16_t 
 {
     if (c->dead || len > PROTO_MAX_PAYLOAD)
         return -1;
-    if (fault_hit("agentconn.send", NULL) < 0) /* tests: a send that fails */
+    /* tests: a send that fails, by frame type (agentconn.send.EXEC), so that a watchdog PING
+     * cannot take a fault meant for the request a test makes */
+    char point[40];
+    snprintf(point, sizeof(point), "agentconn.send.%s", proto_type_name(type));
+    if (fault_hit(point, NULL) < 0)
         return -1;
     uint8_t hb[PROTO_HEADER_LEN];
     struct proto_header h = {.len = (uint32_t)len, .id = id, .type = type, .flags = flags};

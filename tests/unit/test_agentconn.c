@@ -352,11 +352,15 @@ static void test_send_fault(void)
     pump();
     struct calls c = {0};
     uint32_t id = agentconn_request(p.c, PROTO_EXEC, NULL, 0, on_frame, &c);
-    setenv("WR_FAULTS", "agentconn.send=EIO:1", 1);
+    setenv("WR_FAULTS", "agentconn.send.STDIN=EIO:1", 1);
     fault_reset();
     ok(agentconn_send(p.c, id, PROTO_STDIN, 0, "x", 1) < 0, "agentconn.send fault fails a send");
     ok(agentconn_send(p.c, id, PROTO_STDIN, 0, "x", 1) == 0, "the next send works");
-    setenv("WR_FAULTS", "agentconn.send=EIO:1", 1);
+    setenv("WR_FAULTS", "agentconn.send.STDIN=EIO:1", 1);
+    fault_reset();
+    ok(agentconn_request(p.c, PROTO_PING, NULL, 0, on_frame, &c) != 0,
+       "a fault on another frame type leaves a PING alone");
+    setenv("WR_FAULTS", "agentconn.send.*=EIO:1", 1);
     fault_reset();
     ok(agentconn_request(p.c, PROTO_PING, NULL, 0, on_frame, &c) == 0,
        "a request whose send fails gets no id");
