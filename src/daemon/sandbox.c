@@ -176,6 +176,7 @@ json_t *sandbox_to_json(const struct sandbox *sb)
         json_array_append_new(names, json_string(name));
     }
     json_object_set_new(o, "secrets", names);
+    json_object_set_new(o, "key_id", sb->key_id[0] ? json_string(sb->key_id) : json_null());
     if (sb->reason[0] && (sb->state == SB_FAILED || sb->state == SB_STOPPED))
         json_object_set_new(o, "state_reason", json_string(sb->reason));
     if (sb->detail[0] && sb->state == SB_FAILED) {
@@ -744,6 +745,9 @@ static int load_doc(struct sandbox *sb, const char *id, const char *state, const
                 &since);
     if (image)
         snprintf(sb->image, sizeof(sb->image), "%s", image);
+    const char *key_id = json_string_value(json_object_get(o, "key_id"));
+    if (key_id)
+        snprintf(sb->key_id, sizeof(sb->key_id), "%s", key_id);
     if (ole)
         snprintf(sb->on_lease_end, sizeof(sb->on_lease_end), "%s", ole);
     if (env && json_is_object(env))

@@ -36,6 +36,7 @@ struct sandbox {
     char id[DRIVER_ID_LEN + 1];
     enum sb_state state;
     char image[72];
+    char key_id[32]; /* the API key that created it (daemon/keys.h); "": the admin */
     int cpus;
     int memory_mib;
     int disk_mib;
