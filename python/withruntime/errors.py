@@ -82,6 +82,18 @@ class AuthError(WithruntimeError):
     default_code = "unauthorized"
 
 
+class CostLimit(WithruntimeError):
+    """402: a sandbox's ``max_cost_micros`` or the key's daily spending limit is reached."""
+
+    default_code = "cost_limit"
+
+
+class RateLimited(WithruntimeError):
+    """429: too many attempts (e.g. wrong keys) from this client; try again later."""
+
+    default_code = "rate_limited"
+
+
 class NotFound(WithruntimeError):
     """404: an unknown sandbox, a missing file, or an unknown route."""
 
@@ -162,10 +174,13 @@ _BY_CODE: Dict[str, Type[WithruntimeError]] = {
     "invalid_request": InvalidRequest,
     "unauthorized": AuthError,
     "forbidden": AuthError,
+    "cost_limit": CostLimit,
+    "rate_limited": RateLimited,
     "not_found": NotFound,
     "method_not_allowed": MethodNotAllowed,
     "conflict": Conflict,
     "payload_too_large": PayloadTooLarge,
+    "unsupported_media_type": InvalidRequest,
     "file_error": FileError,
     "exec_failed": ExecFailed,
     "internal": ServerError,
@@ -175,12 +190,14 @@ _BY_CODE: Dict[str, Type[WithruntimeError]] = {
 _BY_STATUS: Dict[int, Type[WithruntimeError]] = {
     400: InvalidRequest,
     401: AuthError,
+    402: CostLimit,
     403: AuthError,
     404: NotFound,
     405: MethodNotAllowed,
     409: Conflict,
     413: PayloadTooLarge,
     422: SandboxError,
+    429: RateLimited,
     503: DaemonUnavailable,
 }
 

@@ -29,6 +29,10 @@ static const struct {
     [WR_E_SANDBOX_FAILED] = {500, "sandbox_failed"},
     [WR_E_EXEC_FAILED] = {422, "exec_failed"},
     [WR_E_FILE] = {422, "file_error"},
+    [WR_E_UNAUTHORIZED] = {401, "unauthorized"},
+    [WR_E_FORBIDDEN] = {403, "forbidden"},
+    [WR_E_COST_LIMIT] = {402, "cost_limit"},
+    [WR_E_RATE_LIMITED] = {429, "rate_limited"},
 };
 
 static void kind_of(const struct wr_err *err, int *status, const char **code)

@@ -25,6 +25,10 @@ enum wr_kind {
     WR_E_SANDBOX_FAILED, /* the sandbox's agent died or misbehaved under the request */
     WR_E_EXEC_FAILED,    /* the command could not be started */
     WR_E_FILE,           /* a file operation failed inside the sandbox (code = its errno) */
+    WR_E_UNAUTHORIZED,   /* no key, or not a valid one */
+    WR_E_FORBIDDEN,      /* the caller may not do this (a read-only key; an admin action) */
+    WR_E_COST_LIMIT,     /* a sandbox's cost cap or a key's daily limit is reached */
+    WR_E_RATE_LIMITED,   /* too many attempts: try again later */
 };
 
 struct wr_err {
