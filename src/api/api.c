@@ -5,12 +5,16 @@
 #include "api/api.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/door.h"
 #include "api/jsonv.h"
 #include "common/util.h"
 #include "daemon/daemon.h"
+#include "daemon/keys.h"
+#include "daemon/service.h"
 
 typedef void (*handler_fn)(struct daemon *, struct http_req *, struct route_match *);
 
@@ -45,6 +49,12 @@ enum {
     H_F_STAT,
     H_F_MKDIR,
     H_F_REMOVE,
+    H_KEYS_CREATE,
+    H_KEYS_LIST,
+    H_KEY_GET,
+    H_KEY_UPDATE,
+    H_KEY_REVOKE,
+    H_AUDIT,
 };
 
 static const handler_fn handlers[] = {
@@ -78,11 +88,52 @@ static const handler_fn handlers[] = {
     [H_F_STAT] = api_files_stat,
     [H_F_MKDIR] = api_files_mkdir,
     [H_F_REMOVE] = api_files_remove,
+    [H_KEYS_CREATE] = api_keys_create,
+    [H_KEYS_LIST] = api_keys_list,
+    [H_KEY_GET] = api_keys_get,
+    [H_KEY_UPDATE] = api_keys_update,
+    [H_KEY_REVOKE] = api_keys_revoke,
+    [H_AUDIT] = api_audit_list,
+};
+
+/* Who may call a route: anyone let in (reads), a key that is not read-only, or the admin. */
+enum access { A_READ, A_WRITE, A_ADMIN };
+
+static enum access access_of(int handler, const char *method)
+{
+    switch (handler) {
+    case H_SECRETS_LIST:
+    case H_SECRET_GET:
+    case H_SECRET_SET:
+    case H_SECRET_DELETE:
+    case H_KEYS_CREATE:
+    case H_KEYS_LIST:
+    case H_KEY_GET:
+    case H_KEY_UPDATE:
+    case H_KEY_REVOKE:
+    case H_AUDIT: return A_ADMIN;
+    default: return strcmp(method, "GET") == 0 ? A_READ : A_WRITE;
+    }
+}
+
+/* What the API keeps about a request while it is answered (http_req_set_data). */
+struct api_call {
+    struct principal who;
+    int let_in;         /* the door let it in */
+    const char *method; /* static strings */
+    const char *route;  /* the matched route's pattern; NULL if none matched */
+    char sandbox_id[40];
 };
 
 static const struct route routes[] = {
     {"GET", "/v1/health", H_HEALTH, NULL},
     {"GET", "/v1/images", H_IMAGES, NULL},
+    {"POST", "/v1/keys", H_KEYS_CREATE, NULL},
+    {"GET", "/v1/keys", H_KEYS_LIST, NULL},
+    {"GET", "/v1/keys/{id}", H_KEY_GET, NULL},
+    {"PATCH", "/v1/keys/{id}", H_KEY_UPDATE, NULL},
+    {"POST", "/v1/keys/{id}/revoke", H_KEY_REVOKE, NULL},
+    {"GET", "/v1/audit", H_AUDIT, "before,limit"},
     {"GET", "/v1/secrets", H_SECRETS_LIST, NULL},
     {"GET", "/v1/secrets/{name}", H_SECRET_GET, NULL},
     {"PUT", "/v1/secrets/{name}", H_SECRET_SET, NULL},
@@ -113,11 +164,47 @@ static const struct route routes[] = {
     {"DELETE", "/v1/sandboxes/{id}/files", H_F_REMOVE, "path,recursive"},
 };
 
+static const char *pattern_of(int handler)
+{
+    for (size_t i = 0; i < WR_ARRAY_LEN(routes); i++)
+        if (routes[i].handler == handler)
+            return routes[i].pattern;
+    return NULL;
+}
+
+/* The checks a matched route makes before its handler runs: who may call it, and a JSON
+ * body's Content-Type. Answers and returns -1 if they fail. */
+static int route_allows(struct http_req *req, const struct api_call *c, int handler)
+{
+    enum access a = access_of(handler, c->method);
+    if (a == A_ADMIN && !c->who.admin) {
+        http_reply_error(req, 403, "forbidden",
+                         "%s %s is the admin's (root on the daemon's Unix socket, without a key)",
+                         c->method, c->route);
+        return -1;
+    }
+    if (a == A_WRITE && c->who.read_only) {
+        http_reply_error(req, 403, "forbidden",
+                         "key %s is read-only: it may list and inspect, not %s %s", c->who.key_id,
+                         c->method, c->route);
+        return -1;
+    }
+    if (a != A_READ && handler != H_F_WRITE && !door_content_type_ok(req)) {
+        http_reply_error(req, 415, "unsupported_media_type",
+                         "the body must be JSON, sent with Content-Type: application/json");
+        return -1;
+    }
+    return 0;
+}
+
 void api_handle(struct http_req *req, void *ctx)
 {
     struct daemon *d = ctx;
     const char *method = http_req_method(req);
     const char *path = http_req_path(req);
+    struct api_call *c = xcalloc(1, sizeof(*c));
+    c->method = method;
+    http_req_set_data(req, c, free);
     if (d->shutting_down) {
         http_reply_error(req, 503, "unavailable", "the daemon is shutting down");
         return;
@@ -131,9 +218,18 @@ void api_handle(struct http_req *req, void *ctx)
         http_reply_error(req, 400, "invalid_request", "malformed query string");
         return;
     }
+    if (door_check(d, req, &c->who) < 0)
+        return;
+    c->let_in = 1;
     struct route_match m;
     switch (route_find(routes, WR_ARRAY_LEN(routes), method, path, &m)) {
     case ROUTE_OK: {
+        c->route = pattern_of(m.handler);
+        if (c->route && strncmp(c->route, "/v1/sandboxes/{id}", 18) == 0)
+            snprintf(c->sandbox_id, sizeof(c->sandbox_id), "%.39s", m.params[0]);
+        /* Who may call it comes first: a read-only key gets its 403 whatever it sent. */
+        if (route_allows(req, c, m.handler) < 0)
+            return;
         const char *unknown = http_req_query_unknown(req, m.query);
         if (unknown) {
             http_reply_error(req, 400, "invalid_request",
@@ -153,6 +249,27 @@ void api_handle(struct http_req *req, void *ctx)
         http_reply_error(req, 404, "not_found", "no such route: %s %.200s", method, path);
         return;
     }
+}
+
+const struct principal *api_req_who(struct http_req *req)
+{
+    const struct api_call *c = http_req_data(req);
+    return c && c->let_in ? &c->who : NULL;
+}
+
+void api_req_note_sandbox(struct http_req *req, const char *id)
+{
+    struct api_call *c = http_req_data(req);
+    if (c && id)
+        snprintf(c->sandbox_id, sizeof(c->sandbox_id), "%.39s", id);
+}
+
+void api_reply_hook(struct http_req *req, int status, void *ctx)
+{
+    const struct api_call *c = http_req_data(req);
+    if (!c || !c->let_in || !c->route || !strcmp(c->method, "GET") || !strcmp(c->method, "HEAD"))
+        return;
+    svc_audit_record(ctx, &c->who, c->method, c->route, c->sandbox_id, status);
 }
 
 size_t api_body_limit(const char *method, const char *target, void *ctx)

@@ -15,6 +15,7 @@
 #include "http/router.h"
 
 struct daemon;
+struct principal;
 struct sink;
 
 /** The HTTP server's request handler; ctx is the struct daemon. */
@@ -32,6 +33,15 @@ int api_serve_main(int argc, char **argv);
  * (record streams as NDJSON). The sink frees itself once the answer is finished.
  */
 struct sink *api_sink_new(struct http_req *req);
+
+/** Who req is from, as the door (api/door.c) found; NULL before the door let it in. */
+const struct principal *api_req_who(struct http_req *req);
+
+/** Notes the sandbox a request made (a create), for the audit trail. */
+void api_req_note_sandbox(struct http_req *req, const char *id);
+
+/** The HTTP server's reply hook (ctx: the daemon): mutating requests go to the audit trail. */
+void api_reply_hook(struct http_req *req, int status, void *ctx);
 
 /** Answers req with the error envelope for err (status and code from its kind). Frees req. */
 void api_reply_err(struct http_req *req, const struct wr_err *err);
@@ -86,5 +96,11 @@ void api_commands_wait(struct daemon *d, struct http_req *req, struct route_matc
 void api_commands_signal(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_health(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_images_list(struct daemon *d, struct http_req *req, struct route_match *m);
+void api_keys_create(struct daemon *d, struct http_req *req, struct route_match *m);
+void api_keys_list(struct daemon *d, struct http_req *req, struct route_match *m);
+void api_keys_get(struct daemon *d, struct http_req *req, struct route_match *m);
+void api_keys_update(struct daemon *d, struct http_req *req, struct route_match *m);
+void api_keys_revoke(struct daemon *d, struct http_req *req, struct route_match *m);
+void api_audit_list(struct daemon *d, struct http_req *req, struct route_match *m);
 
 #endif

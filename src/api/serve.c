@@ -4,6 +4,7 @@
  * until SIGTERM or SIGINT. Shutdown stops accepting, answers what is in
  * flight, and lets the daemon stop (not delete) running sandboxes.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
@@ -49,6 +50,7 @@ static void usage(FILE *out)
             "                         [--max-agent-log-kib N] [--stopped-retention DURATION]\n"
             "                         [--egress auto|on|off] [--dns-upstream ADDR[:PORT]]\n"
             "                         [--public-ranges CIDR,...] [--extra-ca-file PEM]\n"
+            "                         [--host-name NAME]...\n"
             "\n"
             "Runs the daemon: the HTTP API on HOST:PORT (default 127.0.0.1:7070) and on the Unix\n"
             "socket (default STATE_DIR/withruntime.sock). State lives in STATE_DIR (default\n"
@@ -108,7 +110,14 @@ static void usage(FILE *out)
             "                         default none)\n"
             "  --extra-ca-file PEM    certificates sandboxes trust besides their image's (added\n"
             "                         to /etc/ssl/certs/ca-certificates.crt inside; e.g. a\n"
-            "                         TLS-inspecting proxy's, or a test internet's CA)\n");
+            "                         TLS-inspecting proxy's, or a test internet's CA)\n"
+            "\n"
+            "Who may call (see docs/security.md):\n"
+            "  --host-name NAME       a name clients use to reach the TCP listener (repeatable).\n"
+            "                         A request on TCP whose Host (or Origin) is not the address\n"
+            "                         it reached, localhost on a loopback listener, or such a\n"
+            "                         name is refused. Every request on TCP needs an API key;\n"
+            "                         root on the Unix socket is the admin.\n");
 }
 
 /* The states and reasons the API can report, for the tests that check the spec against them. */
@@ -151,6 +160,25 @@ static int flag_factor(const char *flag, const char *arg, double hi, double *out
     return 0;
 }
 
+/* --host-name: a DNS name (letters, digits, '-' and '.'), added to the list. */
+static int host_name_add(struct daemon_config *cfg, const char *name)
+{
+    size_t n = strlen(name), have = strlen(cfg->host_names);
+    int ok = n > 0 && n <= 253;
+    for (const char *p = name; ok && *p; p++)
+        ok = isalnum((unsigned char)*p) || *p == '-' || *p == '.';
+    if (!ok) {
+        fprintf(stderr, "withruntime serve: --host-name wants a DNS name, got %s\n", name);
+        return -1;
+    }
+    if (have + n + 2 > sizeof(cfg->host_names)) {
+        fprintf(stderr, "withruntime serve: --host-name: too many names\n");
+        return -1;
+    }
+    snprintf(cfg->host_names + have, sizeof(cfg->host_names) - have, "%s%s", have ? "," : "", name);
+    return 0;
+}
+
 static int parse_args(int argc, char **argv, struct server *srv)
 {
     struct daemon_config *cfg = &srv->d.cfg;
@@ -180,6 +208,7 @@ static int parse_args(int argc, char **argv, struct server *srv)
                                          {"dns-upstream", required_argument, NULL, 'U'},
                                          {"public-ranges", required_argument, NULL, 'P'},
                                          {"extra-ca-file", required_argument, NULL, 'A'},
+                                         {"host-name", required_argument, NULL, 'W'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     optind = 1;
@@ -275,6 +304,10 @@ static int parse_args(int argc, char **argv, struct server *srv)
                 return -1;
             }
             snprintf(cfg->extra_ca_file, sizeof(cfg->extra_ca_file), "%s", optarg);
+            break;
+        case 'W':
+            if (host_name_add(cfg, optarg) < 0)
+                return -1;
             break;
         case 'C':
             if (flag_int("--max-connections", optarg, 8, 1000000, &srv->max_conns) < 0)
@@ -379,6 +412,7 @@ static int listen_all(struct server *s, struct wr_err *err)
     s->max_conns = max_conns;
     http_server_set_limits(s->http, max_conns, s->header_s, (size_t)s->body_memory_mib << 20);
     http_server_set_body_limit(s->http, api_body_limit, &s->d);
+    http_server_set_reply_hook(s->http, api_reply_hook, &s->d);
     if (cfg->listen_port &&
         http_server_listen_tcp(s->http, cfg->listen_host, cfg->listen_port, err) < 0)
         return -1;

@@ -2,15 +2,18 @@
  * The service's answers as HTTP (daemon/sink.h implemented over http.h):
  * the one place that maps a kind of failure to a status and an error code.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "api/api.h"
 #include "common/util.h"
+#include "daemon/keys.h"
 #include "daemon/sink.h"
 
 struct api_sink {
     struct sink base;
+    struct principal who;
     struct http_req *req;
     int streaming; /* begun */
     int records;   /* a record stream (NDJSON) */
@@ -67,6 +70,9 @@ void api_reply_err(struct http_req *req, const struct wr_err *err)
 static void s_reply(struct sink *s, enum sink_status st, json_t *obj)
 {
     struct api_sink *a = (struct api_sink *)s;
+    const char *id = json_string_value(json_object_get(obj, "id"));
+    if (st == SINK_CREATED && id && strncmp(id, "sb-", 3) == 0)
+        api_req_note_sandbox(a->req, id); /* for the audit trail: which sandbox it made */
     http_reply_json(a->req, st == SINK_CREATED ? 201 : 200, obj);
     free(a);
 }
@@ -175,5 +181,14 @@ struct sink *api_sink_new(struct http_req *req)
     struct api_sink *a = xcalloc(1, sizeof(*a));
     a->base.ops = &api_sink_ops;
     a->req = req;
+    const struct principal *who = api_req_who(req);
+    if (who) {
+        a->who = *who;
+        a->base.who = &a->who;
+    } else { /* cannot happen: the door gave every request that reaches a handler one */
+        a->who.read_only = 1;
+        snprintf(a->who.owner_id, sizeof(a->who.owner_id), "(nobody)"); /* sees nothing */
+        a->base.who = &a->who;
+    }
     return &a->base;
 }

@@ -77,6 +77,10 @@ int cli_cmd_image(struct cli_ctx *c, int argc, char **argv);
 /** `withruntime doctor`. Returns the exit code. */
 int cli_cmd_doctor(struct cli_ctx *c, int argc, char **argv);
 
+/** `withruntime keys create|list|set|revoke` and `withruntime audit` (cli/keys.c). */
+int cli_cmd_keys(struct cli_ctx *c, int argc, char **argv);
+int cli_cmd_audit(struct cli_ctx *c, int argc, char **argv);
+
 /** `withruntime secrets set|list|rm` (cli/secrets.c). */
 int cli_cmd_secrets(struct cli_ctx *c, int argc, char **argv);
 

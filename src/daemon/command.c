@@ -363,7 +363,7 @@ void command_free_all(struct sandbox *sb)
 static struct command *lookup(struct daemon *d, const char *id, const char *cid, struct sink *s)
 {
     struct wr_err err = {0};
-    struct sandbox *sb = sandbox_lookup(d, id, &err);
+    struct sandbox *sb = sandbox_lookup(d, id, s->who, &err);
     struct command *c = sb ? command_find(sb, cid) : NULL;
     if (sb && !c)
         wr_err_kind(&err, WR_E_NOT_FOUND, 0, "command %.64s not found in sandbox %s", cid, sb->id);
@@ -375,7 +375,7 @@ static struct command *lookup(struct daemon *d, const char *id, const char *cid,
 void svc_command_list(struct daemon *d, const char *id, struct sink *s)
 {
     struct wr_err err = {0};
-    struct sandbox *sb = sandbox_lookup(d, id, &err);
+    struct sandbox *sb = sandbox_lookup(d, id, s->who, &err);
     if (!sb) {
         sink_fail(s, &err);
         return;

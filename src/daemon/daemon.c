@@ -24,6 +24,7 @@
 #include "common/proc.h"
 #include "common/util.h"
 #include "daemon/agentconn.h"
+#include "daemon/keys.h"
 #include "daemon/netlog.h"
 #include "daemon/sandbox.h"
 #include "daemon/secrets.h"
@@ -297,6 +298,28 @@ static void raise_fd_limit(void)
                  (unsigned long long)was);
 }
 
+/* Makes the database and its WAL files 0600 (SQLite gives new WAL files the database's mode,
+ * and the database would otherwise be made with the umask's 0644). */
+static int private_db_files(const char *db, struct wr_err *err)
+{
+    int fd = open(db, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0 || fchmod(fd, 0600) < 0) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        return wr_err_sys(err, e, "open %s", db);
+    }
+    close(fd);
+    static const char *const suffixes[] = {"-wal", "-shm"};
+    for (size_t i = 0; i < WR_ARRAY_LEN(suffixes); i++) {
+        char p[PATH_MAX];
+        snprintf(p, sizeof(p), "%s%s", db, suffixes[i]);
+        if (chmod(p, 0600) < 0 && errno != ENOENT)
+            return wr_err_sys(err, errno, "chmod %s", p);
+    }
+    return 0;
+}
+
 int daemon_open(struct daemon *d, struct wr_err *err)
 {
     struct daemon_config *cfg = &d->cfg;
@@ -318,8 +341,12 @@ int daemon_open(struct daemon *d, struct wr_err *err)
 
     char path[PATH_MAX];
     snprintf(path, sizeof(path), "%s/sandboxes", cfg->state_dir);
-    if (mkdir_p(cfg->state_dir, 0755) < 0 || mkdir_p(path, 0700) < 0)
+    if (mkdir_p(cfg->state_dir, 0700) < 0 || mkdir_p(path, 0700) < 0)
         return wr_err_sys(err, errno, "cannot create %s", path);
+    /* The database holds every sandbox's env and the keys' hashes: root's only. (A directory
+     * made by an older daemon was 0755.) */
+    if (chmod(cfg->state_dir, 0700) < 0)
+        return wr_err_sys(err, errno, "chmod %s", cfg->state_dir);
     /* One daemon per state directory. */
     snprintf(path, sizeof(path), "%s/daemon.lock", cfg->state_dir);
     d->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
@@ -341,9 +368,14 @@ int daemon_open(struct daemon *d, struct wr_err *err)
     log_info(NULL, "driver.ready", "driver=%s detail=\"%s\"", d->driver->name, detail);
     snprintf(cfg->driver, sizeof(cfg->driver), "%s", d->driver->name);
     snprintf(path, sizeof(path), "%s/withruntime.db", cfg->state_dir);
+    if (private_db_files(path, err) < 0)
+        return -1;
     d->store = store_open(path, err);
     if (!d->store)
         return -1;
+    d->keys = keys_open(d->store, err);
+    if (!d->keys)
+        return wr_err_prefix(err, "API keys");
 
     evthread_use_pthreads();
     d->base = event_base_new();
@@ -433,6 +465,8 @@ void daemon_close(struct daemon *d)
     d->extra_ca_pem = NULL;
     secrets_free(d->secrets);
     d->secrets = NULL;
+    keys_free(d->keys);
+    d->keys = NULL;
     if (d->store)
         store_close(d->store);
     if (d->base)

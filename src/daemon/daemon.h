@@ -49,10 +49,12 @@ struct daemon_config {
     char dns_upstream[64];        /* "" = the host's first nameserver */
     char public_ranges[1024];     /* extra ranges that count as public (tests) */
     char extra_ca_file[PATH_MAX]; /* PEM certificates sandboxes trust besides the image's */
+    char host_names[1024];        /* names the TCP listener answers to besides its address */
 };
 
 struct driver_ops;
 struct gateway;
+struct keys;
 struct sandbox;
 struct secrets;
 struct store;
@@ -79,6 +81,7 @@ struct daemon {
     char *extra_ca_pem;        /* what sandboxes trust besides their image: the daemon's CA and
                                   cfg.extra_ca_file's certificates, read at open; NULL: none */
     struct secrets *secrets;   /* daemon/secrets.h */
+    struct keys *keys;         /* API keys (daemon/keys.h) */
     int logcap_running;        /* a check is on a worker */
 };
 

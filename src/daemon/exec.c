@@ -429,7 +429,7 @@ static int build_exec(struct sandbox *sb, const struct exec_request *r, struct p
 void svc_exec(struct daemon *d, const char *id, const struct exec_request *r, struct sink *s)
 {
     struct wr_err err = {0};
-    struct sandbox *sb = sandbox_lookup(d, id, &err);
+    struct sandbox *sb = sandbox_lookup(d, id, s->who, &err);
     struct proto_buf b = {0};
     if (!sb || sandbox_check_running(sb, &err) < 0 || build_exec(sb, r, &b, &err) < 0) {
         proto_buf_free(&b);

@@ -368,7 +368,7 @@ static struct file_op *fop_new(struct daemon *d, const char *id, enum fop_kind k
         wr_err_kind(&err, WR_E_INVALID, 0, "path: must be 1 to %d bytes", PROTO_MAX_PATH);
     else if (!utf8_valid((const unsigned char *)path, n))
         wr_err_kind(&err, WR_E_INVALID, 0, "path: must be UTF-8");
-    else if ((sb = sandbox_lookup(d, id, &err)) && sandbox_check_running(sb, &err) == 0)
+    else if ((sb = sandbox_lookup(d, id, s->who, &err)) && sandbox_check_running(sb, &err) == 0)
         err.msg[0] = '\0';
     if (err.msg[0]) {
         sink_fail(s, &err);

@@ -16,6 +16,7 @@
 #include "common/util.h"
 #include "daemon/agentconn.h"
 #include "daemon/command.h"
+#include "daemon/keys.h"
 #include "daemon/netlog.h"
 #include "daemon/work.h"
 #include "driver/logcap.h"
@@ -252,9 +253,12 @@ void sandbox_set_failed(struct sandbox *sb, const char *reason, const char *deta
     sandbox_persist(sb);
 }
 
-struct sandbox *sandbox_lookup(struct daemon *d, const char *id, struct wr_err *err)
+struct sandbox *sandbox_lookup(struct daemon *d, const char *id, const struct principal *who,
+                               struct wr_err *err)
 {
     struct sandbox *sb = sandbox_id_valid(id) ? sandbox_find(d, id) : NULL;
+    if (sb && !principal_sees(who, sb->key_id))
+        sb = NULL; /* another key's: the same answer as none at all */
     if (!sb)
         wr_err_kind(err, WR_E_NOT_FOUND, 0, "sandbox %.64s not found", id);
     return sb;

@@ -118,8 +118,14 @@ void sandbox_set_state(struct sandbox *sb, enum sb_state st, const char *reason)
 /** Marks sb FAILED with reason (one of sandbox_reason_names) and what went wrong, in words. */
 void sandbox_set_failed(struct sandbox *sb, const char *reason, const char *detail);
 
-/** Finds the sandbox named id. NULL with err (WR_E_NOT_FOUND) if there is none. */
-struct sandbox *sandbox_lookup(struct daemon *d, const char *id, struct wr_err *err);
+struct principal;
+
+/**
+ * Finds the sandbox named id, as who sees it (daemon/keys.h; NULL: the daemon itself). NULL
+ * with err (WR_E_NOT_FOUND) if there is none, or it is another key's: the same answer.
+ */
+struct sandbox *sandbox_lookup(struct daemon *d, const char *id, const struct principal *who,
+                               struct wr_err *err);
 
 /**
  * Returns 0 if sb is running with a live agent, else -1 with err (WR_E_CONFLICT) saying what

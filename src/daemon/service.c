@@ -14,6 +14,7 @@
 #include "common/util.h"
 #include "daemon/admission.h"
 #include "daemon/daemon.h"
+#include "daemon/keys.h"
 #include "daemon/netlog.h"
 #include "daemon/sandbox.h"
 #include "daemon/secrets.h"
@@ -41,7 +42,7 @@ void sink_failf(struct sink *s, enum wr_kind kind, int code, const char *fmt, ..
 static struct sandbox *lookup(struct daemon *d, const char *id, struct sink *s)
 {
     struct wr_err err = {0};
-    struct sandbox *sb = sandbox_lookup(d, id, &err);
+    struct sandbox *sb = sandbox_lookup(d, id, s->who, &err);
     if (!sb)
         sink_fail(s, &err);
     return sb;
@@ -82,10 +83,31 @@ static int network_refused(struct daemon *d, json_t *policy, struct sink *s)
     return 1;
 }
 
+/* A key may keep at most its max_sandboxes. Returns 1 (answered) or 0. */
+static int key_quota_refused(struct daemon *d, struct sink *s)
+{
+    const struct api_key *k =
+        s->who && !s->who->admin ? keys_find(d->keys, s->who->owner_id) : NULL;
+    if (!k || k->max_sandboxes < 0)
+        return 0;
+    int n = 0;
+    for (struct sandbox *sb = d->sandboxes; sb; sb = sb->next)
+        n += sb->state != SB_DELETING && strcmp(sb->key_id, k->id) == 0;
+    if (n < k->max_sandboxes)
+        return 0;
+    sink_failf(s, WR_E_CONFLICT, 0,
+               "key %s may keep %d sandboxes and has %d; delete one first (the admin can raise "
+               "the number with `withruntime keys set %s --max-sandboxes N`)",
+               k->id, k->max_sandboxes, n, k->id);
+    return 1;
+}
+
 void svc_sandbox_create(struct daemon *d, const struct sandbox_opts *o, struct sink *s)
 {
     char rootfs[PATH_MAX];
     struct wr_err err = {0};
+    if (key_quota_refused(d, s))
+        return;
     if (image_rootfs(d->cfg.state_dir, o->image, rootfs, sizeof(rootfs), &err) < 0) {
         /* A well-formed name of an image that is not built names something that is not there. */
         sink_failf(s, err.code == ENOENT ? WR_E_NOT_FOUND : WR_E_INVALID, 0, "image: %s", err.msg);
@@ -93,6 +115,8 @@ void svc_sandbox_create(struct daemon *d, const struct sandbox_opts *o, struct s
     }
     struct sandbox *sb = sandbox_new(d);
     sandbox_new_id(sb->id);
+    if (s->who && !s->who->admin) /* its owner's, as every sandbox the key makes */
+        snprintf(sb->key_id, sizeof(sb->key_id), "%s", s->who->owner_id);
     snprintf(sb->image, sizeof(sb->image), "%s", o->image);
     snprintf(sb->rootfs, sizeof(sb->rootfs), "%s", rootfs);
     sb->cpus = o->cpus;
@@ -139,9 +163,10 @@ void svc_sandbox_create(struct daemon *d, const struct sandbox_opts *o, struct s
 void svc_sandbox_list(struct daemon *d, struct sink *s)
 {
     json_t *arr = json_array();
-    /* The list is newest first; answer oldest first. */
+    /* The list is newest first; answer oldest first. A key sees its own. */
     for (struct sandbox *sb = d->sandboxes; sb; sb = sb->next)
-        json_array_insert_new(arr, 0, sandbox_to_json(sb));
+        if (principal_sees(s->who, sb->key_id))
+            json_array_insert_new(arr, 0, sandbox_to_json(sb));
     sink_reply(s, SINK_OK, json_pack("{s:o}", "sandboxes", arr));
 }
 
@@ -210,7 +235,7 @@ void svc_sandbox_prune(struct daemon *d, int64_t older_than_seconds, struct sink
     struct sandbox *next;
     for (struct sandbox *sb = d->sandboxes; sb; sb = next) {
         next = sb->next;
-        if (!sandbox_expired(sb, now, older_than_seconds))
+        if (!principal_sees(s->who, sb->key_id) || !sandbox_expired(sb, now, older_than_seconds))
             continue;
         p->pending++;
         sandbox_delete_reason(sb, "pruned", prune_one_done, p);

@@ -77,6 +77,23 @@ void svc_secret_set(struct daemon *d, const char *name, const char *value, size_
 void svc_secret_delete(struct daemon *d, const char *name, struct sink *s);
 
 /** GET /v1/sandboxes/{id}/network/log: its recent denied lookups and connections. */
+/* ---- the admin's: API keys and the audit trail (daemon/admin.c; anyone else: forbidden) ---- */
+
+struct key_opts;
+struct principal;
+void svc_key_create(struct daemon *d, const struct key_opts *o, struct sink *s);
+void svc_key_list(struct daemon *d, struct sink *s);
+void svc_key_get(struct daemon *d, const char *id, struct sink *s);
+void svc_key_update(struct daemon *d, const char *id, const struct key_opts *o, struct sink *s);
+void svc_key_revoke(struct daemon *d, const char *id, struct sink *s);
+
+/** Records a mutating request in the audit trail: who, which route, which sandbox, the status. */
+void svc_audit_record(struct daemon *d, const struct principal *who, const char *method,
+                      const char *route, const char *sandbox_id, int status);
+
+/** The newest `limit` audit entries before seq before_seq, newest first. */
+void svc_audit_list(struct daemon *d, int64_t before_seq, int limit, struct sink *s);
+
 void svc_sandbox_network_log(struct daemon *d, const char *id, struct sink *s);
 
 void svc_sandbox_events(struct daemon *d, const char *id, struct sink *s);

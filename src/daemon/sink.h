@@ -59,8 +59,11 @@ struct sink_ops {
     size_t (*input_read)(struct sink *s, void *buf, size_t n);
 };
 
+struct principal;
+
 struct sink {
     const struct sink_ops *ops;
+    const struct principal *who; /* who asked (daemon/keys.h); NULL: the daemon itself */
 };
 
 static inline void sink_reply(struct sink *s, enum sink_status st, json_t *obj)

@@ -6,12 +6,14 @@
  */
 #include "http/http.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 #include <event2/listener.h>
+#include <netinet/in.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -58,6 +60,8 @@ struct http_server {
     struct conn_limits lim;
     int error_paused; /* out of fds: accepting again after ACCEPT_PAUSE_MS */
     int cap_paused;   /* at the connection cap: accepting again after a close */
+    http_reply_hook reply_hook;
+    void *reply_hook_ctx;
 };
 
 struct http_req {
@@ -77,6 +81,8 @@ struct http_req {
     void *drain_arg;
     struct event *probe; /* looks for a client that left while a whole answer is awaited */
     int streaming;       /* the reply has started: evhttp watches the connection itself */
+    void *data;          /* the handler's (http_req_set_data) */
+    void (*data_free)(void *);
 };
 
 static const char *method_name(enum evhttp_cmd_type t)
@@ -163,6 +169,8 @@ static void on_conn_close(struct evhttp_connection *evcon, void *arg)
 
 static void req_free(struct http_req *r)
 {
+    if (r->data_free)
+        r->data_free(r->data);
     if (r->probe)
         event_free(r->probe);
     if (r->evcon && r->tracked)
@@ -311,7 +319,9 @@ int http_server_listen_unix(struct http_server *s, const char *path, struct wr_e
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0)
         return wr_err_sys(err, errno, "socket");
-    mode_t old = umask(0117);
+    /* Anyone who can reach it may connect: who may do what is the API's to say (root is the
+     * admin, everyone else needs a key). The default path is in a root-only directory. */
+    mode_t old = umask(0111);
     int rc = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
     umask(old);
     if (rc < 0 || listen(fd, 128) < 0) {
@@ -438,6 +448,66 @@ char *http_req_body_string(struct http_req *r)
     return s;
 }
 
+void http_server_set_reply_hook(struct http_server *s, http_reply_hook fn, void *ctx)
+{
+    s->reply_hook = fn;
+    s->reply_hook_ctx = ctx;
+}
+
+void http_req_set_data(struct http_req *r, void *data, void (*free_fn)(void *))
+{
+    r->data = data;
+    r->data_free = free_fn;
+}
+
+void *http_req_data(struct http_req *r)
+{
+    return r->data;
+}
+
+/* An address as text, without its port; "" for anything but IPv4 and IPv6. */
+static int addr_text(const struct sockaddr_storage *ss, char *out, size_t len, int *port)
+{
+    const void *a = NULL;
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *in = (const void *)ss;
+        a = &in->sin_addr;
+        *port = ntohs(in->sin_port);
+    } else if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *in6 = (const void *)ss;
+        a = &in6->sin6_addr;
+        *port = ntohs(in6->sin6_port);
+    }
+    out[0] = '\0';
+    return a && inet_ntop(ss->ss_family, a, out, (socklen_t)len) ? 0 : -1;
+}
+
+int http_req_peer(struct http_req *r, struct http_peer *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->uid = -1;
+    struct bufferevent *bev = r->evcon ? evhttp_connection_get_bufferevent(r->evcon) : NULL;
+    int fd = bev ? bufferevent_getfd(bev) : -1;
+    struct sockaddr_storage local, peer;
+    socklen_t llen = sizeof(local), plen = sizeof(peer);
+    if (fd < 0 || getsockname(fd, (struct sockaddr *)&local, &llen) < 0 ||
+        getpeername(fd, (struct sockaddr *)&peer, &plen) < 0)
+        return -1;
+    if (local.ss_family == AF_UNIX) {
+        struct ucred cred;
+        socklen_t clen = sizeof(cred);
+        out->unix_socket = 1;
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0)
+            out->uid = (long)cred.uid;
+        return 0;
+    }
+    int port = 0;
+    if (addr_text(&peer, out->addr, sizeof(out->addr), &port) < 0 ||
+        addr_text(&local, out->local_addr, sizeof(out->local_addr), &out->local_port) < 0)
+        return -1;
+    return 0;
+}
+
 void http_reply_header(struct http_req *r, const char *name, const char *value)
 {
     evhttp_add_header(evhttp_request_get_output_headers(r->req), name, value);
@@ -451,12 +521,15 @@ static const char *reason_phrase(int status)
     case 204: return "No Content";
     case 400: return "Bad Request";
     case 401: return "Unauthorized";
+    case 402: return "Payment Required";
     case 403: return "Forbidden";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 409: return "Conflict";
     case 413: return "Payload Too Large";
+    case 415: return "Unsupported Media Type";
     case 422: return "Unprocessable Content";
+    case 429: return "Too Many Requests";
     case 500: return "Internal Server Error";
     case 503: return "Service Unavailable";
     case 504: return "Gateway Timeout";
@@ -469,6 +542,8 @@ void http_reply(struct http_req *r, int status, const char *content_type, const 
 {
     if (content_type)
         http_reply_header(r, "Content-Type", content_type);
+    if (r->server->reply_hook)
+        r->server->reply_hook(r, status, r->server->reply_hook_ctx);
     struct evbuffer *buf = evbuffer_new();
     if (len)
         evbuffer_add(buf, body, len);
@@ -537,6 +612,8 @@ void http_stream_start(struct http_req *r, int status, const char *content_type)
     r->streaming = 1;
     if (r->probe) /* evhttp watches a streamed answer's connection itself */
         event_del(r->probe);
+    if (r->server->reply_hook)
+        r->server->reply_hook(r, status, r->server->reply_hook_ctx);
     evhttp_send_reply_start(r->req, status, reason_phrase(status));
 }
 

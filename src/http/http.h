@@ -62,7 +62,7 @@ void http_server_conn_stats(struct http_server *s, struct http_conn_stats *out);
 /** Listens on host:port (TCP). */
 int http_server_listen_tcp(struct http_server *s, const char *host, int port, struct wr_err *err);
 
-/** Listens on a Unix socket at path (replacing a stale one), mode 0660. */
+/** Listens on a Unix socket at path (replacing a stale one), mode 0666 (callers check who). */
 int http_server_listen_unix(struct http_server *s, const char *path, struct wr_err *err);
 
 /** Stops accepting new connections (existing ones carry on). */
@@ -94,6 +94,28 @@ int http_req_has_nul(struct http_req *r);
 
 /** Returns 1 if the query string was malformed (the parameters are then empty). */
 int http_req_query_bad(struct http_req *r);
+
+/** Attaches the handler's data to a request: free_fn (if any) frees it with the request. */
+void http_req_set_data(struct http_req *r, void *data, void (*free_fn)(void *));
+
+/** What http_req_set_data attached, or NULL. */
+void *http_req_data(struct http_req *r);
+
+/** Where a request came from. */
+struct http_peer {
+    int unix_socket;     /* 1: the Unix socket; 0: TCP */
+    long uid;            /* the Unix socket's peer (SO_PEERCRED); -1 if unknown */
+    char addr[64];       /* TCP: the client's address, without the port */
+    char local_addr[64]; /* TCP: the daemon's address the client connected to */
+    int local_port;
+};
+
+/** Fills out for r's connection. -1 if the client has gone (or is neither Unix nor IP). */
+int http_req_peer(struct http_req *r, struct http_peer *out);
+
+/** Called once per request when its answer starts, with its status (audit, metrics). */
+typedef void (*http_reply_hook)(struct http_req *r, int status, void *ctx);
+void http_server_set_reply_hook(struct http_server *s, http_reply_hook fn, void *ctx);
 
 /** A request header's value, or NULL. */
 const char *http_req_header(struct http_req *r, const char *name);

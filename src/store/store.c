@@ -3,7 +3,7 @@
  * (the same object the API returns), so adding an option needs no
  * migration; the state column is kept beside it for queries at start-up.
  * Fault points (common/fault.h), one per operation: store.open, store.put, store.delete,
- * store.list, store.event, store.events.
+ * store.list, store.event, store.events, store.secret, store.key, store.audit.
  */
 #include "store/store.h"
 
@@ -47,6 +47,19 @@ static const char *schema =
     "  hosts TEXT NOT NULL,"
     "  sealed BLOB NOT NULL,"
     "  updated_at INTEGER NOT NULL"
+    ");"
+    "CREATE TABLE IF NOT EXISTS api_keys ("
+    "  id TEXT PRIMARY KEY,"
+    "  doc TEXT NOT NULL"
+    ");"
+    "CREATE TABLE IF NOT EXISTS audit ("
+    "  seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+    "  at_ms INTEGER NOT NULL,"
+    "  key_id TEXT NOT NULL,"
+    "  method TEXT NOT NULL,"
+    "  route TEXT NOT NULL,"
+    "  sandbox_id TEXT NOT NULL,"
+    "  status INTEGER NOT NULL"
     ");";
 
 static int db_err(struct store *s, struct wr_err *err, const char *what)
@@ -286,4 +299,109 @@ int store_secret_foreach(struct store *s,
     }
     sqlite3_finalize(st);
     return rc == SQLITE_ROW || rc == SQLITE_DONE ? 0 : db_err(s, err, "list secrets");
+}
+
+/* ---- API keys (daemon/keys.c; a key's document holds its hash, never the key) ---- */
+
+int store_key_put(struct store *s, const char *id, const char *doc, struct wr_err *err)
+{
+    if (db_fault("store.key", "store an API key", err) < 0)
+        return -1;
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(s->db,
+                           "INSERT INTO api_keys (id, doc) VALUES (?,?) "
+                           "ON CONFLICT(id) DO UPDATE SET doc=excluded.doc",
+                           -1, &st, NULL) != SQLITE_OK)
+        return db_err(s, err, "store an API key");
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, doc, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(st);
+    sqlite3_finalize(st);
+    return rc == SQLITE_DONE ? 0 : db_err(s, err, "store an API key");
+}
+
+int store_key_foreach(struct store *s, int (*cb)(void *arg, const char *id, const char *doc),
+                      void *arg, struct wr_err *err)
+{
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(s->db, "SELECT id, doc FROM api_keys ORDER BY rowid", -1, &st, NULL) !=
+        SQLITE_OK)
+        return db_err(s, err, "list API keys");
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *id = (const char *)sqlite3_column_text(st, 0);
+        const char *doc = (const char *)sqlite3_column_text(st, 1);
+        if (id && doc && cb(arg, id, doc) < 0)
+            break;
+    }
+    sqlite3_finalize(st);
+    return rc == SQLITE_ROW || rc == SQLITE_DONE ? 0 : db_err(s, err, "list API keys");
+}
+
+/* ---- the audit trail ---- */
+
+int store_audit_add(struct store *s, const struct store_audit *a, struct wr_err *err)
+{
+    if (db_fault("store.audit", "record an audit entry", err) < 0)
+        return -1;
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(s->db,
+                           "INSERT INTO audit (at_ms, key_id, method, route, sandbox_id, status) "
+                           "VALUES (?,?,?,?,?,?)",
+                           -1, &st, NULL) != SQLITE_OK)
+        return db_err(s, err, "record an audit entry");
+    sqlite3_bind_int64(st, 1, a->at_ms);
+    sqlite3_bind_text(st, 2, a->key_id, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 3, a->method, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 4, a->route, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 5, a->sandbox_id, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 6, a->status);
+    int rc = sqlite3_step(st);
+    sqlite3_finalize(st);
+    if (rc != SQLITE_DONE)
+        return db_err(s, err, "record an audit entry");
+    /* The trail keeps the newest STORE_AUDIT_KEPT entries; trimmed now and then, not on every
+     * insert, so the table stays within a few per cent of that. */
+    sqlite3_int64 seq = sqlite3_last_insert_rowid(s->db);
+    if (seq % 256 != 0)
+        return 0;
+    if (sqlite3_prepare_v2(s->db, "DELETE FROM audit WHERE seq <= ?", -1, &st, NULL) != SQLITE_OK)
+        return db_err(s, err, "trim the audit trail");
+    sqlite3_bind_int64(st, 1, seq - STORE_AUDIT_KEPT);
+    rc = sqlite3_step(st);
+    sqlite3_finalize(st);
+    return rc == SQLITE_DONE ? 0 : db_err(s, err, "trim the audit trail");
+}
+
+int store_audit_foreach(struct store *s, int64_t before_seq, int limit,
+                        int (*cb)(void *arg, int64_t seq, const struct store_audit *a), void *arg,
+                        struct wr_err *err)
+{
+    if (db_fault("store.audit", "read the audit trail", err) < 0)
+        return -1;
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(s->db,
+                           "SELECT seq, at_ms, key_id, method, route, sandbox_id, status FROM "
+                           "audit WHERE seq < ? ORDER BY seq DESC LIMIT ?",
+                           -1, &st, NULL) != SQLITE_OK)
+        return db_err(s, err, "read the audit trail");
+    sqlite3_bind_int64(st, 1, before_seq);
+    sqlite3_bind_int(st, 2, limit);
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        struct store_audit a = {
+            .at_ms = sqlite3_column_int64(st, 1),
+            .key_id = (const char *)sqlite3_column_text(st, 2),
+            .method = (const char *)sqlite3_column_text(st, 3),
+            .route = (const char *)sqlite3_column_text(st, 4),
+            .sandbox_id = (const char *)sqlite3_column_text(st, 5),
+            .status = sqlite3_column_int(st, 6),
+        };
+        if (!a.key_id || !a.method || !a.route || !a.sandbox_id)
+            continue;
+        if (cb(arg, sqlite3_column_int64(st, 0), &a) < 0)
+            break;
+    }
+    sqlite3_finalize(st);
+    return rc == SQLITE_ROW || rc == SQLITE_DONE ? 0 : db_err(s, err, "read the audit trail");
 }

@@ -58,4 +58,32 @@ int store_secret_foreach(struct store *s,
                                    const void *sealed, size_t len, int64_t updated_at),
                          void *arg, struct wr_err *err);
 
+/** Stores (or replaces) an API key's document (daemon/keys.c: its hash, never the key). */
+int store_key_put(struct store *s, const char *id, const char *doc, struct wr_err *err);
+
+/** Calls cb for every API key, oldest first; cb returning < 0 stops early. */
+int store_key_foreach(struct store *s, int (*cb)(void *arg, const char *id, const char *doc),
+                      void *arg, struct wr_err *err);
+
+/** Audit entries kept: older ones are dropped. */
+#define STORE_AUDIT_KEPT 100000
+
+/** One entry of the audit trail: who did what to which sandbox, and how it was answered. */
+struct store_audit {
+    int64_t at_ms;          /* wall clock */
+    const char *key_id;     /* "" for the admin */
+    const char *method;     /* "POST" */
+    const char *route;      /* the route's pattern: "/v1/sandboxes/{id}/exec" */
+    const char *sandbox_id; /* "" when the route names none */
+    int status;             /* the HTTP status answered */
+};
+
+/** Appends an entry to the audit trail (and trims it to about STORE_AUDIT_KEPT). */
+int store_audit_add(struct store *s, const struct store_audit *a, struct wr_err *err);
+
+/** Calls cb for the newest `limit` entries with seq < before_seq, newest first. */
+int store_audit_foreach(struct store *s, int64_t before_seq, int limit,
+                        int (*cb)(void *arg, int64_t seq, const struct store_audit *a), void *arg,
+                        struct wr_err *err);
+
 #endif

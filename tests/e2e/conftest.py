@@ -79,14 +79,43 @@ class Daemon:
         self.logdir = tempfile.mkdtemp(prefix="wr-e2e-")
         self.log_path = os.path.join(self.logdir, "daemon.log")
         self.proc = None
+        # The tests' client: a key of its own (made at start), over TCP, as a user's program
+        # would be. The admin: root on the Unix socket, without a key.
         self.client = wrclient.Client("127.0.0.1", self.port)
+        self.admin = wrclient.Client(unix_path=self.socket_path)
+        self.key = None
 
     def cli_env(self, **extra):
         env = dict(os.environ)
-        env.pop("RUNTIME_API_KEY", None)
+        env["RUNTIME_API_KEY"] = self.key
         env["RUNTIME_URL"] = self.url
         env.update(extra)
         return env
+
+    def make_key(self, **fields):
+        """A new API key (the admin makes it); the key's record with its "key"."""
+        fields.setdefault("name", f"e2e-{os.getpid()}-{time.monotonic_ns()}")
+        r = self.admin.request("POST", "/v1/keys", fields)
+        assert r.status == 201, r
+        return r.json()
+
+    def _tests_key(self):
+        """The tests' key: kept in the state directory, so restarts and later runs reuse it
+        instead of piling up keys; made anew when the saved one no longer works."""
+        path = os.path.join(self.state_dir, "e2e-tests.key")
+        try:
+            with open(path) as f:
+                key = f.read().strip()
+            if self.client.with_key(key).request("GET", "/v1/sandboxes", validate=False,
+                                                  timeout=30).status == 200:
+                return key
+        except OSError:
+            pass
+        key = self.make_key(name=f"e2e-tests-{time.time_ns()}")["key"]
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(key + "\n")
+        return key
 
     def build_image(self):
         r = subprocess.run([self.bin, "--state-dir", self.state_dir, "image", "build"],
@@ -126,7 +155,7 @@ class Daemon:
                 raise RuntimeError(f"daemon exited with {self.proc.returncode} at start-up:\n"
                                    f"{self.log_tail()}")
             try:
-                r = self.client.request("GET", "/v1/health", timeout=2, validate=False)
+                r = self.admin.request("GET", "/v1/health", timeout=2, validate=False)
                 if r.status == 200:
                     break
             except OSError:
@@ -135,6 +164,10 @@ class Daemon:
                 raise RuntimeError(f"daemon did not answer /v1/health in 60 s:\n"
                                    f"{self.log_tail()}")
             time.sleep(0.1)
+        self.key = self._tests_key()
+        _KEYS_BY_PORT[self.port] = self.key
+        if self.client.unix_path is None:  # a subclass talking to the Unix socket is the admin
+            self.client.key = self.key
         if not clean:
             return
         # sandboxes an earlier, interrupted session left in this state directory
@@ -147,17 +180,17 @@ class Daemon:
         """Deletes every sandbox and secret the daemon has (without checking answers against the spec:
         this is cleanup). Returns their ids."""
         ids = []
-        try:
-            r = self.client.request("GET", "/v1/sandboxes", validate=False)
+        try:  # every sandbox, whichever key made it: the admin's view
+            r = self.admin.request("GET", "/v1/sandboxes", validate=False)
             for sb in r.json()["sandboxes"]:
                 ids.append(sb["id"])
-                self.client.request("DELETE", f"/v1/sandboxes/{sb['id']}", validate=False)
+                self.admin.request("DELETE", f"/v1/sandboxes/{sb['id']}", validate=False)
         except Exception as e:  # the daemon may be broken; the caller still stops it
             print(f"conftest: could not delete sandboxes: {e}", file=sys.stderr)
         try:  # and the secrets tests (the fuzzer among them) left
-            r = self.client.request("GET", "/v1/secrets", validate=False)
+            r = self.admin.request("GET", "/v1/secrets", validate=False)
             for sec in r.json()["secrets"] if r.status == 200 else []:
-                self.client.request("DELETE", f"/v1/secrets/{sec['name']}", validate=False)
+                self.admin.request("DELETE", f"/v1/secrets/{sec['name']}", validate=False)
         except Exception as e:
             print(f"conftest: could not delete secrets: {e}", file=sys.stderr)
         return ids
@@ -213,6 +246,14 @@ class Daemon:
 
 _DAEMON = None
 
+# port -> the key of the daemon listening there (for tests that write requests by hand)
+_KEYS_BY_PORT = {}
+
+
+def auth_header(port):
+    """The "Authorization: Bearer ..." line (with its CRLF) for the daemon on port."""
+    return f"Authorization: Bearer {_KEYS_BY_PORT[port]}\r\n"
+
 # sandbox id -> the test during which it was created and which left it (see `no_leaks`)
 _LEFT_BY = {}
 
@@ -253,7 +294,7 @@ def client(daemon):
 
 def _sandbox_ids(d):
     try:
-        r = d.client.request("GET", "/v1/sandboxes", validate=False, timeout=30)
+        r = d.admin.request("GET", "/v1/sandboxes", validate=False, timeout=30)
         return {sb["id"] for sb in r.json()["sandboxes"]}
     except Exception:  # noqa: BLE001 - a broken daemon is reported elsewhere
         return set()

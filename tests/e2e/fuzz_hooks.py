@@ -10,6 +10,8 @@ process, not by pytest).
   in it), so the operations reach real ones instead of answering 404 every time; malformed ids
   go through as generated. DELETE keeps its generated id (the
   shared sandbox is the test's to delete).
+- A key the tests use (WR_FUZZ_KEEP_KEYS) is never revoked or changed: such a case gets a new
+  key of the fuzzer's own instead.
 - After a stop or a new timeout on the shared sandbox, it is given back a long lease and started
   again, so later cases still find it running.
 Requests go to WR_FUZZ_URL only (the daemon on 127.0.0.1).
@@ -24,6 +26,8 @@ import urllib.request
 import schemathesis
 
 URL = os.environ["WR_FUZZ_URL"]
+KEY = os.environ.get("WR_FUZZ_KEY", "")  # "": the admin (the URL leads to the Unix socket)
+KEEP_KEYS = set(filter(None, os.environ.get("WR_FUZZ_KEEP_KEYS", "").split(",")))
 SANDBOX = os.environ.get("WR_FUZZ_SANDBOX", "")
 COMMAND = os.environ.get("WR_FUZZ_COMMAND", "")
 SANDBOX_ID = re.compile(r"^sb-[a-z2-7]{21}$")
@@ -35,8 +39,10 @@ assert URL.startswith("http://127.0.0.1:"), URL
 
 def _call(method, path, body=None):
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(URL + path, data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if KEY:
+        headers["Authorization"] = f"Bearer {KEY}"
+    req = urllib.request.Request(URL + path, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
             return r.status, r.read()
@@ -47,6 +53,13 @@ def _call(method, path, body=None):
 @schemathesis.hook
 def before_call(context, case, kwargs):
     params = case.path_parameters or {}
+    if case.path.startswith("/v1/keys/{id}") and case.method.upper() != "GET" \
+            and params.get("id") in KEEP_KEYS:
+        # a key the tests use (found by listing keys): a key of the fuzzer's own instead
+        status, body = _call("POST", "/v1/keys", {"name": f"fuzz-{len(_created)}-{id(case)}"})
+        if status == 201:
+            params["id"] = json.loads(body)["id"]
+        return
     if COMMAND and "cid" in params:  # command ids are free-form: any unknown one is 404
         params["cid"] = COMMAND
     sid = params.get("id")

@@ -6,6 +6,8 @@ exist, or to a JSON route, cost the daemon a bounded amount of memory."""
 import socket
 import threading
 
+import conftest
+
 from test_output import RssWatch, rss
 
 MIB = 1024 * 1024
@@ -14,7 +16,8 @@ UPLOAD_LIMIT = 8 * MIB
 
 def send_head(port, method, path, headers):
     s = socket.create_connection(("127.0.0.1", port), timeout=30)
-    lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1"] + headers
+    lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1",
+             conftest.auth_header(port).strip()] + headers
     s.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
     return s
 

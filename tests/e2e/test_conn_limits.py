@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+import conftest
 from test_body_limits import read_status, send_head
 from test_connections import ShortIdleDaemon, closed_by_peer_within, serve_own
 from test_output import RssWatch, rss
@@ -37,6 +38,10 @@ class LimitedDaemon(ShortIdleDaemon):
 @pytest.fixture(scope="module")
 def limited(daemon):
     yield from serve_own(LimitedDaemon(daemon))
+
+
+def auth(d):
+    return conftest.auth_header(d.port).encode()
 
 
 def connect(port):
@@ -87,7 +92,7 @@ def read_response(s):
 def test_slowloris_is_closed_at_the_header_deadline(limited):
     slow = [connect(limited.port) for _ in range(10)]
     for s in slow:
-        s.sendall(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+        s.sendall(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth(limited) + b"X-Slow: ")
     try:
         # a byte now and then keeps the idle timeout away, not the header deadline
         for _ in range(3):
@@ -108,7 +113,8 @@ def test_slowloris_is_closed_at_the_header_deadline(limited):
 def test_headers_that_arrive_in_time_are_answered(limited):
     s = connect(limited.port)
     try:
-        for part in (b"GET /v1/health HTTP/1.1\r\n", b"Host: 127.0.0.1\r\n", b"\r\n"):
+        for part in (b"GET /v1/health HTTP/1.1\r\n", b"Host: 127.0.0.1\r\n", auth(limited),
+                     b"\r\n"):
             s.sendall(part)
             time.sleep(0.2)
         status, body = read_response(s)
@@ -133,7 +139,7 @@ def test_at_the_cap_the_connection_idle_the_longest_makes_room(limited):
         assert closed >= 2 * CAP, f"only {closed} of {3 * CAP} idle connections were closed"
         # a kept connection still works
         last = socks[-1]
-        last.sendall(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        last.sendall(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth(limited) + b"\r\n")
         assert read_response(last)[0] == 200
     finally:
         for s in socks:
@@ -146,7 +152,7 @@ def test_slow_connections_at_the_cap_delay_a_new_one_only_until_the_deadline(lim
     slow = [connect(limited.port) for _ in range(CAP)]
     try:
         for s in slow:
-            s.sendall(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            s.sendall(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth(limited))
         assert health(limited.port) == 200
         assert all(closed_by_peer_within(s, 15) for s in slow)
     finally:

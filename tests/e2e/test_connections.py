@@ -38,7 +38,8 @@ def test_idle_and_slow_connections_do_not_starve_others(daemon, client, make_san
         socks += slow
         # slowloris: a request line and half a header, then a byte now and then
         for s in slow:
-            s.sendall(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+            s.sendall(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n" +
+                      conftest.auth_header(daemon.port).encode() + b"X-Slow: ")
         for _ in range(3):
             for s in slow:
                 try:
@@ -117,7 +118,8 @@ def test_idle_connections_are_closed(idle_daemon):
     quiet = socket.create_connection(("127.0.0.1", idle_daemon.port), timeout=10)
     # a kept-alive connection after one answer
     kept = socket.create_connection(("127.0.0.1", idle_daemon.port), timeout=10)
-    kept.sendall(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    kept.sendall(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n" +
+                 conftest.auth_header(idle_daemon.port).encode() + b"\r\n")
     first = kept.recv(65536)
     assert first.startswith(b"HTTP/1.1 200"), first
     t0 = time.monotonic()

@@ -30,7 +30,8 @@ def raw_request(daemon, method, path, query=None, rcvbuf=16384):
     s.settimeout(60)
     s.connect(("127.0.0.1", daemon.port))
     target = path + ("?" + urllib.parse.urlencode(query) if query else "")
-    s.sendall(f"{method} {target} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+    s.sendall(f"{method} {target} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+              f"{conftest.auth_header(daemon.port)}\r\n".encode())
     head = b""
     while b"\r\n\r\n" not in head:
         chunk = s.recv(1)
@@ -122,7 +123,7 @@ def test_streamed_command_waits_for_its_reader(daemon, client, sandbox):
     s.settimeout(60)
     s.connect(("127.0.0.1", daemon.port))
     s.sendall(f"POST /v1/sandboxes/{sandbox}/exec HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-              f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+              f"{conftest.auth_header(daemon.port)}Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
               + body)
     time.sleep(3)  # the caller reads nothing for 3 s
 
@@ -270,7 +271,7 @@ def test_caller_leaving_a_whole_exec_kills_the_command(daemon, client, sandbox):
     body = json.dumps({"command": "sleep 271", "timeout_seconds": 600}).encode()
     s = socket.create_connection(("127.0.0.1", daemon.port), timeout=30)
     s.sendall(f"POST /v1/sandboxes/{sandbox}/exec HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-              f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+              f"{conftest.auth_header(daemon.port)}Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
               + body)
 
     def running():

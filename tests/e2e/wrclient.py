@@ -64,11 +64,24 @@ def _qval(v):
 
 
 class Client:
-    def __init__(self, host="127.0.0.1", port=7070, unix_path=None):
+    def __init__(self, host="127.0.0.1", port=7070, unix_path=None, key=None):
+        """key: the API key sent as "Authorization: Bearer <key>" on every request (a request
+        that sets its own Authorization header keeps it). None: no key (root on the Unix
+        socket is the admin without one)."""
         self.host = host
         self.port = port
         self.unix_path = unix_path
+        self.key = key
         self.spec = apispec.spec()
+
+    def with_key(self, key):
+        """The same daemon, another key (None: none)."""
+        return Client(self.host, self.port, self.unix_path, key)
+
+    def _auth(self, hdrs):
+        if self.key is not None and not any(k.lower() == "authorization" for k in hdrs):
+            hdrs["Authorization"] = f"Bearer {self.key}"
+        return hdrs
 
     # ---- plumbing ----
 
@@ -81,7 +94,7 @@ class Client:
                 timeout=DEFAULT_TIMEOUT, validate=True):
         """Sends one request on a fresh connection. body: JSON-encoded; data: raw bytes."""
         full = build_path(path, query)
-        hdrs = dict(headers or {})
+        hdrs = self._auth(dict(headers or {}))
         if body is not None:
             data = json.dumps(body).encode()
             hdrs.setdefault("Content-Type", "application/json")
@@ -104,7 +117,7 @@ class Client:
         """Sends a hand-built request over a socket, tolerating the server closing early (as it
         may for an oversize body), and reads whatever answer it gave."""
         lines = [f"{method} {path} HTTP/1.1", f"Host: {self.host}:{self.port}"]
-        lines += [f"{k}: {v}" for k, v in headers.items()]
+        lines += [f"{k}: {v}" for k, v in self._auth(dict(headers)).items()]
         head = ("\r\n".join(lines) + "\r\n\r\n").encode()
         s = socket.create_connection((self.host, self.port), timeout=timeout)
         try:
@@ -206,7 +219,7 @@ class ExecStream:
         self.conn = client._conn(timeout)
         data = json.dumps(body).encode()
         self.conn.request("POST", self.path, body=data,
-                          headers={"Content-Type": "application/json"})
+                          headers=client._auth({"Content-Type": "application/json"}))
         self.resp = self.conn.getresponse()
         self.status = self.resp.status
         self.headers = {k.lower(): v for k, v in self.resp.getheaders()}

@@ -16,13 +16,17 @@ sandbox a test leaves behind (a `with` block with on_lease_end="stop" leaves a s
 test must delete it) fails the run, naming the sandbox and the test.
 """
 
+import http.client
+import json
 import os
+import socket
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -63,6 +67,18 @@ WR_AGENT = os.path.abspath(
 STATE_DIR = os.path.abspath(os.environ.get("WR_TEST_STATE_DIR", "/var/lib/withruntime-test"))
 
 
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path, timeout):
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(self.timeout)
+        s.connect(self.path)
+        self.sock = s
+
+
 class Daemon:
     def __init__(self):
         self.bin = WR_BIN
@@ -74,6 +90,7 @@ class Daemon:
         self.logdir = tempfile.mkdtemp(prefix="wr-sdk-")
         self.log_path = os.path.join(self.logdir, "daemon.log")
         self.proc = None
+        self.key = None
 
     def build_image(self):
         if WR_BIN_IS_DEV:
@@ -88,9 +105,42 @@ class Daemon:
                                f"{r.stdout.decode(errors='replace')[-3000:]}\n"
                                f"{r.stderr.decode(errors='replace')[-3000:]}")
 
+    def admin_request(self, method, path, body=None, timeout=10):
+        """A request as the admin: root on the daemon's Unix socket, without a key."""
+        conn = _UnixConnection(self.socket_path, timeout)
+        try:
+            data = None if body is None else json.dumps(body).encode()
+            conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+            r = conn.getresponse()
+            return r.status, r.read()
+        finally:
+            conn.close()
+
     def health(self):
-        with urllib.request.urlopen(self.url + "/v1/health", timeout=2) as r:
-            return r.status
+        return self.admin_request("GET", "/v1/health", timeout=2)[0]
+
+    def tests_key(self):
+        """The tests' API key, kept in the state directory (shared with tests/e2e) so that runs
+        reuse it instead of piling up keys; made anew when the saved one no longer works."""
+        path = os.path.join(self.state_dir, "e2e-tests.key")
+        try:
+            with open(path) as f:
+                key = f.read().strip()
+            req = urllib.request.Request(self.url + "/v1/sandboxes",
+                                         headers={"Authorization": f"Bearer {key}"})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                if r.status == 200:
+                    return key
+        except (OSError, urllib.error.HTTPError):
+            pass
+        status, body = self.admin_request("POST", "/v1/keys",
+                                          {"name": f"sdk-tests-{time.time_ns()}"})
+        assert status == 201, body
+        key = json.loads(body)["key"]
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(key + "\n")
+        return key
 
     def start(self):
         for p in (WR_BIN, WR_AGENT):
@@ -111,6 +161,7 @@ class Daemon:
                                    f"{self.log_tail()}")
             try:
                 if self.health() == 200:
+                    self.key = self.tests_key()
                     return
             except OSError:
                 pass
@@ -130,7 +181,8 @@ class Daemon:
         """The ids of the sandboxes the daemon has (an empty set if it cannot say)."""
         try:
             import withruntime
-            return {s.id for s in withruntime.Sandbox.list(client=withruntime.Client(self.url))}
+            client = withruntime.Client(f"unix:{self.socket_path}")  # the admin: every sandbox
+            return {s.id for s in withruntime.Sandbox.list(client=client)}
         except Exception:  # noqa: BLE001 - a broken daemon is reported elsewhere
             return set()
 
@@ -142,7 +194,7 @@ class Daemon:
             return left
         try:
             import withruntime
-            client = withruntime.Client(self.url)
+            client = withruntime.Client(f"unix:{self.socket_path}")  # the admin: every sandbox
             for sbx in withruntime.Sandbox.list(client=client):
                 left.append(sbx.id)
                 try:
@@ -172,7 +224,7 @@ def daemon(request):
     try:
         d.start()
         os.environ["RUNTIME_URL"] = d.url
-        os.environ.pop("RUNTIME_API_KEY", None)
+        os.environ["RUNTIME_API_KEY"] = d.key
         yield d
     finally:
         left = d.stop()

@@ -1,0 +1,314 @@
+/*
+ * `withruntime keys create|list|set|revoke` and `withruntime audit`: the admin's, through the
+ * local daemon's Unix socket as root (docs/security.md). A new key is printed once; the daemon
+ * keeps only its hash.
+ */
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "cli/client.h"
+#include "cli/sandbox.h"
+#include "common/util.h"
+
+static const char usage_keys[] =
+    "Usage: withruntime keys create --name NAME [--read-only] [--of KEY_ID]\n"
+    "                               [--daily-limit-usd X] [--max-sandboxes N]\n"
+    "       withruntime keys list [--json]\n"
+    "       withruntime keys set ID [--daily-limit-usd X|none] [--max-sandboxes N|none]\n"
+    "                               [--read-only|--read-write]\n"
+    "       withruntime keys revoke ID...\n"
+    "\n"
+    "API keys for programs that call the daemon (RUNTIME_API_KEY). Only the admin, root on\n"
+    "the daemon's Unix socket, manages them: a key cannot make keys or raise its own limits.\n"
+    "A key sees only the sandboxes it made; one made --of another key sees (and makes) that\n"
+    "key's instead. A read-only key may list and inspect them, and nothing else. --daily-limit-usd "
+    "caps what the key's sandboxes may cost per UTC day\n"
+    "(dollars, up to six decimals); --max-sandboxes how many it may keep at once.\n"
+    "'create' prints the key once: the daemon stores only its hash.\n"
+    "\n"
+    "Examples:\n"
+    "  withruntime keys create --name my-agent --daily-limit-usd 5 > agent.key\n"
+    "  withruntime keys create --name dashboard --read-only --of key_... > dash.key\n";
+
+static const char usage_audit[] =
+    "Usage: withruntime audit [--limit N] [--before SEQ] [--json]\n"
+    "\n"
+    "The newest mutating requests the daemon answered (the admin's): when, which key (- for\n"
+    "the admin), the route, the sandbox and the HTTP status. Never a body or a secret.\n";
+
+/* "12.5" dollars as micro-dollars, without floating point; "none" is -1. -2 if malformed. */
+static long long parse_usd(const char *s)
+{
+    if (!strcmp(s, "none"))
+        return -1;
+    long long whole = 0, frac = 0;
+    int digits = 0, fd = 0;
+    const char *p = s;
+    for (; *p >= '0' && *p <= '9'; p++, digits++) {
+        if ((whole = whole * 10 + (*p - '0')) > 1000000)
+            return -2;
+    }
+    if (*p == '.') {
+        for (p++; *p >= '0' && *p <= '9'; p++, fd++) {
+            if (fd < 6)
+                frac = frac * 10 + (*p - '0');
+            else if (*p != '0')
+                return -2; /* finer than a micro-dollar */
+        }
+    }
+    if (*p || (!digits && !fd))
+        return -2;
+    for (int i = fd < 6 ? fd : 6; i < 6; i++)
+        frac *= 10;
+    return whole * 1000000 + frac;
+}
+
+static int parse_count(const char *s)
+{
+    if (!strcmp(s, "none"))
+        return -1;
+    char *end;
+    long v = strtol(s, &end, 10);
+    return *s && !*end && v >= 0 && v <= 100000 ? (int)v : -2;
+}
+
+static int key_call(struct cli_ctx *c, const char *method, const char *path, json_t *body,
+                    json_t **res)
+{
+    const struct cli_endpoint *ep;
+    if (cli_endpoint(c, &ep) != 0)
+        return CLI_EXIT_ERR;
+    struct wr_err err = {0};
+    if (cli_json_call(ep, method, path, body, res, &err) < 0)
+        return cli_fail(&err);
+    return CLI_EXIT_OK;
+}
+
+/* Options shared by create and set into body; returns CLI_GO_ON or an exit status. */
+static int key_options(const char *cmd, int argc, char **argv, int create, json_t *body)
+{
+    static const struct option opts[] = {{"name", required_argument, 0, 'n'},
+                                         {"of", required_argument, 0, 'o'},
+                                         {"read-only", no_argument, 0, 'r'},
+                                         {"read-write", no_argument, 0, 'w'},
+                                         {"daily-limit-usd", required_argument, 0, 'd'},
+                                         {"max-sandboxes", required_argument, 0, 'm'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    optind = 1;
+    int o;
+    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (o) {
+        case 'n':
+            if (!create)
+                return cli_usage_error(cmd, "a key's name cannot be changed");
+            json_object_set_new(body, "name", json_string(optarg));
+            break;
+        case 'o':
+            if (!create)
+                return cli_usage_error(cmd, "a key's owner cannot be changed");
+            json_object_set_new(body, "owner_id", json_string(optarg));
+            break;
+        case 'r':
+        case 'w': json_object_set_new(body, "read_only", json_boolean(o == 'r')); break;
+        case 'd': {
+            long long v = parse_usd(optarg);
+            if (v < -1 || (create && v < 0))
+                return cli_usage_error(cmd, "--daily-limit-usd wants dollars (e.g. 5 or 0.25)%s",
+                                       create ? "" : " or none");
+            json_object_set_new(body, "daily_limit_micros", v < 0 ? json_null() : json_integer(v));
+            break;
+        }
+        case 'm': {
+            int v = parse_count(optarg);
+            if (v < -1 || (create && v < 0))
+                return cli_usage_error(cmd, "--max-sandboxes wants 0 to 100000%s",
+                                       create ? "" : " or none");
+            json_object_set_new(body, "max_sandboxes", v < 0 ? json_null() : json_integer(v));
+            break;
+        }
+        case 'h': return cli_print_usage(usage_keys);
+        default: return cli_usage_error(cmd, "see --help");
+        }
+    }
+    return CLI_GO_ON;
+}
+
+static int cmd_create(struct cli_ctx *c, int argc, char **argv)
+{
+    json_t *body = json_object();
+    int r = key_options("keys create", argc, argv, 1, body);
+    if (r == CLI_GO_ON && optind < argc)
+        r = cli_usage_error("keys create", "unexpected argument '%s'", argv[optind]);
+    if (r == CLI_GO_ON && !json_object_get(body, "name"))
+        r = cli_usage_error("keys create", "--name NAME is required");
+    json_t *res = NULL;
+    if (r == CLI_GO_ON)
+        r = key_call(c, "POST", "/v1/keys", body, &res);
+    json_decref(body);
+    if (r != CLI_EXIT_OK)
+        return r;
+    /* The key alone on stdout (so it can go straight to a file); what it is on stderr. */
+    printf("%s\n", cli_str_or(res, "key", "?"));
+    fprintf(stderr, "key %s (%s) made; it is shown this once\n", cli_str_or(res, "id", "?"),
+            cli_str_or(res, "name", "?"));
+    json_decref(res);
+    return CLI_EXIT_OK;
+}
+
+static int cmd_set(struct cli_ctx *c, int argc, char **argv)
+{
+    json_t *body = json_object();
+    int r = key_options("keys set", argc, argv, 0, body);
+    if (r == CLI_GO_ON && optind != argc - 1)
+        r = cli_usage_error("keys set", "want one key ID");
+    if (r == CLI_GO_ON && json_object_size(body) == 0)
+        r = cli_usage_error("keys set", "nothing to change (see --help)");
+    json_t *res = NULL;
+    if (r == CLI_GO_ON) {
+        char path[128];
+        snprintf(path, sizeof(path), "/v1/keys/%.64s", argv[optind]);
+        r = key_call(c, "PATCH", path, body, &res);
+    }
+    json_decref(body);
+    if (r == CLI_EXIT_OK)
+        printf("%s\n", cli_str_or(res, "id", "?"));
+    json_decref(res);
+    return r;
+}
+
+static int cmd_list(struct cli_ctx *c, int argc, char **argv)
+{
+    bool as_json = false;
+    int r = cli_simple_opts("keys list", usage_keys, argc, argv, &as_json);
+    if (r != CLI_GO_ON)
+        return r;
+    if (optind < argc)
+        return cli_usage_error("keys list", "unexpected argument '%s'", argv[optind]);
+    json_t *res = NULL;
+    if ((r = key_call(c, "GET", "/v1/keys", NULL, &res)) != CLI_EXIT_OK)
+        return r;
+    if (as_json) {
+        cli_print_json(res);
+        json_decref(res);
+        return CLI_EXIT_OK;
+    }
+    printf("%-22s  %-20s  %-9s  %-12s  %-8s  %s\n", "ID", "NAME", "ACCESS", "DAILY LIMIT", "MAX SB",
+           "STATE");
+    size_t i;
+    json_t *k;
+    json_array_foreach(json_object_get(res, "keys"), i, k)
+    {
+        json_t *limit = json_object_get(k, "daily_limit_micros");
+        json_t *maxsb = json_object_get(k, "max_sandboxes");
+        printf("%-22s  %-20.20s  %-9s  ", cli_str_or(k, "id", "?"), cli_str_or(k, "name", "?"),
+               json_is_true(json_object_get(k, "read_only")) ? "read-only" : "read-write");
+        char lim[32] = "-", msb[16] = "-";
+        if (json_is_integer(limit))
+            snprintf(lim, sizeof(lim), "$%lld.%06lld",
+                     (long long)json_integer_value(limit) / 1000000,
+                     (long long)json_integer_value(limit) % 1000000);
+        if (json_is_integer(maxsb))
+            snprintf(msb, sizeof(msb), "%lld", (long long)json_integer_value(maxsb));
+        printf("%-12s  %-8s  %s\n", lim, msb,
+               json_is_string(json_object_get(k, "revoked_at")) ? "revoked" : "in use");
+    }
+    json_decref(res);
+    return CLI_EXIT_OK;
+}
+
+static int cmd_revoke(struct cli_ctx *c, int argc, char **argv)
+{
+    int r = cli_simple_opts("keys revoke", usage_keys, argc, argv, NULL);
+    if (r != CLI_GO_ON)
+        return r;
+    if (optind >= argc)
+        return cli_usage_error("keys revoke", "want a key ID");
+    int ret = CLI_EXIT_OK;
+    for (int i = optind; i < argc; i++) {
+        char path[128];
+        snprintf(path, sizeof(path), "/v1/keys/%.64s/revoke", argv[i]);
+        if (key_call(c, "POST", path, NULL, NULL) != CLI_EXIT_OK)
+            ret = CLI_EXIT_ERR;
+        else
+            printf("%s\n", argv[i]);
+    }
+    return ret;
+}
+
+int cli_cmd_keys(struct cli_ctx *c, int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") ||
+        !strcmp(argv[1], "help"))
+        return cli_print_usage(usage_keys);
+    const char *sub = argv[1];
+    if (!strcmp(sub, "create"))
+        return cmd_create(c, argc - 1, argv + 1);
+    if (!strcmp(sub, "list") || !strcmp(sub, "ls"))
+        return cmd_list(c, argc - 1, argv + 1);
+    if (!strcmp(sub, "set"))
+        return cmd_set(c, argc - 1, argv + 1);
+    if (!strcmp(sub, "revoke"))
+        return cmd_revoke(c, argc - 1, argv + 1);
+    return cli_usage_error("keys", "unknown command '%s'", sub);
+}
+
+int cli_cmd_audit(struct cli_ctx *c, int argc, char **argv)
+{
+    static const struct option opts[] = {{"limit", required_argument, 0, 'l'},
+                                         {"before", required_argument, 0, 'b'},
+                                         {"json", no_argument, 0, 'j'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    const char *limit = "50", *before = NULL;
+    bool as_json = false;
+    optind = 1;
+    int o;
+    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (o) {
+        case 'l': limit = optarg; break;
+        case 'b': before = optarg; break;
+        case 'j': as_json = true; break;
+        case 'h': return cli_print_usage(usage_audit);
+        default: return cli_usage_error("audit", "see --help");
+        }
+    }
+    if (optind < argc)
+        return cli_usage_error("audit", "unexpected argument '%s'", argv[optind]);
+    int n = parse_count(limit);
+    if (n < 1 || n > 1000)
+        return cli_usage_error("audit", "--limit wants 1 to 1000");
+    if (before &&
+        (!before[0] || strlen(before) > 18 || strspn(before, "0123456789") != strlen(before)))
+        return cli_usage_error("audit", "--before wants a SEQ from an earlier page");
+    char path[128];
+    snprintf(path, sizeof(path), "/v1/audit?limit=%.8s%s%.20s", limit, before ? "&before=" : "",
+             before ? before : "");
+    json_t *res = NULL;
+    int r = key_call(c, "GET", path, NULL, &res);
+    if (r != CLI_EXIT_OK)
+        return r;
+    if (as_json) {
+        cli_print_json(res);
+        json_decref(res);
+        return CLI_EXIT_OK;
+    }
+    printf("%-8s  %-20s  %-22s  %-6s  %-44s  %-25s  %s\n", "SEQ", "AT", "KEY", "METHOD", "ROUTE",
+           "SANDBOX", "STATUS");
+    size_t i;
+    json_t *e;
+    json_array_foreach(json_object_get(res, "entries"), i, e)
+    {
+        printf("%-8" PRId64 "  %-20s  %-22s  %-6s  %-44s  %-25s  %lld\n",
+               (int64_t)json_integer_value(json_object_get(e, "seq")), cli_str_or(e, "at", "?"),
+               cli_str_or(e, "key_id", "-"), cli_str_or(e, "method", "?"),
+               cli_str_or(e, "route", "?"), cli_str_or(e, "sandbox_id", "-"),
+               (long long)json_integer_value(json_object_get(e, "status")));
+    }
+    json_decref(res);
+    return CLI_EXIT_OK;
+}

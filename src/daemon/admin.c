@@ -1,0 +1,136 @@
+/*
+ * The admin's calls: API keys and the audit trail. Each checks who is asking itself, so no
+ * route, present or future, lets a key make keys or raise its own limits.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "daemon/daemon.h"
+#include "daemon/keys.h"
+#include "daemon/service.h"
+#include "store/store.h"
+
+static int admin_only(struct sink *s)
+{
+    if (!s->who || s->who->admin)
+        return 0;
+    sink_failf(s, WR_E_FORBIDDEN, 0,
+               "only the admin (root on the daemon's Unix socket, without a key) may do this");
+    return -1;
+}
+
+void svc_key_create(struct daemon *d, const struct key_opts *o, struct sink *s)
+{
+    if (admin_only(s) < 0)
+        return;
+    struct wr_err err = {0};
+    char token[KEY_TOKEN_LEN + 1];
+    const struct api_key *k = keys_create(d->keys, o, token, &err);
+    if (!k) {
+        sink_fail(s, &err);
+        return;
+    }
+    json_t *out = key_to_json(k);
+    json_object_set_new(out, "key", json_string(token));
+    explicit_bzero(token, sizeof(token));
+    sink_reply(s, SINK_CREATED, out);
+}
+
+void svc_key_list(struct daemon *d, struct sink *s)
+{
+    if (admin_only(s) < 0)
+        return;
+    sink_reply(s, SINK_OK, json_pack("{s:o}", "keys", keys_list_json(d->keys)));
+}
+
+void svc_key_get(struct daemon *d, const char *id, struct sink *s)
+{
+    if (admin_only(s) < 0)
+        return;
+    const struct api_key *k = keys_find(d->keys, id);
+    if (!k) {
+        sink_failf(s, WR_E_NOT_FOUND, 0, "no key %.40s", id);
+        return;
+    }
+    sink_reply(s, SINK_OK, key_to_json(k));
+}
+
+void svc_key_update(struct daemon *d, const char *id, const struct key_opts *o, struct sink *s)
+{
+    if (admin_only(s) < 0)
+        return;
+    struct wr_err err = {0};
+    const struct api_key *k = keys_update(d->keys, id, o, &err);
+    if (!k) {
+        sink_fail(s, &err);
+        return;
+    }
+    sink_reply(s, SINK_OK, key_to_json(k));
+}
+
+void svc_key_revoke(struct daemon *d, const char *id, struct sink *s)
+{
+    if (admin_only(s) < 0)
+        return;
+    struct wr_err err = {0};
+    const struct api_key *k = keys_revoke(d->keys, id, &err);
+    if (!k) {
+        sink_fail(s, &err);
+        return;
+    }
+    sink_reply(s, SINK_OK, key_to_json(k));
+}
+
+void svc_audit_record(struct daemon *d, const struct principal *who, const char *method,
+                      const char *route, const char *sandbox_id, int status)
+{
+    struct store_audit a = {.at_ms = now_ms_wall(),
+                            .key_id = who && !who->admin ? who->key_id : "",
+                            .method = method,
+                            .route = route,
+                            .sandbox_id = sandbox_id ? sandbox_id : "",
+                            .status = status};
+    struct wr_err err = {0};
+    if (store_audit_add(d->store, &a, &err) < 0)
+        log_error(NULL, "audit.failed", "route=\"%s %s\" error=\"%s\"", method, route, err.msg);
+}
+
+struct audit_walk {
+    json_t *entries;
+    int64_t last_seq;
+};
+
+static int audit_one(void *arg, int64_t seq, const struct store_audit *a)
+{
+    struct audit_walk *w = arg;
+    char at[32];
+    format_rfc3339(a->at_ms / 1000, at, sizeof(at));
+    json_array_append_new(
+        w->entries, json_pack("{s:I, s:s, s:o, s:s, s:s, s:o, s:i}", "seq", (json_int_t)seq, "at",
+                              at, "key_id", a->key_id[0] ? json_string(a->key_id) : json_null(),
+                              "method", a->method, "route", a->route, "sandbox_id",
+                              a->sandbox_id[0] ? json_string(a->sandbox_id) : json_null(), "status",
+                              a->status));
+    w->last_seq = seq;
+    return 0;
+}
+
+void svc_audit_list(struct daemon *d, int64_t before_seq, int limit, struct sink *s)
+{
+    if (admin_only(s) < 0)
+        return;
+    struct audit_walk w = {.entries = json_array(), .last_seq = 0};
+    struct wr_err err = {0};
+    if (store_audit_foreach(d->store, before_seq, limit, audit_one, &w, &err) < 0) {
+        json_decref(w.entries);
+        sink_fail(s, &err);
+        return;
+    }
+    json_t *out = json_pack("{s:o}", "entries", w.entries);
+    /* A full page may have more behind it: the next page starts before its last entry. */
+    if ((int)json_array_size(w.entries) == limit && w.last_seq > 1)
+        json_object_set_new(out, "next_before", json_integer(w.last_seq));
+    sink_reply(s, SINK_OK, out);
+}

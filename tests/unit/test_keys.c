@@ -1,0 +1,128 @@
+/*
+ * API keys (daemon/keys.h): a key is shown once and only its hash is kept; it works until it
+ * is revoked, after a reload too; limits are checked on the way in; owners decide what a key
+ * sees.
+ */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon/keys.h"
+#include "store/store.h"
+#include "tap.h"
+
+static char dir[64], dbpath[128];
+
+static int file_has(const char *path, const char *needle)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return 0;
+    static char buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof(buf), f);
+    fclose(f);
+    return memmem(buf, n, needle, strlen(needle)) != NULL;
+}
+
+int main(void)
+{
+    snprintf(dir, sizeof(dir), "/tmp/wr-keys-XXXXXX");
+    if (!mkdtemp(dir))
+        return 1;
+    snprintf(dbpath, sizeof(dbpath), "%s/withruntime.db", dir);
+    struct wr_err err = {0};
+    struct store *st = store_open(dbpath, &err);
+    struct keys *k = st ? keys_open(st, &err) : NULL;
+    ok(k != NULL, "keys open on an empty store: %s", err.msg);
+
+    char token[KEY_TOKEN_LEN + 1], token2[KEY_TOKEN_LEN + 1];
+    struct key_opts o = {.name = "agent", .has_daily_limit = 1, .daily_limit_micros = 5000000};
+    const struct api_key *a = keys_create(k, &o, token, &err);
+    ok(a && strlen(token) == KEY_TOKEN_LEN && !strncmp(token, "wr_", 3), "a key is made: %s",
+       token);
+    ok(a && !strncmp(a->id, "key_", 4) && strlen(a->id) == 20, "its id: %s", a ? a->id : "");
+    ok(a && !strcmp(a->owner_id, a->id), "it owns its own sandboxes");
+    ok(keys_check(k, token) == a, "the key is recognised");
+    char wrong[KEY_TOKEN_LEN + 1];
+    memcpy(wrong, token, sizeof(wrong));
+    wrong[KEY_TOKEN_LEN - 1] = wrong[KEY_TOKEN_LEN - 1] == 'a' ? 'b' : 'a';
+    ok(keys_check(k, wrong) == NULL, "a key one character off is not");
+    ok(keys_check(k, "") == NULL && keys_check(k, "wr_") == NULL && keys_check(k, NULL) == NULL,
+       "empty and short keys are not");
+    ok(!file_has(dbpath, token), "the key itself is not in the database");
+
+    struct key_opts dup = {.name = "agent"};
+    ok(keys_create(k, &dup, token2, &err) == NULL && err.kind == WR_E_CONFLICT,
+       "a second key of the same name is refused: %s", err.msg);
+    struct key_opts badname = {.name = "a\nb"};
+    ok(keys_create(k, &badname, token2, &err) == NULL && err.kind == WR_E_INVALID,
+       "a name with a control character is refused");
+    struct key_opts toomuch = {
+        .name = "x", .has_daily_limit = 1, .daily_limit_micros = 1000000000001LL};
+    ok(keys_create(k, &toomuch, token2, &err) == NULL && strstr(err.msg, "daily_limit_micros"),
+       "a limit past a million dollars a day is refused: %s", err.msg);
+    struct key_opts stranger = {.name = "x", .owner_id = "key_aaaaaaaaaaaaaaaa"};
+    ok(keys_create(k, &stranger, token2, &err) == NULL && strstr(err.msg, "owner_id"),
+       "an unknown owner is refused: %s", err.msg);
+
+    struct key_opts ro = {
+        .name = "dashboard", .owner_id = a->id, .read_only = 1, .has_read_only = 1};
+    const struct api_key *r = keys_create(k, &ro, token2, &err);
+    ok(r && r->read_only && !strcmp(r->owner_id, a->id), "a read-only key for agent's sandboxes");
+    struct key_opts chain = {.name = "chain", .owner_id = r ? r->id : ""};
+    ok(keys_create(k, &chain, token2 + 0, &err) == NULL,
+       "a key cannot be made for a key that is not its own owner");
+
+    struct principal who = {0};
+    snprintf(who.owner_id, sizeof(who.owner_id), "%s", a->id);
+    ok(principal_sees(&who, a->id) && !principal_sees(&who, "") &&
+           !principal_sees(&who, "key_other"),
+       "a key sees its owner's sandboxes only, not the admin's");
+    struct principal admin = {.admin = 1};
+    ok(principal_sees(&admin, a->id) && principal_sees(&admin, "") && principal_sees(NULL, "x"),
+       "the admin and the daemon see every one");
+
+    struct key_opts up = {
+        .has_daily_limit = 1, .daily_limit_micros = -1, .has_max_sandboxes = 1, .max_sandboxes = 3};
+    const struct api_key *u = keys_update(k, a->id, &up, &err);
+    ok(u && u->daily_limit_micros == -1 && u->max_sandboxes == 3, "limits change");
+    ok(keys_update(k, "key_nope", &up, &err) == NULL && err.kind == WR_E_NOT_FOUND,
+       "an unknown key cannot be changed");
+
+    /* a reload reads what was stored */
+    char id[32];
+    snprintf(id, sizeof(id), "%s", a->id);
+    keys_free(k);
+    k = keys_open(st, &err);
+    a = k ? keys_check(k, token) : NULL;
+    ok(a && !strcmp(a->id, id) && a->max_sandboxes == 3 && a->daily_limit_micros == -1,
+       "after a reload the key works, with its limits");
+    ok(keys_check(k, token2) && keys_check(k, token2)->read_only, "and the read-only one too");
+
+    ok(keys_revoke(k, id, &err) && keys_check(k, token) == NULL, "a revoked key stops at once");
+    ok(keys_find(k, id) && keys_find(k, id)->revoked_at > 0, "its record stays");
+    ok(keys_update(k, id, &up, &err) == NULL && err.kind == WR_E_CONFLICT,
+       "a revoked key cannot be changed");
+    struct key_opts again = {.name = "agent"};
+    ok(keys_create(k, &again, token2, &err) != NULL, "its name is free again");
+    keys_free(k);
+    k = keys_open(st, &err);
+    ok(k && keys_check(k, token) == NULL, "and it stays revoked after a reload");
+
+    json_t *list = keys_list_json(k);
+    char *text = json_dumps(list, 0);
+    ok(text && !strstr(text, "wr_") && strstr(text, "\"owner_id\""),
+       "the list shows no key, and each key's owner");
+    free(text);
+    json_decref(list);
+
+    keys_free(k);
+    store_close(st);
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    if (system(cmd) != 0)
+        return 1;
+    return tap_done();
+}
