@@ -457,9 +457,9 @@ class Sandbox:
             secrets: Names of secrets (``withruntime secrets set``) to give it: each name is
                 set in its commands' environment to a placeholder that the daemon's proxy
                 replaces by the real value in HTTPS request headers to the secret's hosts.
-            max_cost_micros: A cost cap in micro-dollars, sent as given. A daemon that does
-                not meter cost (this one, today) refuses it: :class:`InvalidRequest` naming
-                ``max_cost_micros``, and no sandbox is created.
+            max_cost_micros: A cost cap in micro-dollars: when the sandbox's cost reaches it,
+                the daemon stops it (files kept) and later execs raise :class:`CostLimit`. Its
+                ``cost_micros`` so far is in :attr:`info` (after :meth:`refresh`).
             client: The daemon to use (default: found from the environment).
             **options: Any other field of ``POST /v1/sandboxes``, passed through as is: a field
                 the daemon does not know is answered with :class:`InvalidRequest` naming it.

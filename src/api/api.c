@@ -55,6 +55,7 @@ enum {
     H_KEY_UPDATE,
     H_KEY_REVOKE,
     H_AUDIT,
+    H_USAGE,
 };
 
 static const handler_fn handlers[] = {
@@ -94,6 +95,7 @@ static const handler_fn handlers[] = {
     [H_KEY_UPDATE] = api_keys_update,
     [H_KEY_REVOKE] = api_keys_revoke,
     [H_AUDIT] = api_audit_list,
+    [H_USAGE] = api_usage,
 };
 
 /* Who may call a route: anyone let in (reads), a key that is not read-only, or the admin. */
@@ -134,6 +136,7 @@ static const struct route routes[] = {
     {"PATCH", "/v1/keys/{id}", H_KEY_UPDATE, NULL},
     {"POST", "/v1/keys/{id}/revoke", H_KEY_REVOKE, NULL},
     {"GET", "/v1/audit", H_AUDIT, "before,limit"},
+    {"GET", "/v1/usage", H_USAGE, "from,to,group_by"},
     {"GET", "/v1/secrets", H_SECRETS_LIST, NULL},
     {"GET", "/v1/secrets/{name}", H_SECRET_GET, NULL},
     {"PUT", "/v1/secrets/{name}", H_SECRET_SET, NULL},

@@ -12,8 +12,9 @@
 #include "net/netpolicy.h"
 
 static const char *const create_fields[] = {
-    "image",           "cpus",         "memory_mib", "disk_mib", "env", "metadata",
-    "timeout_seconds", "on_lease_end", "network",    "secrets",  NULL};
+    "image",   "cpus",     "memory_mib",      "disk_mib",
+    "env",     "metadata", "timeout_seconds", "on_lease_end",
+    "network", "secrets",  "max_cost_micros", NULL};
 
 void api_sandboxes_create(struct daemon *d, struct http_req *req, struct route_match *m)
 {
@@ -22,7 +23,7 @@ void api_sandboxes_create(struct daemon *d, struct http_req *req, struct route_m
         return;
     struct wr_err err = {0};
     const char *image = "default", *ole = "stop";
-    long long cpus, mem, disk, timeout;
+    long long cpus, mem, disk, timeout, cap;
     json_t *env = NULL, *md = NULL, *net = NULL, *secrets = NULL;
     if (jv_only(o, create_fields, &err) < 0 || jv_string(o, "image", 64, &image, &err) < 0 ||
         jv_int(o, "cpus", 1, d->cfg.max_cpus, 2 > d->cfg.max_cpus ? d->cfg.max_cpus : 2, &cpus,
@@ -32,6 +33,7 @@ void api_sandboxes_create(struct daemon *d, struct http_req *req, struct route_m
         jv_int(o, "timeout_seconds", 1, d->cfg.max_timeout, d->cfg.default_timeout, &timeout,
                &err) < 0 ||
         jv_string(o, "on_lease_end", 16, &ole, &err) < 0 ||
+        jv_int(o, "max_cost_micros", 1, 1000000000000LL, -1, &cap, &err) < 0 ||
         jv_string_map(o, "env", 256, 256, 32768, 1, &env, &err) < 0 ||
         jv_string_map(o, "metadata", 64, 128, 1024, 0, &md, &err) < 0)
         goto bad;
@@ -58,6 +60,7 @@ void api_sandboxes_create(struct daemon *d, struct http_req *req, struct route_m
         .metadata = md,
         .network = net,
         .secrets = secrets,
+        .max_cost_micros = cap,
     };
     svc_sandbox_create(d, &opts, api_sink_new(req));
     json_decref(net);

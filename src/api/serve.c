@@ -117,7 +117,15 @@ static void usage(FILE *out)
             "                         A request on TCP whose Host (or Origin) is not the address\n"
             "                         it reached, localhost on a loopback listener, or such a\n"
             "                         name is refused. Every request on TCP needs an API key;\n"
-            "                         root on the Unix socket is the admin.\n");
+            "                         root on the Unix socket is the admin.\n"
+            "\n"
+            "Money (see docs/api.md, \"Usage and costs\"), in micro-dollars:\n"
+            "  --price-vcpu-hour N    a vCPU busy for an hour (default 25000: $0.025)\n"
+            "  --price-gib-hour N     a GiB of memory for an hour (default 7500: $0.0075)\n"
+            "  --cpu-floor-permille N CPU is billed at no less than this share of each vCPU\n"
+            "                         (default 25: 2.5 %%, gVisor's own idle work)\n"
+            "  --meter-clock FILE     for tests: the meter's clock is the unix time in ms\n"
+            "                         written in FILE, and moves only when it does\n");
 }
 
 /* The states and reasons the API can report, for the tests that check the spec against them. */
@@ -209,6 +217,10 @@ static int parse_args(int argc, char **argv, struct server *srv)
                                          {"public-ranges", required_argument, NULL, 'P'},
                                          {"extra-ca-file", required_argument, NULL, 'A'},
                                          {"host-name", required_argument, NULL, 'W'},
+                                         {"price-vcpu-hour", required_argument, NULL, 1001},
+                                         {"price-gib-hour", required_argument, NULL, 1002},
+                                         {"cpu-floor-permille", required_argument, NULL, 1003},
+                                         {"meter-clock", required_argument, NULL, 1004},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     optind = 1;
@@ -276,6 +288,35 @@ static int parse_args(int argc, char **argv, struct server *srv)
             cfg->output_budget = (size_t)v << 20;
             break;
         }
+        case 1001:
+        case 1002:
+        case 1003: {
+            static const char *const names[] = {"--price-vcpu-hour", "--price-gib-hour",
+                                                "--cpu-floor-permille"};
+            long long most = c == 1003 ? 1000 : 1000000000LL;
+            char *end;
+            errno = 0;
+            long long v = strtoll(optarg, &end, 10);
+            if (errno || *end || end == optarg || v < 0 || v > most) {
+                fprintf(stderr, "withruntime serve: %s wants an integer from 0 to %lld, got %s\n",
+                        names[c - 1001], most, optarg);
+                return -1;
+            }
+            if (c == 1001)
+                cfg->prices.vcpu_hour_micros = v;
+            else if (c == 1002)
+                cfg->prices.gib_hour_micros = v;
+            else
+                cfg->prices.cpu_floor_permille = (int)v;
+            break;
+        }
+        case 1004:
+            if (!optarg[0] || strlen(optarg) >= sizeof(cfg->meter_clock_file)) {
+                fprintf(stderr, "withruntime serve: --meter-clock wants a file name\n");
+                return -1;
+            }
+            snprintf(cfg->meter_clock_file, sizeof(cfg->meter_clock_file), "%s", optarg);
+            break;
         case 'N':
             if (strcmp(optarg, "auto") && strcmp(optarg, "on") && strcmp(optarg, "off")) {
                 fprintf(stderr, "withruntime serve: --egress wants auto, on or off, got %s\n",

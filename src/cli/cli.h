@@ -79,6 +79,7 @@ int cli_cmd_doctor(struct cli_ctx *c, int argc, char **argv);
 
 /** `withruntime keys create|list|set|revoke` and `withruntime audit` (cli/keys.c). */
 int cli_cmd_keys(struct cli_ctx *c, int argc, char **argv);
+int cli_cmd_usage(struct cli_ctx *c, int argc, char **argv);
 int cli_cmd_audit(struct cli_ctx *c, int argc, char **argv);
 
 /** `withruntime secrets set|list|rm` (cli/secrets.c). */

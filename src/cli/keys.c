@@ -34,11 +34,29 @@ static const char usage_keys[] =
     "  withruntime keys create --name my-agent --daily-limit-usd 5 > agent.key\n"
     "  withruntime keys create --name dashboard --read-only --of key_... > dash.key\n";
 
+static const char usage_usage[] =
+    "Usage: withruntime usage [--from DATE] [--to DATE] [--by sandbox|key|day] [--json]\n"
+    "\n"
+    "What sandboxes cost, from the daemon's usage ledger: per sandbox (default), per key or per\n"
+    "UTC day, in dollars with the CPU billed and the memory-time. DATE is a UTC date\n"
+    "(2026-12-01) or time (2026-12-01T13:45:00Z); --from defaults to the start of today (UTC),\n"
+    "--to to now. A key sees its own sandboxes' usage; the admin sees everyone's.\n"
+    "\n"
+    "Example:\n"
+    "  withruntime usage --by day --from 2026-11-01\n";
+
 static const char usage_audit[] =
     "Usage: withruntime audit [--limit N] [--before SEQ] [--json]\n"
     "\n"
     "The newest mutating requests the daemon answered (the admin's): when, which key (- for\n"
     "the admin), the route, the sandbox and the HTTP status. Never a body or a secret.\n";
+
+/* Micro-dollars as "$12.500000". */
+static void format_usd(long long micros, char *out, size_t len)
+{
+    snprintf(out, len, "%s$%lld.%06lld", micros < 0 ? "-" : "", llabs(micros) / 1000000,
+             llabs(micros) % 1000000);
+}
 
 /* "12.5" dollars as micro-dollars, without floating point; "none" is -1. -2 if malformed. */
 static long long parse_usd(const char *s)
@@ -197,8 +215,8 @@ static int cmd_list(struct cli_ctx *c, int argc, char **argv)
         json_decref(res);
         return CLI_EXIT_OK;
     }
-    printf("%-22s  %-20s  %-9s  %-12s  %-8s  %s\n", "ID", "NAME", "ACCESS", "DAILY LIMIT", "MAX SB",
-           "STATE");
+    printf("%-22s  %-20s  %-9s  %-14s  %-14s  %-8s  %s\n", "ID", "NAME", "ACCESS", "DAILY LIMIT",
+           "SPENT TODAY", "MAX SB", "STATE");
     size_t i;
     json_t *k;
     json_array_foreach(json_object_get(res, "keys"), i, k)
@@ -207,14 +225,14 @@ static int cmd_list(struct cli_ctx *c, int argc, char **argv)
         json_t *maxsb = json_object_get(k, "max_sandboxes");
         printf("%-22s  %-20.20s  %-9s  ", cli_str_or(k, "id", "?"), cli_str_or(k, "name", "?"),
                json_is_true(json_object_get(k, "read_only")) ? "read-only" : "read-write");
-        char lim[32] = "-", msb[16] = "-";
+        char lim[32] = "-", spent[32], msb[16] = "-";
         if (json_is_integer(limit))
-            snprintf(lim, sizeof(lim), "$%lld.%06lld",
-                     (long long)json_integer_value(limit) / 1000000,
-                     (long long)json_integer_value(limit) % 1000000);
+            format_usd(json_integer_value(limit), lim, sizeof(lim));
+        format_usd(json_integer_value(json_object_get(k, "spent_today_micros")), spent,
+                   sizeof(spent));
         if (json_is_integer(maxsb))
             snprintf(msb, sizeof(msb), "%lld", (long long)json_integer_value(maxsb));
-        printf("%-12s  %-8s  %s\n", lim, msb,
+        printf("%-14s  %-14s  %-8s  %s\n", lim, spent, msb,
                json_is_string(json_object_get(k, "revoked_at")) ? "revoked" : "in use");
     }
     json_decref(res);
@@ -309,6 +327,75 @@ int cli_cmd_audit(struct cli_ctx *c, int argc, char **argv)
                cli_str_or(e, "route", "?"), cli_str_or(e, "sandbox_id", "-"),
                (long long)json_integer_value(json_object_get(e, "status")));
     }
+    json_decref(res);
+    return CLI_EXIT_OK;
+}
+
+int cli_cmd_usage(struct cli_ctx *c, int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"from", required_argument, 0, 'f'}, {"to", required_argument, 0, 't'},
+        {"by", required_argument, 0, 'b'},   {"json", no_argument, 0, 'j'},
+        {"help", no_argument, 0, 'h'},       {0, 0, 0, 0}};
+    const char *from = NULL, *to = NULL, *by = "sandbox";
+    bool as_json = false;
+    optind = 1;
+    int o;
+    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (o) {
+        case 'f': from = optarg; break;
+        case 't': to = optarg; break;
+        case 'b': by = optarg; break;
+        case 'j': as_json = true; break;
+        case 'h': return cli_print_usage(usage_usage);
+        default: return cli_usage_error("usage", "see --help");
+        }
+    }
+    if (optind < argc)
+        return cli_usage_error("usage", "unexpected argument '%s'", argv[optind]);
+    if (strcmp(by, "sandbox") && strcmp(by, "key") && strcmp(by, "day"))
+        return cli_usage_error("usage", "--by wants sandbox, key or day");
+    static const char when_chars[] = "0123456789-:TZ";
+    if ((from && (strlen(from) > 20 || strspn(from, when_chars) != strlen(from))) ||
+        (to && (strlen(to) > 20 || strspn(to, when_chars) != strlen(to))))
+        return cli_usage_error("usage", "--from and --to want a UTC date (2026-12-01) or time "
+                                        "(2026-12-01T13:45:00Z)");
+    char path[160];
+    snprintf(path, sizeof(path), "/v1/usage?group_by=%s%s%s%s%s", by, from ? "&from=" : "",
+             from ? from : "", to ? "&to=" : "", to ? to : "");
+    json_t *res = NULL;
+    int r = key_call(c, "GET", path, NULL, &res);
+    if (r != CLI_EXIT_OK)
+        return r;
+    if (as_json) {
+        cli_print_json(res);
+        json_decref(res);
+        return CLI_EXIT_OK;
+    }
+    const char *col = !strcmp(by, "day") ? "day" : !strcmp(by, "key") ? "key_id" : "sandbox_id";
+    printf("%-25s  %14s  %12s  %14s\n",
+           !strcmp(by, "day")   ? "DAY"
+           : !strcmp(by, "key") ? "KEY"
+                                : "SANDBOX",
+           "COST", "CPU (s)", "MEMORY (GiB-h)");
+    size_t i;
+    json_t *row;
+    json_array_foreach(json_object_get(res, "rows"), i, row)
+    {
+        char cost[32];
+        format_usd(json_integer_value(json_object_get(row, "cost_micros")), cost, sizeof(cost));
+        long long cpu = json_integer_value(json_object_get(row, "cpu_usec"));
+        long long mem = json_integer_value(json_object_get(row, "memory_mib_ms"));
+        /* GiB-hours with four decimals, in integers: mib_ms / (1024 * 3.6e6) */
+        long long gh4 = (long long)((__int128)mem * 10000 / (1024LL * 3600000));
+        printf("%-25s  %14s  %8lld.%03lld  %9lld.%04lld\n", cli_str_or(row, col, "(admin)"), cost,
+               cpu / 1000000, (cpu / 1000) % 1000, gh4 / 10000, gh4 % 10000);
+    }
+    char total[32];
+    format_usd(json_integer_value(json_object_get(res, "total_micros")), total, sizeof(total));
+    printf("%-25s  %14s%s\n", "TOTAL", total,
+           json_is_true(json_object_get(res, "truncated")) ? "  (the first 10000 groups only)"
+                                                           : "");
     json_decref(res);
     return CLI_EXIT_OK;
 }

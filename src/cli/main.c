@@ -38,7 +38,7 @@ static const struct {
     {"sandbox", cli_cmd_sandbox}, {"image", cli_cmd_image},     {"serve", cmd_serve},
     {"doctor", cli_cmd_doctor},   {"login", cli_cmd_login},     {"logout", cli_cmd_logout},
     {"version", cli_cmd_version}, {"secrets", cli_cmd_secrets}, {"keys", cli_cmd_keys},
-    {"audit", cli_cmd_audit},
+    {"audit", cli_cmd_audit},     {"usage", cli_cmd_usage},
 };
 
 static int dispatch(struct cli_ctx *c, int argc, char **argv)

@@ -26,6 +26,7 @@ static const char usage_top[] =
     "  serve [OPTIONS]         run the daemon (see 'withruntime serve --help')\n"
     "  secrets set|list|rm     secrets bound to hosts, never seen inside a sandbox\n"
     "  keys create|list|set|revoke  API keys and their limits (the admin's)\n"
+    "  usage                   what sandboxes cost: by sandbox, key or day\n"
     "  audit                   who did what (the admin's)\n"
     "  doctor                  say which sandbox drivers this host can run, and why not\n"
     "  login URL [--key KEY]   save the daemon to use (~/.config/withruntime/connection.json)\n"

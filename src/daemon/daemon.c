@@ -55,6 +55,9 @@ void daemon_config_defaults(struct daemon_config *cfg)
     cfg->agent_deadline_ms = AGENTCONN_DEADLINE_MS;
     cfg->pids_max = 1024;
     cfg->default_disk_mib = 10240;
+    cfg->prices.vcpu_hour_micros = METER_DEFAULT_VCPU_HOUR;
+    cfg->prices.gib_hour_micros = METER_DEFAULT_GIB_HOUR;
+    cfg->prices.cpu_floor_permille = METER_DEFAULT_CPU_FLOOR;
     /* A quarter of the host's memory, at most 4 GiB, for output held in the daemon. */
     long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
     uint64_t ram = pages > 0 && psize > 0 ? (uint64_t)pages * (uint64_t)psize : (1ULL << 32);
@@ -395,7 +398,7 @@ int daemon_open(struct daemon *d, struct wr_err *err)
     /* Sandboxes left by a previous run are settled (stopped or deleted) before anyone asks. */
     while (work_pending(d->wq) > 0)
         event_base_loop(d->base, EVLOOP_ONCE);
-    return 0;
+    return meter_open(d, err);
 }
 
 int daemon_reserve_output(struct daemon *d, size_t n, const char *what, struct wr_err *err)
@@ -428,6 +431,7 @@ void daemon_tick(struct daemon *d)
         sandbox_check_leases(d);
         sandbox_cap_logs(d);
         sandbox_check_retention(d);
+        meter_tick(d);
     }
     /* Bursts (big transfers, many connections) leave freed memory in malloc's arenas; hand it
      * back so the daemon returns close to its idle size when the load ends. */
@@ -465,6 +469,7 @@ void daemon_close(struct daemon *d)
     d->extra_ca_pem = NULL;
     secrets_free(d->secrets);
     d->secrets = NULL;
+    meter_close(d);
     keys_free(d->keys);
     d->keys = NULL;
     if (d->store)

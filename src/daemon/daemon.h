@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "daemon/meter.h"
 
 struct daemon_config {
     char state_dir[PATH_MAX];
@@ -46,10 +47,12 @@ struct daemon_config {
     /* Sandbox networking (net/gateway.h): "auto" (on if this host can, else sandboxes get no
        network and internet:true is refused), "on" (refuse to start without it), "off". */
     char egress[8];
-    char dns_upstream[64];        /* "" = the host's first nameserver */
-    char public_ranges[1024];     /* extra ranges that count as public (tests) */
-    char extra_ca_file[PATH_MAX]; /* PEM certificates sandboxes trust besides the image's */
-    char host_names[1024];        /* names the TCP listener answers to besides its address */
+    char dns_upstream[64];           /* "" = the host's first nameserver */
+    char public_ranges[1024];        /* extra ranges that count as public (tests) */
+    char extra_ca_file[PATH_MAX];    /* PEM certificates sandboxes trust besides the image's */
+    char host_names[1024];           /* names the TCP listener answers to besides its address */
+    struct meter_prices prices;      /* daemon/meter.h */
+    char meter_clock_file[PATH_MAX]; /* tests: the meter's clock (unix ms) is read from here */
 };
 
 struct driver_ops;
@@ -82,6 +85,7 @@ struct daemon {
                                   cfg.extra_ca_file's certificates, read at open; NULL: none */
     struct secrets *secrets;   /* daemon/secrets.h */
     struct keys *keys;         /* API keys (daemon/keys.h) */
+    struct meter *meter;       /* money (daemon/meter.h) */
     int logcap_running;        /* a check is on a worker */
 };
 

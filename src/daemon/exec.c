@@ -19,6 +19,7 @@
 #include "daemon/agentconn.h"
 #include "daemon/command.h"
 #include "daemon/daemon.h"
+#include "daemon/meter.h"
 #include "daemon/sandbox.h"
 #include "daemon/service.h"
 
@@ -431,7 +432,8 @@ void svc_exec(struct daemon *d, const char *id, const struct exec_request *r, st
     struct wr_err err = {0};
     struct sandbox *sb = sandbox_lookup(d, id, s->who, &err);
     struct proto_buf b = {0};
-    if (!sb || sandbox_check_running(sb, &err) < 0 || build_exec(sb, r, &b, &err) < 0) {
+    if (!sb || sandbox_check_running(sb, &err) < 0 || meter_check_exec(sb, &err) < 0 ||
+        build_exec(sb, r, &b, &err) < 0) {
         proto_buf_free(&b);
         sink_fail(s, &err);
         return;

@@ -184,6 +184,11 @@ const struct api_key *keys_find(struct keys *k, const char *id)
     return NULL;
 }
 
+struct api_key *keys_head(struct keys *k)
+{
+    return k->list;
+}
+
 int principal_sees(const struct principal *who, const char *key_id)
 {
     return !who || who->admin || strcmp(who->owner_id, key_id) == 0;
@@ -293,8 +298,10 @@ const struct api_key *keys_update(struct keys *k, const char *id, const struct k
     struct api_key was = *key;
     if (o->has_read_only)
         key->read_only = o->read_only;
-    if (o->has_daily_limit)
+    if (o->has_daily_limit) {
         key->daily_limit_micros = o->daily_limit_micros;
+        key->exhausted_day = 0; /* the admin decided: its sandboxes may run again */
+    }
     if (o->has_max_sandboxes)
         key->max_sandboxes = o->max_sandboxes;
     if (persist(k, key, err) < 0) {
@@ -329,9 +336,10 @@ json_t *key_to_json(const struct api_key *k)
     format_rfc3339(k->revoked_at, revoked, sizeof(revoked));
     json_t *limit = k->daily_limit_micros >= 0 ? json_integer(k->daily_limit_micros) : json_null();
     json_t *maxsb = k->max_sandboxes >= 0 ? json_integer(k->max_sandboxes) : json_null();
-    return json_pack("{s:s, s:s, s:s, s:b, s:o, s:o, s:s, s:o}", "id", k->id, "owner_id",
+    return json_pack("{s:s, s:s, s:s, s:b, s:o, s:I, s:o, s:s, s:o}", "id", k->id, "owner_id",
                      k->owner_id, "name", k->name, "read_only", k->read_only, "daily_limit_micros",
-                     limit, "max_sandboxes", maxsb, "created_at", created, "revoked_at",
+                     limit, "spent_today_micros", (json_int_t)k->spent_micros, "max_sandboxes",
+                     maxsb, "created_at", created, "revoked_at",
                      k->revoked_at ? json_string(revoked) : json_null());
 }
 

@@ -42,6 +42,13 @@ struct api_key {
     int max_sandboxes;          /* sandboxes it may keep at once; -1: none */
     int64_t created_at;         /* unix seconds */
     int64_t revoked_at;         /* unix seconds; 0: in use */
+    /* Money (daemon/meter.c), in memory, rebuilt from the usage ledger at start: what its
+     * sandboxes were charged on UTC day spent_day, and what their reservations hold. */
+    int64_t spent_day; /* unix days */
+    int64_t spent_micros;
+    int64_t reserved_micros;
+    int64_t exhausted_day; /* the day its limit was reached (0: not): nothing more that day,
+                              unless the admin changes the limit */
     struct api_key *next;
 };
 
@@ -60,6 +67,9 @@ const struct api_key *keys_check(struct keys *k, const char *token);
 
 /** The key with this id (revoked or not), or NULL. */
 const struct api_key *keys_find(struct keys *k, const char *id);
+
+/** The first key (for walking the list with ->next, to update its spend), or NULL. */
+struct api_key *keys_head(struct keys *k);
 
 /** Returns 1 if who may see a sandbox owned by key_id ("" for the admin's). */
 int principal_sees(const struct principal *who, const char *key_id);

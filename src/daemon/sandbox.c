@@ -17,6 +17,7 @@
 #include "daemon/agentconn.h"
 #include "daemon/command.h"
 #include "daemon/keys.h"
+#include "daemon/meter.h"
 #include "daemon/netlog.h"
 #include "daemon/work.h"
 #include "driver/logcap.h"
@@ -29,10 +30,23 @@
 const char *const sandbox_state_names[] = {"creating", "running",  "stopped",  "failed",
                                            "deleting", "stopping", "starting", NULL};
 
-const char *const sandbox_reason_names[] = {
-    "user",        "created",         "lease_ended",     "agent_died",    "agent_unresponsive",
-    "oom",         "daemon_shutdown", "daemon_restart",  "create_failed", "start_failed",
-    "stop_failed", "delete_failed",   "retention_ended", "pruned",        NULL};
+const char *const sandbox_reason_names[] = {"user",
+                                            "created",
+                                            "lease_ended",
+                                            "agent_died",
+                                            "agent_unresponsive",
+                                            "oom",
+                                            "daemon_shutdown",
+                                            "daemon_restart",
+                                            "create_failed",
+                                            "start_failed",
+                                            "stop_failed",
+                                            "delete_failed",
+                                            "retention_ended",
+                                            "pruned",
+                                            "cost_cap",
+                                            "daily_limit",
+                                            NULL};
 
 const char *sandbox_state_name(enum sb_state s)
 {
@@ -89,11 +103,13 @@ struct sandbox *sandbox_new(struct daemon *d)
     sb->network = json_pack("{s:b}", "internet", 0);
     sb->secrets = json_object();
     sb->net_slot = -1;
+    sb->max_cost_micros = -1;
     return sb;
 }
 
 static void sandbox_free(struct sandbox *sb)
 {
+    meter_end(sb); /* gives back a reservation a create that never ran still held */
     command_free_all(sb);
     json_decref(sb->env);
     json_decref(sb->metadata);
@@ -178,6 +194,9 @@ json_t *sandbox_to_json(const struct sandbox *sb)
     }
     json_object_set_new(o, "secrets", names);
     json_object_set_new(o, "key_id", sb->key_id[0] ? json_string(sb->key_id) : json_null());
+    json_object_set_new(o, "max_cost_micros",
+                        sb->max_cost_micros >= 0 ? json_integer(sb->max_cost_micros) : json_null());
+    json_object_set_new(o, "cost_micros", json_integer(sb->cost_micros));
     if (sb->reason[0] && (sb->state == SB_FAILED || sb->state == SB_STOPPED))
         json_object_set_new(o, "state_reason", json_string(sb->reason));
     if (sb->detail[0] && sb->state == SB_FAILED) {
@@ -225,8 +244,15 @@ void sandbox_persist(struct sandbox *sb)
 static void change_state(struct sandbox *sb, enum sb_state st, const char *reason,
                          const char *detail)
 {
+    enum sb_state was = sb->state;
     sb->state = st;
     sb->state_since = now_unix();
+    /* Money: metered while running; leaving for anything but a start gives its reservation
+     * back (creating and starting hold the one their admission took). */
+    if (st == SB_RUNNING && was != SB_RUNNING)
+        meter_begin(sb);
+    else if (st != SB_RUNNING && st != SB_CREATING && st != SB_STARTING)
+        meter_end(sb);
     snprintf(sb->reason, sizeof(sb->reason), "%s", reason ? reason : "");
     snprintf(sb->detail, sizeof(sb->detail), "%s", detail ? detail : "");
     struct wr_err err = {0};
@@ -268,6 +294,18 @@ int sandbox_check_running(const struct sandbox *sb, struct wr_err *err)
 {
     if (sb->state == SB_RUNNING && agentconn_alive(sb->conn))
         return 0;
+    if (sb->state == SB_STOPPED && strcmp(sb->reason, "cost_cap") == 0)
+        return wr_err_kind(err, WR_E_COST_LIMIT, 0,
+                           "sandbox %s was stopped at its max_cost_micros (%lld micro-dollars; "
+                           "it cost %lld): it does not run again; its files are kept until it "
+                           "is deleted",
+                           sb->id, (long long)sb->max_cost_micros, (long long)sb->cost_micros);
+    if (sb->state == SB_STOPPED && strcmp(sb->reason, "daily_limit") == 0)
+        return wr_err_kind(err, WR_E_COST_LIMIT, 0,
+                           "sandbox %s was stopped at its key's daily spending limit (key %s); "
+                           "start it again once the limit allows (the next UTC day, or when the "
+                           "admin raises it)",
+                           sb->id, sb->key_id);
     if (sb->state == SB_STOPPED)
         return wr_err_kind(err, WR_E_CONFLICT, 0,
                            "sandbox %s is stopped (%s); start it with POST /v1/sandboxes/%s/start",
@@ -695,7 +733,9 @@ void sandbox_stop(struct sandbox *sb, const char *reason, sandbox_done_cb done, 
 {
     sandbox_set_state(sb, SB_STOPPING, reason);
     if (sb->conn) {
-        agentconn_close(sb->conn, "the sandbox is being stopped");
+        char why[96];
+        snprintf(why, sizeof(why), "the sandbox is being stopped (%s)", reason);
+        agentconn_close(sb->conn, why);
         sb->conn = NULL;
     }
     submit_stop(sb, JOB_STOP, reason, done, arg);
@@ -752,6 +792,9 @@ static int load_doc(struct sandbox *sb, const char *id, const char *state, const
     const char *key_id = json_string_value(json_object_get(o, "key_id"));
     if (key_id)
         snprintf(sb->key_id, sizeof(sb->key_id), "%s", key_id);
+    json_t *cap = json_object_get(o, "max_cost_micros");
+    if (json_is_integer(cap) && json_integer_value(cap) >= 0)
+        sb->max_cost_micros = json_integer_value(cap);
     if (ole)
         snprintf(sb->on_lease_end, sizeof(sb->on_lease_end), "%s", ole);
     if (env && json_is_object(env))

@@ -73,6 +73,17 @@ struct sandbox {
     enum sb_deferred deferred;
     void (*deferred_done)(struct sandbox *sb, int ok, const char *message, void *arg);
     void *deferred_arg;
+    /* Money (daemon/meter.h). */
+    int64_t max_cost_micros; /* its cap; -1: none */
+    int64_t cost_micros;     /* charged so far, every run */
+    int64_t reserved_micros; /* held against its cap and its key's daily limit */
+    int metering;            /* running and metered */
+    int meter_reading;       /* a stats read for the meter is in flight */
+    int meter_cpu_known;     /* meter_cpu_usec is a reading of this run's cgroup */
+    uint64_t meter_at_ms;    /* the meter's clock: charged up to here */
+    uint64_t meter_cpu_usec; /* its cgroup's CPU then */
+    uint64_t acc_cpu_usec;   /* billed since metering began in this daemon, priced whole */
+    uint64_t acc_mem_mib_ms; /* so rounding never drifts */
     struct sandbox *next;
 };
 

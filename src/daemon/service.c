@@ -15,6 +15,7 @@
 #include "daemon/admission.h"
 #include "daemon/daemon.h"
 #include "daemon/keys.h"
+#include "daemon/meter.h"
 #include "daemon/netlog.h"
 #include "daemon/sandbox.h"
 #include "daemon/secrets.h"
@@ -150,7 +151,8 @@ void svc_sandbox_create(struct daemon *d, const struct sandbox_opts *o, struct s
         json_decref(sb->network);
         sb->network = json_deep_copy(o->network);
     }
-    if (admission_check(d, sb, 1, &err) < 0) {
+    sb->max_cost_micros = o->max_cost_micros;
+    if (admission_check(d, sb, 1, &err) < 0 || meter_admit(sb, &err) < 0) {
         log_warn(NULL, "sandbox.refused", "error=\"%s\"", err.msg);
         sandbox_unref(sb);
         sink_fail(s, &err);
@@ -273,7 +275,7 @@ void svc_sandbox_start(struct daemon *d, const char *id, struct sink *s)
     /* Admitted before it is queued behind a failed one's cleanup: it counts as starting from
      * here, so no create takes its place meanwhile. */
     if ((sb->state == SB_STOPPED || sb->state == SB_FAILED) && sb->deferred == SB_DEFER_NONE &&
-        admission_check(d, sb, 0, &err) < 0) {
+        (admission_check(d, sb, 0, &err) < 0 || meter_admit(sb, &err) < 0)) {
         log_warn(sb->id, "sandbox.refused", "error=\"%s\"", err.msg);
         sink_fail(s, &err);
         return;

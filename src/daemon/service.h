@@ -34,6 +34,7 @@ struct sandbox_opts {
     json_t *metadata;         /* object of strings, borrowed; NULL = none */
     json_t *network;          /* normalised {"internet": bool[, "allow": [...]]}, borrowed */
     json_t *secrets;          /* array of secret names, borrowed; NULL = none */
+    int64_t max_cost_micros;  /* its cost cap; -1: none */
 };
 
 /** Creates and starts a sandbox; answers SINK_CREATED with it once its agent answered. */

@@ -3,7 +3,7 @@
  * (the same object the API returns), so adding an option needs no
  * migration; the state column is kept beside it for queries at start-up.
  * Fault points (common/fault.h), one per operation: store.open, store.put, store.delete,
- * store.list, store.event, store.events, store.secret, store.key, store.audit.
+ * store.list, store.event, store.events, store.secret, store.key, store.audit, store.usage.
  */
 #include "store/store.h"
 
@@ -60,7 +60,17 @@ static const char *schema =
     "  route TEXT NOT NULL,"
     "  sandbox_id TEXT NOT NULL,"
     "  status INTEGER NOT NULL"
-    ");";
+    ");"
+    "CREATE TABLE IF NOT EXISTS usage ("
+    "  sandbox_id TEXT NOT NULL,"
+    "  minute INTEGER NOT NULL,"
+    "  key_id TEXT NOT NULL,"
+    "  cost_micros INTEGER NOT NULL,"
+    "  cpu_usec INTEGER NOT NULL,"
+    "  memory_mib_ms INTEGER NOT NULL,"
+    "  PRIMARY KEY (sandbox_id, minute)"
+    ");"
+    "CREATE INDEX IF NOT EXISTS usage_by_minute ON usage (minute);";
 
 static int db_err(struct store *s, struct wr_err *err, const char *what)
 {
@@ -404,4 +414,95 @@ int store_audit_foreach(struct store *s, int64_t before_seq, int limit,
     }
     sqlite3_finalize(st);
     return rc == SQLITE_ROW || rc == SQLITE_DONE ? 0 : db_err(s, err, "read the audit trail");
+}
+
+/* ---- the usage ledger ---- */
+
+int store_usage_add(struct store *s, const struct store_usage *rows, size_t n, struct wr_err *err)
+{
+    if (n == 0)
+        return 0;
+    if (db_fault("store.usage", "record usage", err) < 0)
+        return -1;
+    if (sqlite3_exec(s->db, "BEGIN", NULL, NULL, NULL) != SQLITE_OK)
+        return db_err(s, err, "record usage");
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(s->db,
+                           "INSERT INTO usage (sandbox_id, minute, key_id, cost_micros, cpu_usec, "
+                           "memory_mib_ms) VALUES (?,?,?,?,?,?) ON CONFLICT (sandbox_id, minute) "
+                           "DO UPDATE SET cost_micros = cost_micros + excluded.cost_micros, "
+                           "cpu_usec = cpu_usec + excluded.cpu_usec, "
+                           "memory_mib_ms = memory_mib_ms + excluded.memory_mib_ms",
+                           -1, &st, NULL) != SQLITE_OK) {
+        db_err(s, err, "record usage");
+        sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        sqlite3_reset(st);
+        sqlite3_bind_text(st, 1, rows[i].sandbox_id, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 2, rows[i].minute);
+        sqlite3_bind_text(st, 3, rows[i].key_id, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 4, rows[i].cost_micros);
+        sqlite3_bind_int64(st, 5, rows[i].cpu_usec);
+        sqlite3_bind_int64(st, 6, rows[i].memory_mib_ms);
+        if (sqlite3_step(st) != SQLITE_DONE) {
+            db_err(s, err, "record usage");
+            sqlite3_finalize(st);
+            sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+            return -1;
+        }
+    }
+    sqlite3_finalize(st);
+    if (sqlite3_exec(s->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) {
+        db_err(s, err, "record usage");
+        sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+        return -1;
+    }
+    return 0;
+}
+
+int store_usage_sum(struct store *s, enum store_usage_group g, int64_t from_minute,
+                    int64_t to_minute, const char *key_id, int limit,
+                    int (*cb)(void *arg, const char *group, const struct store_usage *sum),
+                    void *arg, struct wr_err *err)
+{
+    if (db_fault("store.usage", "read usage", err) < 0)
+        return -1;
+    /* The group's column is one of three fixed expressions, never text from a request. */
+    static const char *const cols[] = {"sandbox_id", "key_id", "minute / 1440"};
+    char sql[512];
+    snprintf(sql, sizeof(sql),
+             "SELECT %s AS g, SUM(cost_micros), SUM(cpu_usec), SUM(memory_mib_ms) FROM usage "
+             "WHERE minute >= ? AND minute < ? AND (? IS NULL OR key_id = ?) GROUP BY g "
+             "ORDER BY g LIMIT ?",
+             cols[g]);
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(s->db, sql, -1, &st, NULL) != SQLITE_OK)
+        return db_err(s, err, "read usage");
+    sqlite3_bind_int64(st, 1, from_minute);
+    sqlite3_bind_int64(st, 2, to_minute);
+    if (key_id) {
+        sqlite3_bind_text(st, 3, key_id, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 4, key_id, -1, SQLITE_STATIC);
+    }
+    sqlite3_bind_int(st, 5, limit);
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        char group[64];
+        snprintf(group, sizeof(group), "%s",
+                 g == STORE_USAGE_BY_DAY ? "" : (const char *)sqlite3_column_text(st, 0));
+        struct store_usage u = {
+            .minute = g == STORE_USAGE_BY_DAY ? sqlite3_column_int64(st, 0) * 1440 : 0,
+            .cost_micros = sqlite3_column_int64(st, 1),
+            .cpu_usec = sqlite3_column_int64(st, 2),
+            .memory_mib_ms = sqlite3_column_int64(st, 3),
+        };
+        if (cb(arg, group, &u) != 0)
+            break;
+    }
+    sqlite3_finalize(st);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+        return db_err(s, err, "read usage");
+    return 0;
 }

@@ -86,4 +86,31 @@ int store_audit_foreach(struct store *s, int64_t before_seq, int limit,
                         int (*cb)(void *arg, int64_t seq, const struct store_audit *a), void *arg,
                         struct wr_err *err);
 
+/** Charges for one sandbox in one UTC minute (the usage ledger). */
+struct store_usage {
+    const char *sandbox_id;
+    const char *key_id;  /* its key's owner; "" for the admin's */
+    int64_t minute;      /* unix minutes */
+    int64_t cost_micros; /* micro-dollars */
+    int64_t cpu_usec;    /* CPU billed */
+    int64_t memory_mib_ms;
+};
+
+/** Adds rows to the ledger in one transaction: a row for a (sandbox, minute) it already has
+ * adds to it. */
+int store_usage_add(struct store *s, const struct store_usage *rows, size_t n, struct wr_err *err);
+
+enum store_usage_group { STORE_USAGE_BY_SANDBOX, STORE_USAGE_BY_KEY, STORE_USAGE_BY_DAY };
+
+/**
+ * Sums the ledger's rows with from_minute <= minute < to_minute (of key_id's sandboxes only,
+ * unless NULL) by group, in the group's order, at most limit groups: cb gets the group's
+ * sandbox or key id (by day: "" and sum->minute is the day's first minute). cb returns non-zero
+ * to stop.
+ */
+int store_usage_sum(struct store *s, enum store_usage_group g, int64_t from_minute,
+                    int64_t to_minute, const char *key_id, int limit,
+                    int (*cb)(void *arg, const char *group, const struct store_usage *sum),
+                    void *arg, struct wr_err *err);
+
 #endif

@@ -13,7 +13,7 @@ import pytest
 
 import withruntime
 from stubhttp import Stub, free_port
-from withruntime import Client, ConfigurationError, DaemonUnavailable, Sandbox
+from withruntime import AuthError, Client, ConfigurationError, DaemonUnavailable, Sandbox
 from withruntime.tools import sandbox_tools
 
 SECRET = "wr-test-secret-key-4f1b2c"
@@ -86,9 +86,16 @@ def test_saved_connection_under_home(clean_env, monkeypatch):
 
 
 def test_saved_connection_to_the_real_daemon(daemon, clean_env):
-    save_connection(clean_env, daemon.url)
+    save_connection(clean_env, daemon.url, daemon.key)
     with Sandbox.create(memory_mib=256, on_lease_end="delete") as sbx:
         assert sbx.exec("echo via saved").stdout == "via saved\n"
+
+
+def test_saved_connection_without_a_key_is_refused(daemon, clean_env):
+    save_connection(clean_env, daemon.url)
+    with pytest.raises(AuthError) as ei:
+        Sandbox.create(memory_mib=256, on_lease_end="delete")
+    assert ei.value.status == 401 and "API key" in ei.value.message
 
 
 def test_local_unix_socket(daemon, clean_env, monkeypatch):

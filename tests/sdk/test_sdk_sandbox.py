@@ -57,12 +57,12 @@ def test_unknown_option_gets_the_daemons_error(daemon, new_sandboxes):
     assert new_sandboxes() == []
 
 
-def test_max_cost_micros_is_refused_until_money_lands(daemon, new_sandboxes):
-    # the daemon meters no cost yet: it refuses the field (400 naming it) rather than drop it,
-    # and creates nothing. (When money lands, this becomes: honoured and returned.)
+def test_max_cost_micros_is_honoured_and_returned(daemon, new_sandboxes):
+    with Sandbox.create(memory_mib=256, max_cost_micros=250000, on_lease_end="delete") as sbx:
+        info = sbx.info
+        assert info["max_cost_micros"] == 250000 and 0 <= info["cost_micros"] < 250000
     with pytest.raises(InvalidRequest) as ei:
-        Sandbox.create(memory_mib=256, max_cost_micros=250000, on_lease_end="delete")
-    assert ei.value.status == 400 and ei.value.code == "invalid_request"
+        Sandbox.create(memory_mib=256, max_cost_micros=0)
     assert "max_cost_micros" in ei.value.message
     assert new_sandboxes() == []
 
