@@ -14,6 +14,7 @@
 #include "common/util.h"
 #include "daemon/daemon.h"
 #include "daemon/keys.h"
+#include "daemon/sandbox.h"
 #include "daemon/service.h"
 
 typedef void (*handler_fn)(struct daemon *, struct http_req *, struct route_match *);
@@ -228,7 +229,9 @@ void api_handle(struct http_req *req, void *ctx)
     switch (route_find(routes, WR_ARRAY_LEN(routes), method, path, &m)) {
     case ROUTE_OK: {
         c->route = pattern_of(m.handler);
-        if (c->route && strncmp(c->route, "/v1/sandboxes/{id}", 18) == 0)
+        /* The audit names a sandbox only by a well-formed id. */
+        if (c->route && strncmp(c->route, "/v1/sandboxes/{id}", 18) == 0 &&
+            sandbox_id_valid(m.params[0]))
             snprintf(c->sandbox_id, sizeof(c->sandbox_id), "%.39s", m.params[0]);
         /* Who may call it comes first: a read-only key gets its 403 whatever it sent. */
         if (route_allows(req, c, m.handler) < 0)

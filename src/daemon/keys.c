@@ -184,6 +184,14 @@ const struct api_key *keys_find(struct keys *k, const char *id)
     return NULL;
 }
 
+/* Returns 1 if s has the shape of a key id: "key_" and 16 base32 characters. */
+static int key_id_shaped(const char *s)
+{
+    if (strncmp(s, "key_", 4) != 0 || strlen(s) != 20)
+        return 0;
+    return strspn(s + 4, "abcdefghijklmnopqrstuvwxyz234567") == 16;
+}
+
 struct api_key *keys_head(struct keys *k)
 {
     return k->list;
@@ -243,9 +251,14 @@ const struct api_key *keys_create(struct keys *k, const struct key_opts *o,
             return NULL;
         }
     const struct api_key *owner = o->owner_id ? keys_find(k, o->owner_id) : NULL;
-    if (o->owner_id && (!owner || owner->revoked_at || strcmp(owner->owner_id, owner->id))) {
-        wr_err_kind(err, WR_E_INVALID, 0,
-                    "owner_id: %.40s is not a key in use that owns its own sandboxes", o->owner_id);
+    if (o->owner_id && !owner) {
+        wr_err_kind(err, key_id_shaped(o->owner_id) ? WR_E_NOT_FOUND : WR_E_INVALID, 0,
+                    "owner_id: no key %.40s", o->owner_id);
+        return NULL;
+    }
+    if (owner && (owner->revoked_at || strcmp(owner->owner_id, owner->id))) {
+        wr_err_kind(err, WR_E_CONFLICT, 0, "owner_id: %s is %s", owner->id,
+                    owner->revoked_at ? "revoked" : "made for another key's sandboxes itself");
         return NULL;
     }
     struct api_key *key = xcalloc(1, sizeof(*key));

@@ -565,7 +565,8 @@ def test_hostile_data_beyond_the_requested_length(hs):
     sid = hostile_sandbox(hs, "data_overrun")
     conn = http.client.HTTPConnection("127.0.0.1", hs.port, timeout=T)
     try:
-        conn.request("GET", f"/v1/sandboxes/{sid}/files/content?path=/f&length=10")
+        conn.request("GET", f"/v1/sandboxes/{sid}/files/content?path=/f&length=10",
+                     headers={"Authorization": f"Bearer {hs.key}"})
         resp = conn.getresponse()
         assert resp.status == 200
         with pytest.raises(http.client.IncompleteRead) as e:
