@@ -25,6 +25,10 @@
 #define PENDING_MAX 4096
 /* A gap longer than this (a clock set far ahead) is charged only this far. */
 #define MAX_GAP_MS (7LL * 86400 * 1000)
+/* The ledger keeps per-minute rows for this many days; older days are folded into one row per
+ * sandbox per day, checked this often. */
+#define MINUTE_ROWS_DAYS 7
+#define COMPACT_EVERY_MS (3600LL * 1000)
 /* Groups a usage query answers at most. */
 #define USAGE_GROUPS_MAX 10000
 
@@ -45,6 +49,7 @@ struct meter {
     size_t n;
     uint64_t flushed_at; /* meter clock */
     uint64_t rolled_at;
+    uint64_t compacted_at;
     uint64_t clock_last; /* the test clock's last good reading */
 };
 
@@ -455,6 +460,13 @@ void meter_tick(struct daemon *d)
         m->flushed_at = now;
         flush(d);
     }
+    if (now - m->compacted_at >= (uint64_t)COMPACT_EVERY_MS) {
+        m->compacted_at = now;
+        struct wr_err err = {0};
+        int64_t before = (today - MINUTE_ROWS_DAYS) * 1440;
+        if (store_usage_compact(d->store, before, &err) < 0)
+            log_error(NULL, "meter.compact_failed", "error=\"%s\"", err.msg);
+    }
 }
 
 /* ---- start: rebuilt from the ledger ---- */
@@ -490,6 +502,7 @@ int meter_open(struct daemon *d, struct wr_err *err)
     d->meter = m;
     uint64_t now = meter_clock(d);
     m->flushed_at = m->rolled_at = now;
+    m->compacted_at = now - COMPACT_EVERY_MS; /* on the first tick */
     int64_t today = wall_at(d, now, now) / MS_PER_DAY;
     for (struct api_key *k = d->keys ? keys_head(d->keys) : NULL; k; k = k->next)
         roll(k, today);

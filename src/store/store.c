@@ -506,3 +506,47 @@ int store_usage_sum(struct store *s, enum store_usage_group g, int64_t from_minu
         return db_err(s, err, "read usage");
     return 0;
 }
+
+int store_usage_compact(struct store *s, int64_t before_minute, struct wr_err *err)
+{
+    if (db_fault("store.usage", "compact usage", err) < 0)
+        return -1;
+    /* Rows before the cutoff's day become one row per sandbox per day (at the day's first
+     * minute, which is inside the range deleted, so it never meets a row it would add to). */
+    int64_t cut = before_minute - before_minute % 1440;
+    static const char *const steps[] = {
+        "CREATE TEMP TABLE IF NOT EXISTS usage_days (sandbox_id TEXT, minute INTEGER, key_id "
+        "TEXT, cost_micros INTEGER, cpu_usec INTEGER, memory_mib_ms INTEGER)",
+        "DELETE FROM usage_days",
+        "INSERT INTO usage_days SELECT sandbox_id, (minute / 1440) * 1440, MAX(key_id), "
+        "SUM(cost_micros), SUM(cpu_usec), SUM(memory_mib_ms) FROM usage WHERE minute < ?1 "
+        "GROUP BY sandbox_id, minute / 1440",
+        "DELETE FROM usage WHERE minute < ?1",
+        "INSERT INTO usage SELECT * FROM usage_days",
+        "DELETE FROM usage_days",
+    };
+    if (sqlite3_exec(s->db, "BEGIN", NULL, NULL, NULL) != SQLITE_OK)
+        return db_err(s, err, "compact usage");
+    for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
+        sqlite3_stmt *st = NULL;
+        int rc = sqlite3_prepare_v2(s->db, steps[i], -1, &st, NULL);
+        if (rc == SQLITE_OK) {
+            if (sqlite3_bind_parameter_count(st) > 0)
+                sqlite3_bind_int64(st, 1, cut);
+            rc = sqlite3_step(st);
+            rc = rc == SQLITE_DONE ? SQLITE_OK : rc;
+        }
+        sqlite3_finalize(st);
+        if (rc != SQLITE_OK) {
+            db_err(s, err, "compact usage");
+            sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+            return -1;
+        }
+    }
+    if (sqlite3_exec(s->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) {
+        db_err(s, err, "compact usage");
+        sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+        return -1;
+    }
+    return 0;
+}

@@ -100,6 +100,10 @@ struct store_usage {
  * adds to it. */
 int store_usage_add(struct store *s, const struct store_usage *rows, size_t n, struct wr_err *err);
 
+/** Folds the ledger's rows from days before before_minute's into one row per sandbox per day
+ * (the ledger keeps minutes for recent days only, so it grows with sandbox-days). */
+int store_usage_compact(struct store *s, int64_t before_minute, struct wr_err *err);
+
 enum store_usage_group { STORE_USAGE_BY_SANDBOX, STORE_USAGE_BY_KEY, STORE_USAGE_BY_DAY };
 
 /**

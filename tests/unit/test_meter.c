@@ -100,6 +100,23 @@ int main(void)
     ok(store_usage_sum(st, STORE_USAGE_BY_KEY, 0, 3 * 1440, NULL, 1, collect, &s, &err) == 0 &&
            s.n == 1 && s.group[0][0] == '\0' && s.u[0].cost_micros == 3,
        "by key, at most `limit` groups (the admin's first: \"\")");
+    /* Compacting folds the days before the cutoff's into one row per sandbox per day. */
+    ok(store_usage_compact(st, 2 * 1440 + 5, &err) == 0, "compacted (%s)", err.msg);
+    memset(&s, 0, sizeof(s));
+    ok(store_usage_sum(st, STORE_USAGE_BY_SANDBOX, 0, 3 * 1440, NULL, 100, collect, &s, &err) ==
+               0 &&
+           s.n == 2 && s.u[0].cost_micros == 22 && s.u[0].cpu_usec == 1500 &&
+           s.u[0].memory_mib_ms == 7500 && s.u[1].cost_micros == 3,
+       "the sums are the same after compacting");
+    memset(&s, 0, sizeof(s));
+    ok(store_usage_sum(st, STORE_USAGE_BY_SANDBOX, 1, 1440, NULL, 100, collect, &s, &err) == 0 &&
+           s.n == 0,
+       "day 0's minutes are now its first minute's row");
+    ok(store_usage_compact(st, 2 * 1440 + 5, &err) == 0, "compacting again is harmless");
+    memset(&s, 0, sizeof(s));
+    ok(store_usage_sum(st, STORE_USAGE_BY_DAY, 0, 3 * 1440, NULL, 100, collect, &s, &err) == 0 &&
+           s.n == 2 && s.u[0].cost_micros == 18 && s.u[1].cost_micros == 7,
+       "by day: still 18 then 7");
     store_close(st);
     char cmd[160];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
