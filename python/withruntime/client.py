@@ -2,10 +2,11 @@
 
 Where the daemon is, in order (the same order as the ``withruntime`` command line):
 
-1. ``RUNTIME_URL`` (``http://host:port`` or ``unix:/path/to/withruntime.sock``);
+1. ``RUNTIME_URL`` (``https://host:port``, ``http://host:port`` or
+   ``unix:/path/to/withruntime.sock``);
 2. the connection saved by ``withruntime login``:
    ``$XDG_CONFIG_HOME/withruntime/connection.json`` or ``~/.config/withruntime/connection.json``,
-   ``{"url": "...", "key": "..."}``;
+   ``{"url": "...", "key": "...", "ca_file": "..."}``;
 3. the local Unix socket ``$WITHRUNTIME_STATE_DIR/withruntime.sock`` (default
    ``/var/lib/withruntime/withruntime.sock``). When nothing answers there and we are root with
    the ``withruntime`` command on ``PATH``, that command is asked to start the daemon, as the
@@ -13,7 +14,12 @@ Where the daemon is, in order (the same order as the ``withruntime`` command lin
 
 ``RUNTIME_API_KEY``, when set, is the key in every case (over a saved connection's key). The key
 travels only in the ``Authorization: Bearer`` header; it is never part of a repr, a message or an
-exception.
+exception. It is never sent over plain ``http://`` to a host that is not loopback (127.0.0.0/8,
+``::1``, ``localhost``): such a call raises :class:`ConfigurationError` before connecting.
+
+An ``https://`` daemon's certificate must chain to the system's CAs, or to the CAs in
+``RUNTIME_CA_FILE`` (a PEM file; else the saved connection's ``ca_file``, else the ``ca_file``
+argument) when given, and name the URL's host.
 
 Every call opens its own connection, so one :class:`Client` (and every sandbox that uses it) can
 be shared between threads.
@@ -22,10 +28,12 @@ be shared between threads.
 from __future__ import annotations
 
 import http.client
+import ipaddress
 import json
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import threading
 import urllib.parse
@@ -53,10 +61,25 @@ class Connection:
     key: Optional[str] = None
     source: str = "argument"
     state_dir: Optional[str] = None  # set when this is the local daemon's socket
+    ca_file: Optional[str] = None  # https: trust only the CAs in this PEM file
 
     def __repr__(self) -> str:  # the key stays out of reprs and logs
         key = "set" if self.key else "none"
         return f"Connection(url={self.url!r}, key={key}, source={self.source!r})"
+
+
+def is_loopback_host(host: str) -> bool:
+    """True if host is this machine's loopback by its spelling alone: ``localhost``, an address in
+    127.0.0.0/8 or ``::1`` (IPv4-mapped too). Nothing is looked up."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
 
 
 def config_path() -> str:
@@ -67,7 +90,7 @@ def config_path() -> str:
     return os.path.join(os.path.expanduser("~"), ".config", "withruntime", "connection.json")
 
 
-def _load_saved(path: str) -> Optional[Tuple[str, Optional[str]]]:
+def _load_saved(path: str) -> Optional[Tuple[str, Optional[str], Optional[str]]]:
     try:
         with open(path, "rb") as f:
             raw = f.read()
@@ -84,22 +107,26 @@ def _load_saved(path: str) -> Optional[Tuple[str, Optional[str]]]:
     if not isinstance(url, str) or not url:
         raise ConfigurationError(f'{path}: no "url"; run `withruntime login URL` again')
     key = data.get("key")
-    return url, key if isinstance(key, str) and key else None
+    ca = data.get("ca_file")
+    return (url, key if isinstance(key, str) and key else None,
+            ca if isinstance(ca, str) and ca else None)
 
 
 def resolve_connection() -> Connection:
     """Finds the daemon the way the module docstring describes."""
     env_key = os.environ.get("RUNTIME_API_KEY") or None
+    env_ca = os.environ.get("RUNTIME_CA_FILE") or None
     url = os.environ.get("RUNTIME_URL")
     if url:
-        return Connection(url=url, key=env_key, source="RUNTIME_URL")
+        return Connection(url=url, key=env_key, source="RUNTIME_URL", ca_file=env_ca)
     path = config_path()
     saved = _load_saved(path)
     if saved is not None:
-        return Connection(url=saved[0], key=env_key or saved[1], source=path)
+        return Connection(url=saved[0], key=env_key or saved[1], source=path,
+                          ca_file=env_ca or saved[2])
     state_dir = os.environ.get("WITHRUNTIME_STATE_DIR") or DEFAULT_STATE_DIR
     return Connection(url="unix:" + os.path.join(state_dir, SOCKET_NAME), key=env_key,
-                      source="local socket", state_dir=state_dir)
+                      source="local socket", state_dir=state_dir, ca_file=env_ca)
 
 
 class _UnixHTTPConnection(http.client.HTTPConnection):
@@ -136,13 +163,16 @@ class Client:
     """A connection to one withruntime daemon.
 
     Args:
-        url: ``http://host:port`` (``https://`` works too, behind a TLS proxy) or
-            ``unix:/path/to/withruntime.sock``. Without it the daemon is found from the
-            environment (see the module docstring).
+        url: ``https://host:port`` (a daemon started with ``serve --tls-cert``),
+            ``http://host:port`` or ``unix:/path/to/withruntime.sock``. Without it the daemon is
+            found from the environment (see the module docstring).
         api_key: The bearer key. Without it (and without ``url``) it comes from
-            ``RUNTIME_API_KEY`` or the saved connection.
+            ``RUNTIME_API_KEY`` or the saved connection. It is never sent over plain
+            ``http://`` to a host that is not loopback.
         timeout: Seconds to wait on one socket operation of an ordinary call. Commands get
             their own timeout plus a margin.
+        ca_file: For ``https://``: trust only the CAs in this PEM file (default
+            ``RUNTIME_CA_FILE``, else the saved connection's, else the system's CAs).
     """
 
     def __init__(
@@ -151,15 +181,19 @@ class Client:
         api_key: Optional[str] = None,
         *,
         timeout: float = DEFAULT_TIMEOUT,
+        ca_file: Optional[str] = None,
     ) -> None:
         if url is None:
             conn = resolve_connection()
-            if api_key is not None:
-                conn = Connection(conn.url, api_key, conn.source, conn.state_dir)
+            if api_key is not None or ca_file is not None:
+                conn = Connection(conn.url, api_key if api_key is not None else conn.key,
+                                  conn.source, conn.state_dir, ca_file or conn.ca_file)
         else:
-            conn = Connection(url=url, key=api_key or None)
+            conn = Connection(url=url, key=api_key or None,
+                              ca_file=ca_file or os.environ.get("RUNTIME_CA_FILE") or None)
         self._conn = conn
         self._key = conn.key
+        self._ssl_context: Optional[ssl.SSLContext] = None
         self.timeout = timeout
         self._autostart_lock = threading.Lock()
         self._autostarted = False
@@ -210,11 +244,34 @@ class Client:
 
     # ---- transport ----
 
+    def _tls_context(self) -> ssl.SSLContext:
+        """The context for https: the system's CAs or the CA file; hostnames checked."""
+        if self._ssl_context is None:
+            ca = self._conn.ca_file
+            try:
+                ctx = ssl.create_default_context(cafile=ca)
+            except (OSError, ssl.SSLError) as e:
+                reason = getattr(e, "strerror", None) or getattr(e, "reason", None) or str(e)
+                raise ConfigurationError(f"cannot load the CA file {ca!r}: {reason}") from None
+            ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+            self._ssl_context = ctx
+        return self._ssl_context
+
+    def _check_key_safe(self) -> None:
+        """Refuses, before any connection, to send the key where it would cross a network
+        readable: plain http to a host that is not loopback."""
+        if (self._key and self._unix_path is None and not self._https
+                and not is_loopback_host(self._host)):
+            raise ConfigurationError(
+                f"refusing to send the API key in clear text to {self.url}: use https:// (the "
+                f"daemon's serve --tls-cert), or reach it on a loopback address (an SSH tunnel)")
+
     def _new_connection(self, timeout: Optional[float]) -> http.client.HTTPConnection:
         if self._unix_path is not None:
             return _UnixHTTPConnection(self._unix_path, timeout)
         if self._https:
-            return http.client.HTTPSConnection(self._host, self._port, timeout=timeout)
+            return http.client.HTTPSConnection(self._host, self._port, timeout=timeout,
+                                               context=self._tls_context())
         return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
 
     def _headers(self, content_type: Optional[str], extra: Optional[Mapping[str, str]]) -> Dict[str, str]:
@@ -228,6 +285,11 @@ class Client:
         return h
 
     def _unavailable(self, e: BaseException, timeout: Optional[float], sent: bool) -> DaemonUnavailable:
+        if isinstance(e, ssl.SSLError) and not sent:
+            msg = f"TLS handshake with the withruntime daemon at {self.url} failed: {e.reason}"
+            if e.reason in ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE"):
+                msg += "; is it serving https (serve --tls-cert)?"
+            return DaemonUnavailable(msg)
         if isinstance(e, (socket.timeout, TimeoutError)):
             msg = f"the withruntime daemon at {self.url} did not answer within {timeout:g} s"
         elif isinstance(e, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)):
@@ -279,6 +341,7 @@ class Client:
             items = [(k, _query_value(v)) for k, v in query.items() if v is not None]
             if items:
                 target += "?" + urllib.parse.urlencode(items, quote_via=urllib.parse.quote)
+        self._check_key_safe()
         hdrs = self._headers(content_type, headers)
         for attempt in (0, 1):
             conn = self._new_connection(timeout)
@@ -288,6 +351,11 @@ class Client:
                 conn.request(method, target, body=body, headers=hdrs)
                 sent = True
                 return conn, conn.getresponse()
+            except ssl.SSLCertVerificationError as e:
+                conn.close()
+                raise ConfigurationError(
+                    f"the certificate of the withruntime daemon at {self.url} is not trusted: "
+                    f"{e.verify_message} (give its CA with RUNTIME_CA_FILE or ca_file=)") from None
             except (OSError, http.client.HTTPException) as e:
                 conn.close()
                 refused = isinstance(e, (ConnectionRefusedError, FileNotFoundError)) and not sent

@@ -165,7 +165,9 @@ class DaemonUnavailable(WithruntimeError, ConnectionError):
 
 
 class ConfigurationError(WithruntimeError):
-    """The connection settings are unusable: a malformed ``RUNTIME_URL`` or saved connection."""
+    """The connection settings are unusable: a malformed ``RUNTIME_URL`` or saved connection, a
+    key that would go over plain ``http://`` to a host that is not loopback, an unreadable CA
+    file, or an ``https://`` daemon whose certificate is not trusted (or names another host)."""
 
     default_code = "configuration"
 

@@ -3,8 +3,9 @@
  *
  * - On TCP, the Host header must name the daemon: its own address as the client reached it,
  *   `localhost` on a loopback listener, or a name given with `serve --host-name`; and an
- *   Origin header, if any, must name the same. A web page the user visits cannot then drive
- *   the API, neither cross-site nor by rebinding a name of its own to 127.0.0.1.
+ *   Origin header, if any, must name the same, with the listener's scheme (https on TLS). A
+ *   web page the user visits cannot then drive the API, neither cross-site nor by rebinding a
+ *   name of its own to 127.0.0.1.
  * - Who is asking: root on the Unix socket without a key is the admin; everyone else needs a
  *   key (`Authorization: Bearer wr_...`). Every failure gets the same 401.
  * - A client that keeps sending wrong keys (by address on TCP, by uid on the Unix socket) is
@@ -176,15 +177,16 @@ static int names_us(const struct daemon *d, const struct http_peer *peer, const 
     return in_list(d->cfg.host_names, host);
 }
 
-/* Returns 1 if the Origin header (present) is the daemon's own. */
+/* Returns 1 if the Origin header (present) is the daemon's own: its scheme too (https on a
+ * TLS listener, http on a plain one). */
 static int origin_ok(const struct daemon *d, const struct http_peer *peer, const char *origin)
 {
     int def;
     const char *rest;
-    if (strncasecmp(origin, "http://", 7) == 0) {
+    if (!peer->tls && strncasecmp(origin, "http://", 7) == 0) {
         rest = origin + 7;
         def = 80;
-    } else if (strncasecmp(origin, "https://", 8) == 0) {
+    } else if (peer->tls && strncasecmp(origin, "https://", 8) == 0) {
         rest = origin + 8;
         def = 443;
     } else {

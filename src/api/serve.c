@@ -27,6 +27,8 @@ struct server {
     int max_conns;       /* --max-connections (0: from the fd limit) */
     int header_s;        /* --header-timeout */
     int body_memory_mib; /* --body-memory-mib */
+    char tls_cert[4096]; /* --tls-cert ("": plain HTTP on TCP) */
+    char tls_key[4096];  /* --tls-key */
 };
 
 #define IDLE_TIMEOUT_S 60
@@ -50,7 +52,7 @@ static void usage(FILE *out)
             "                         [--max-agent-log-kib N] [--stopped-retention DURATION]\n"
             "                         [--egress auto|on|off] [--dns-upstream ADDR[:PORT]]\n"
             "                         [--public-ranges CIDR,...] [--extra-ca-file PEM]\n"
-            "                         [--host-name NAME]...\n"
+            "                         [--host-name NAME]... [--tls-cert PEM --tls-key PEM]\n"
             "\n"
             "Runs the daemon: the HTTP API on HOST:PORT (default 127.0.0.1:7070) and on the Unix\n"
             "socket (default STATE_DIR/withruntime.sock). State lives in STATE_DIR (default\n"
@@ -118,6 +120,12 @@ static void usage(FILE *out)
             "                         it reached, localhost on a loopback listener, or such a\n"
             "                         name is refused. Every request on TCP needs an API key;\n"
             "                         root on the Unix socket is the admin.\n"
+            "  --tls-cert PEM         the TCP listener speaks TLS (1.2 or later) with this\n"
+            "  --tls-key PEM          certificate (chain, server's first) and its private key;\n"
+            "                         both or neither. Clients then use https://HOST:PORT (and\n"
+            "                         trust the certificate's CA: RUNTIME_CA_FILE). The Unix\n"
+            "                         socket stays plain. Without them, TCP is plain HTTP and a\n"
+            "                         key sent to it crosses the network readable.\n"
             "\n"
             "Money (see docs/api.md, \"Usage and costs\"), in micro-dollars:\n"
             "  --price-vcpu-hour N    a vCPU busy for an hour (default 25000: $0.025)\n"
@@ -221,6 +229,8 @@ static int parse_args(int argc, char **argv, struct server *srv)
                                          {"price-gib-hour", required_argument, NULL, 1002},
                                          {"cpu-floor-permille", required_argument, NULL, 1003},
                                          {"meter-clock", required_argument, NULL, 1004},
+                                         {"tls-cert", required_argument, NULL, 'c'},
+                                         {"tls-key", required_argument, NULL, 'k'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     optind = 1;
@@ -350,6 +360,17 @@ static int parse_args(int argc, char **argv, struct server *srv)
             if (host_name_add(cfg, optarg) < 0)
                 return -1;
             break;
+        case 'c':
+        case 'k': {
+            char *dst = c == 'c' ? srv->tls_cert : srv->tls_key;
+            if (!optarg[0] || strlen(optarg) >= sizeof(srv->tls_cert)) {
+                fprintf(stderr, "withruntime serve: --tls-%s wants a file name\n",
+                        c == 'c' ? "cert" : "key");
+                return -1;
+            }
+            snprintf(dst, sizeof(srv->tls_cert), "%s", optarg);
+            break;
+        }
         case 'C':
             if (flag_int("--max-connections", optarg, 8, 1000000, &srv->max_conns) < 0)
                 return -1;
@@ -410,6 +431,15 @@ static int parse_args(int argc, char **argv, struct server *srv)
         fprintf(stderr, "withruntime serve: unexpected argument %s\n", argv[optind]);
         return -1;
     }
+    if (!srv->tls_cert[0] != !srv->tls_key[0]) {
+        fprintf(stderr, "withruntime serve: --tls-cert and --tls-key go together\n");
+        return -1;
+    }
+    if (srv->tls_cert[0] && !cfg->listen_port) {
+        fprintf(stderr, "withruntime serve: --tls-cert is for the TCP listener, and --listen is "
+                        "none\n");
+        return -1;
+    }
     if (!cfg->socket_path[0])
         snprintf(cfg->socket_path, sizeof(cfg->socket_path), "%s/withruntime.sock", cfg->state_dir);
     return 0;
@@ -454,6 +484,8 @@ static int listen_all(struct server *s, struct wr_err *err)
     http_server_set_limits(s->http, max_conns, s->header_s, (size_t)s->body_memory_mib << 20);
     http_server_set_body_limit(s->http, api_body_limit, &s->d);
     http_server_set_reply_hook(s->http, api_reply_hook, &s->d);
+    if (s->tls_cert[0] && http_server_set_tls(s->http, s->tls_cert, s->tls_key, err) < 0)
+        return -1;
     if (cfg->listen_port &&
         http_server_listen_tcp(s->http, cfg->listen_host, cfg->listen_port, err) < 0)
         return -1;
@@ -496,11 +528,11 @@ int api_serve_main(int argc, char **argv)
     event_add(tick, &tv);
     struct daemon_config *cfg = &s.d.cfg;
     log_info(NULL, "daemon.started",
-             "state_dir=%s listen=%s:%d socket=%s agent=%s driver=%s sandboxes=%d idle_timeout=%d "
-             "max_connections=%d header_timeout=%d body_memory_mib=%d",
+             "state_dir=%s listen=%s:%d tls=%s socket=%s agent=%s driver=%s sandboxes=%d "
+             "idle_timeout=%d max_connections=%d header_timeout=%d body_memory_mib=%d",
              cfg->state_dir, cfg->listen_port ? cfg->listen_host : "none", cfg->listen_port,
-             cfg->socket_path, cfg->agent_path, cfg->driver, s.d.nsandboxes, s.idle_s, s.max_conns,
-             s.header_s, s.body_memory_mib);
+             s.tls_cert[0] ? "on" : "off", cfg->socket_path, cfg->agent_path, cfg->driver,
+             s.d.nsandboxes, s.idle_s, s.max_conns, s.header_s, s.body_memory_mib);
 
     event_base_dispatch(s.d.base);
 

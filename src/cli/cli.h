@@ -50,8 +50,9 @@ int cli_parse_kv(const char *s, json_t *obj);
  * Finds the daemon, the first time it is asked: RUNTIME_URL (with RUNTIME_API_KEY), else the
  * connection saved by `withruntime login`, else the Unix socket in the state directory, starting
  * the daemon there when nothing answers and we are root. --state-dir skips the first two.
- * RUNTIME_API_KEY, when set, is the key in every case. Returns 0 with *out set (owned by c),
- * or -1 with err set.
+ * RUNTIME_API_KEY, when set, is the key in every case, and RUNTIME_CA_FILE the CA file for an
+ * https URL (else the saved connection's, else the system's CAs). Returns 0 with *out set (owned
+ * by c), or -1 with err set.
  */
 int cli_endpoint_get(struct cli_ctx *c, const struct cli_endpoint **out /* OUT */,
                      struct wr_err *err);
@@ -59,8 +60,11 @@ int cli_endpoint_get(struct cli_ctx *c, const struct cli_endpoint **out /* OUT *
 /** Path of the saved connection file into buf. Returns 0, or -1 with err set. */
 int cli_connection_path(char *buf, size_t len, struct wr_err *err);
 
-/** Writes the saved connection (mode 0600, atomically). key may be "" or NULL. */
-int cli_connection_save(const char *url, const char *key, struct wr_err *err);
+/**
+ * Writes the saved connection (mode 0600, atomically). key and ca_file (the CA to trust for an
+ * https URL) may be "" or NULL.
+ */
+int cli_connection_save(const char *url, const char *key, const char *ca_file, struct wr_err *err);
 
 /** True if argv[1..] holds -h or --help before any "--". */
 bool cli_wants_help(int argc, char **argv);

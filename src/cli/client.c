@@ -6,9 +6,14 @@
  */
 #include "cli/client.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <netdb.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,6 +93,7 @@ void cli_signals_child_reset(void)
 
 struct io {
     int fd;
+    SSL *ssl; /* https: the TLS session over fd */
     const struct cli_request *req;
     const struct cli_endpoint *ep;
     uint64_t deadline_ms; /* 0: none */
@@ -129,8 +135,54 @@ static void io_progress(struct io *io)
         io->deadline_ms = 0;
 }
 
+/* The reason of OpenSSL's first queued error (the queue is emptied), or "unknown". */
+static const char *ssl_reason(char *buf, size_t len)
+{
+    unsigned long e, first = 0;
+    while ((e = ERR_get_error()) != 0)
+        if (!first)
+            first = e;
+    const char *r = first ? ERR_reason_error_string(first) : NULL;
+    snprintf(buf, len, "%s", r ? r : "unknown");
+    return buf;
+}
+
+/* What an SSL_read/SSL_write/SSL_connect that returned r wants: 0 after waiting for the socket
+ * (call again), or -1 with err set (errno-like codes, so a reset reads as one). */
+static int tls_want(struct io *io, int r, const char *doing, struct wr_err *err)
+{
+    int e = SSL_get_error(io->ssl, r);
+    char why[256];
+    switch (e) {
+    case SSL_ERROR_WANT_READ: return io_wait(io, POLLIN, err);
+    case SSL_ERROR_WANT_WRITE: return io_wait(io, POLLOUT, err);
+    case SSL_ERROR_SYSCALL:
+        if (errno == EINTR)
+            return 0;
+        if (errno)
+            return wr_err_sys(err, errno, "%s the daemon at %s", doing, io->ep->desc);
+        return wr_err_set(err, ECONNRESET, "%s the daemon at %s: the connection closed", doing,
+                          io->ep->desc);
+    default:
+        return wr_err_set(err, EPROTO, "%s the daemon at %s: TLS error (%s)", doing, io->ep->desc,
+                          ssl_reason(why, sizeof(why)));
+    }
+}
+
 static int io_send(struct io *io, const char *p, size_t n, struct wr_err *err)
 {
+    while (n > 0 && io->ssl) {
+        ERR_clear_error();
+        errno = 0;
+        int w = SSL_write(io->ssl, p, n > INT_MAX ? INT_MAX : (int)n);
+        if (w > 0) {
+            p += w;
+            n -= (size_t)w;
+            io_progress(io);
+        } else if (tls_want(io, w, "sending to", err) < 0) {
+            return -1;
+        }
+    }
     while (n > 0) {
         ssize_t w = send(io->fd, p, n, MSG_NOSIGNAL);
         if (w > 0) {
@@ -154,6 +206,22 @@ static int io_send(struct io *io, const char *p, size_t n, struct wr_err *err)
 /* Reads what is there (waiting for something). Returns bytes read, 0 at EOF, -1 on error. */
 static ssize_t io_recv(struct io *io, char *buf, size_t cap, struct wr_err *err)
 {
+    while (io->ssl) {
+        ERR_clear_error();
+        errno = 0;
+        int r = SSL_read(io->ssl, buf, cap > INT_MAX ? INT_MAX : (int)cap);
+        if (r > 0) {
+            io_progress(io);
+            return r;
+        }
+        /* The end of the stream, with or without a close_notify (the daemon closes without
+         * one): every answer is framed (Content-Length or chunked), so a cut one is still seen
+         * as cut where it matters. */
+        if (SSL_get_error(io->ssl, r) == SSL_ERROR_ZERO_RETURN)
+            return 0;
+        if (tls_want(io, r, "reading from", err) < 0)
+            return -1;
+    }
     for (;;) {
         ssize_t r = recv(io->fd, buf, cap, 0);
         if (r >= 0) {
@@ -247,6 +315,96 @@ static int connect_tcp(struct io *io, struct wr_err *err)
     }
     freeaddrinfo(res);
     return wr_err_sys(err, last, "cannot connect to the daemon at %s", io->ep->desc);
+}
+
+/* ---- TLS ---- */
+
+/* A client context trusting ep's CA file, or the system's CAs. NULL with err set. */
+static SSL_CTX *tls_ctx(const struct cli_endpoint *ep, struct wr_err *err)
+{
+    char why[256];
+    ERR_clear_error();
+    SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+    if (!ctx) {
+        wr_err_set(err, ENOMEM, "cannot make a TLS context (%s)", ssl_reason(why, sizeof(why)));
+        return NULL;
+    }
+    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+    SSL_CTX_set_options(ctx, SSL_OP_IGNORE_UNEXPECTED_EOF | SSL_OP_NO_COMPRESSION);
+    SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE);
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+    int ok;
+    if (ep->ca_file[0]) {
+        if (access(ep->ca_file, R_OK) < 0) {
+            wr_err_sys(err, errno, "cannot read the CA file %s", ep->ca_file);
+            SSL_CTX_free(ctx);
+            return NULL;
+        }
+        ok = SSL_CTX_load_verify_locations(ctx, ep->ca_file, NULL) == 1;
+    } else {
+        ok = SSL_CTX_set_default_verify_paths(ctx) == 1;
+    }
+    if (!ok) {
+        if (ep->ca_file[0])
+            wr_err_set(err, EINVAL, "the CA file %s holds no PEM certificate (%s)", ep->ca_file,
+                       ssl_reason(why, sizeof(why)));
+        else
+            wr_err_set(err, EINVAL, "cannot load the system's CA certificates (%s)",
+                       ssl_reason(why, sizeof(why)));
+        SSL_CTX_free(ctx);
+        return NULL;
+    }
+    return ctx;
+}
+
+/* The TLS handshake on io->fd: the daemon's certificate must chain to a trusted CA and name
+ * the URL's host (an IP address in the URL must be among its IP addresses). */
+static int tls_start(struct io *io, struct wr_err *err)
+{
+    const struct cli_endpoint *ep = io->ep;
+    SSL_CTX *ctx = tls_ctx(ep, err);
+    if (!ctx)
+        return -1;
+    io->ssl = SSL_new(ctx);
+    SSL_CTX_free(ctx); /* the session keeps its own reference */
+    if (!io->ssl)
+        return wr_err_set(err, ENOMEM, "cannot start TLS");
+    unsigned char addr[16];
+    const char *host = ep->url.host;
+    int is_ip = inet_pton(AF_INET, host, addr) == 1 || inet_pton(AF_INET6, host, addr) == 1;
+    if (is_ip) {
+        X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(io->ssl), host);
+    } else {
+        SSL_set_tlsext_host_name(io->ssl, host);
+        SSL_set_hostflags(io->ssl, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
+        SSL_set1_host(io->ssl, host);
+    }
+    SSL_set_fd(io->ssl, io->fd);
+    for (;;) {
+        ERR_clear_error();
+        errno = 0;
+        int r = SSL_connect(io->ssl);
+        if (r == 1)
+            return 0;
+        long v = SSL_get_verify_result(io->ssl);
+        if (v != X509_V_OK) {
+            ERR_clear_error();
+            return wr_err_set(err, EPROTO,
+                              "the certificate of the daemon at %s is not trusted: %s (give its "
+                              "CA with RUNTIME_CA_FILE, or `withruntime login URL --ca-file FILE`)",
+                              ep->desc, X509_verify_cert_error_string(v));
+        }
+        int e = SSL_get_error(io->ssl, r);
+        if (e == SSL_ERROR_SSL) {
+            char why[256];
+            return wr_err_set(err, EPROTO,
+                              "TLS handshake with the daemon at %s failed (%s); is it serving "
+                              "https (serve --tls-cert)?",
+                              ep->desc, ssl_reason(why, sizeof(why)));
+        }
+        if (tls_want(io, r, "TLS handshake with", err) < 0)
+            return -1;
+    }
 }
 
 /* ---- the request ---- */
@@ -511,6 +669,12 @@ int cli_request_do(const struct cli_endpoint *ep, const struct cli_request *req,
     io.deadline_ms =
         now_ms_monotonic() + (uint64_t)(req->timeout_ms > 0 ? req->timeout_ms : CONNECT_TIMEOUT_MS);
 
+    if (ep->key[0] && !cli_url_key_safe(&ep->url))
+        return wr_err_set(err, EPERM,
+                          "refusing to send the API key in clear text to %s: use https:// (the "
+                          "daemon's serve --tls-cert), or reach it on a loopback address (an SSH "
+                          "tunnel)",
+                          ep->desc);
     cleanup_free char *head = build_head(ep, req, err);
     if (!head)
         return -1;
@@ -518,6 +682,10 @@ int cli_request_do(const struct cli_endpoint *ep, const struct cli_request *req,
     if (r < 0)
         return -1;
     cleanup_close int fd = io.fd;
+    if (ep->url.tls && tls_start(&io, err) < 0) {
+        SSL_free(io.ssl);
+        return -1;
+    }
     io_progress(&io);
 
     bool send_failed = false;
@@ -528,12 +696,16 @@ int cli_request_do(const struct cli_endpoint *ep, const struct cli_request *req,
         r = io_send(&io, req->body, req->body_len, err);
     if (r < 0) {
         /* The daemon may have answered early (say, 413) and closed: read that answer. */
-        if (err->code != EPIPE && err->code != ECONNRESET)
+        if (err->code != EPIPE && err->code != ECONNRESET) {
+            SSL_free(io.ssl);
             return -1;
+        }
         send_failed = true;
     }
     /* No shutdown(SHUT_WR): some servers take a half-close as the client going away. */
-    return read_response(&io, req, resp, send_failed, err);
+    r = read_response(&io, req, resp, send_failed, err);
+    SSL_free(io.ssl);
+    return r;
 }
 
 void cli_response_free(struct cli_response *resp)

@@ -1,8 +1,10 @@
 /*
  * A small blocking HTTP/1.1 client for talking to the daemon: one request per connection
- * (Connection: close), over a Unix socket or TCP, with the body sent from memory or streamed
- * from a file descriptor, and the answer either buffered or handed to a callback as it arrives
- * (streamed exec output, file downloads). Parsing lives in wire.c; this file does the I/O.
+ * (Connection: close), over a Unix socket, TCP or TLS (the server's certificate checked against
+ * the system's CAs or a CA file, and its name against the URL's host), with the body sent from
+ * memory or streamed from a file descriptor, and the answer either buffered or handed to a callback
+ * as it arrives (streamed exec output, file downloads). Parsing lives in wire.c; this file does the
+ * I/O.
  */
 #ifndef WR_CLI_CLIENT_H
 #define WR_CLI_CLIENT_H
@@ -30,8 +32,9 @@
 /** A daemon to talk to: where, and with which key. */
 struct cli_endpoint {
     struct cli_url url;
-    char key[512];  /* API key for "Authorization: Bearer", "" for none */
-    char desc[300]; /* the URL as given, for messages */
+    char key[512];      /* API key for "Authorization: Bearer", "" for none */
+    char desc[300];     /* the URL as given, for messages */
+    char ca_file[4096]; /* https: trust only the CAs in this PEM file; "": the system's */
 };
 
 /** One request. Zero-initialise, then set what applies. */
@@ -66,7 +69,9 @@ void cli_request_init(struct cli_request *req, const char *method, const char *p
 /**
  * Sends req to the daemon at ep and reads the answer into resp. Returns 0 on a 2xx answer;
  * -1 with err set otherwise: a transport or protocol failure (resp->status 0, err->code an errno
- * value; ECANCELED when a stop signal interrupted a cancelable request), or a non-2xx answer
+ * value; ECANCELED when a stop signal interrupted a cancelable request; EPERM, before anything is
+ * sent or connected, when ep has a key and a plain http:// URL to a host that is not loopback,
+ * see cli_url_key_safe; EPROTO for a failed TLS handshake or certificate), or a non-2xx answer
  * (resp->status set, err->code CLI_EAPI, err->msg the daemon's message from the error envelope).
  * The caller frees resp in every case.
  */

@@ -65,7 +65,7 @@ static int mkdir_p(const char *path, mode_t mode, struct wr_err *err)
     return 0;
 }
 
-int cli_connection_save(const char *url, const char *key, struct wr_err *err)
+int cli_connection_save(const char *url, const char *key, const char *ca_file, struct wr_err *err)
 {
     char path[PATH_MAX];
     if (cli_connection_path(path, sizeof(path), err) < 0)
@@ -79,6 +79,8 @@ int cli_connection_save(const char *url, const char *key, struct wr_err *err)
     json_t *o = json_pack("{ss}", "url", url);
     if (key && key[0])
         json_object_set_new(o, "key", json_string(key));
+    if (ca_file && ca_file[0])
+        json_object_set_new(o, "ca_file", json_string(ca_file));
     cleanup_free char *text = json_dumps(o, JSON_INDENT(2));
     json_decref(o);
     if (!text)
@@ -118,6 +120,7 @@ static int connection_load(struct cli_endpoint *ep, struct wr_err *err)
         return wr_err_set(err, EINVAL, "%s: %s (run `withruntime login URL` again)", path, je.text);
     const char *url = json_string_value(json_object_get(o, "url"));
     const char *key = json_string_value(json_object_get(o, "key"));
+    const char *ca = json_string_value(json_object_get(o, "ca_file"));
     int r = 1;
     if (!url) {
         r = wr_err_set(err, EINVAL, "%s: no \"url\" (run `withruntime login URL` again)", path);
@@ -126,6 +129,7 @@ static int connection_load(struct cli_endpoint *ep, struct wr_err *err)
     } else {
         snprintf(ep->desc, sizeof(ep->desc), "%s", url);
         snprintf(ep->key, sizeof(ep->key), "%s", key ? key : "");
+        snprintf(ep->ca_file, sizeof(ep->ca_file), "%s", ca ? ca : "");
     }
     json_decref(o);
     return r;
@@ -351,6 +355,11 @@ int cli_endpoint_get(struct cli_ctx *c, const struct cli_endpoint **out, struct 
     if (key && key[0]) {
         if ((size_t)snprintf(ep->key, sizeof(ep->key), "%s", key) >= sizeof(ep->key))
             return wr_err_set(err, EINVAL, "RUNTIME_API_KEY is too long");
+    }
+    const char *ca = getenv("RUNTIME_CA_FILE");
+    if (ca && ca[0]) {
+        if ((size_t)snprintf(ep->ca_file, sizeof(ep->ca_file), "%s", ca) >= sizeof(ep->ca_file))
+            return wr_err_set(err, EINVAL, "RUNTIME_CA_FILE is too long");
     }
     c->have_ep = true;
     *out = ep;

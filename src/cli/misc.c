@@ -5,9 +5,11 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -29,7 +31,8 @@ static const char usage_top[] =
     "  usage                   what sandboxes cost: by sandbox, key or day\n"
     "  audit                   who did what (the admin's)\n"
     "  doctor                  say which sandbox drivers this host can run, and why not\n"
-    "  login URL [--key KEY]   save the daemon to use (~/.config/withruntime/connection.json)\n"
+    "  login URL               save the daemon to use and its key (asked for; or --key -\n"
+    "                          reads it from stdin), in ~/.config/withruntime/connection.json\n"
     "  logout                  forget the saved daemon\n"
     "  version                 print the version\n"
     "  help [COMMAND]          this help, or a command's\n"
@@ -40,22 +43,31 @@ static const char usage_top[] =
     "                    explicitly, it also means: use that daemon's socket, not\n"
     "                    RUNTIME_URL or a saved login\n"
     "\n"
-    "Finding the daemon: RUNTIME_URL (http://HOST:PORT or unix:/path.sock) with\n"
-    "RUNTIME_API_KEY; else the connection saved by 'withruntime login'; else the\n"
-    "Unix socket DIR/withruntime.sock, where a root user's command starts a daemon\n"
-    "(log in DIR/daemon.log) when none is running. RUNTIME_API_KEY, when set, is\n"
-    "sent as the bearer key in every case.\n"
+    "Finding the daemon: RUNTIME_URL (https://HOST:PORT, http://HOST:PORT or\n"
+    "unix:/path.sock) with RUNTIME_API_KEY; else the connection saved by\n"
+    "'withruntime login'; else the Unix socket DIR/withruntime.sock, where a root\n"
+    "user's command starts a daemon (log in DIR/daemon.log) when none is running.\n"
+    "RUNTIME_API_KEY, when set, is sent as the bearer key in every case. An https\n"
+    "daemon's certificate must chain to the system's CAs, or to RUNTIME_CA_FILE (a\n"
+    "PEM file) when set, and name the URL's host. A key is never sent over plain\n"
+    "http:// to a host other than loopback (127.0.0.0/8, ::1, localhost).\n"
     "\n"
     "Exit status: 0 on success, 1 on errors, 2 on usage errors; 'sandbox run' and\n"
     "'sandbox exec' exit with the command's status.\n";
 
 static const char usage_login[] =
-    "Usage: withruntime login URL [--key KEY|-]\n"
+    "Usage: withruntime login URL [--key -|KEY] [--ca-file FILE]\n"
     "\n"
-    "Saves URL (http://HOST:PORT or unix:/path.sock) and an API key as the daemon to\n"
-    "use when RUNTIME_URL is not set, in ~/.config/withruntime/connection.json (mode\n"
-    "0600). '--key -' reads the key from the first line of stdin. The daemon is\n"
-    "asked for its health; the connection is saved even if it does not answer.\n";
+    "Saves URL (https://HOST:PORT, http://HOST:PORT or unix:/path.sock) and an API\n"
+    "key as the daemon to use when RUNTIME_URL is not set, in\n"
+    "~/.config/withruntime/connection.json (mode 0600). Without --key, the key is\n"
+    "asked for on the terminal (not echoed; empty for none); '--key -' reads it from\n"
+    "the first line of stdin. '--key KEY' works too, but other users of this machine\n"
+    "can read it in the process list. --ca-file FILE: an https daemon's certificate\n"
+    "must chain to the CAs in this PEM file (saved with the connection) instead of\n"
+    "the system's. A key is refused for plain http:// to a host other than loopback:\n"
+    "it would cross the network readable. The daemon is asked for its health; the\n"
+    "connection is saved even if it does not answer.\n";
 
 static const char usage_logout[] = "Usage: withruntime logout\n"
                                    "\n"
@@ -87,15 +99,38 @@ static int read_key_stdin(char *buf, size_t len)
     return buf[0] ? 0 : -1;
 }
 
+/* Asks for the key on the terminal (stdin), not echoed. Returns 0 (buf "" for none), or -1. */
+static int read_key_prompt(const char *url, char *buf, size_t len)
+{
+    struct termios old, quiet;
+    if (tcgetattr(0, &old) < 0)
+        return -1;
+    quiet = old;
+    quiet.c_lflag &= ~(tcflag_t)ECHO;
+    quiet.c_lflag |= ECHONL;
+    fprintf(stderr, "API key for %s (not shown; empty for none): ", url);
+    fflush(stderr);
+    tcsetattr(0, TCSAFLUSH, &quiet);
+    char *got = fgets(buf, (int)len, stdin);
+    tcsetattr(0, TCSAFLUSH, &old);
+    if (!got)
+        return -1;
+    buf[strcspn(buf, "\r\n")] = '\0';
+    return 0;
+}
+
 int cli_cmd_login(struct cli_ctx *c, int argc, char **argv)
 {
     static const struct option opts[] = {
         {"key", required_argument, 0, 'k'},
+        {"ca-file", required_argument, 0, 'c'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     const char *key = NULL;
+    const char *ca_arg = NULL;
     char keybuf[512];
+    char ca_file[PATH_MAX] = "";
     int opt;
     optind = 0;
     opterr = 0;
@@ -103,6 +138,7 @@ int cli_cmd_login(struct cli_ctx *c, int argc, char **argv)
         switch (opt) {
         case 'h': fputs(usage_login, stdout); return CLI_EXIT_OK;
         case 'k': key = optarg; break;
+        case 'c': ca_arg = optarg; break;
         default:
             return cli_usage_error("login", "unknown option, or missing value: '%s'",
                                    argv[optind - 1]);
@@ -116,16 +152,42 @@ int cli_cmd_login(struct cli_ctx *c, int argc, char **argv)
     if (cli_url_parse(url, &ep.url, &err) < 0)
         return cli_usage_error("login", "%s", err.msg);
     snprintf(ep.desc, sizeof(ep.desc), "%s", url);
+    if (ca_arg) {
+        if (!ep.url.tls)
+            return cli_usage_error("login", "--ca-file is for https:// URLs");
+        /* saved absolute: later commands run from anywhere */
+        if (!realpath(ca_arg, ca_file) || access(ca_file, R_OK) < 0) {
+            cli_errorf("login: cannot read the CA file %s: %s", ca_arg, strerror(errno));
+            return CLI_EXIT_ERR;
+        }
+        snprintf(ep.ca_file, sizeof(ep.ca_file), "%s", ca_file);
+    } else if (getenv("RUNTIME_CA_FILE")) {
+        snprintf(ep.ca_file, sizeof(ep.ca_file), "%s", getenv("RUNTIME_CA_FILE"));
+    }
     if (key && strcmp(key, "-") == 0) {
         if (read_key_stdin(keybuf, sizeof(keybuf)) < 0)
             return cli_usage_error("login", "no key on stdin");
         key = keybuf;
+    } else if (key) {
+        cli_errorf("warning: a key given as '--key KEY' is visible to other users of this "
+                   "machine in the process list; use '--key -' (stdin) or the prompt instead");
+    } else if (!ep.url.is_unix && isatty(0)) {
+        if (read_key_prompt(url, keybuf, sizeof(keybuf)) < 0)
+            return cli_usage_error("login", "no key read from the terminal");
+        key = keybuf[0] ? keybuf : NULL;
     }
     if (key) {
         for (const char *p = key; *p; p++)
             if ((unsigned char)*p <= ' ' || *p == 0x7f)
                 return cli_usage_error("login", "the key has spaces or control characters");
         snprintf(ep.key, sizeof(ep.key), "%s", key);
+    }
+    if (ep.key[0] && !cli_url_key_safe(&ep.url)) {
+        cli_errorf("login: refusing to send or save a key for %s: over plain http:// to a host "
+                   "that is not loopback it would cross the network readable; use https:// (the "
+                   "daemon's serve --tls-cert) or an SSH tunnel to a loopback address",
+                   url);
+        return CLI_EXIT_ERR;
     }
 
     struct cli_request req;
@@ -144,7 +206,7 @@ int cli_cmd_login(struct cli_ctx *c, int argc, char **argv)
     }
     cli_response_free(&resp);
 
-    if (cli_connection_save(url, key, &err) < 0)
+    if (cli_connection_save(url, key, ca_file, &err) < 0)
         return cli_fail(&err);
     char path[PATH_MAX];
     if (cli_connection_path(path, sizeof(path), &err) == 0)

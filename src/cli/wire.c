@@ -5,6 +5,7 @@
  */
 #include "cli/wire.h"
 
+#include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
 #include <jansson.h>
@@ -57,15 +58,13 @@ int cli_url_parse(const char *s, struct cli_url *out, struct wr_err *err)
         return 0;
     }
     if (strncasecmp(s, "https://", 8) == 0)
-        return wr_err_set(err, EPROTONOSUPPORT,
-                          "bad URL '%s': https is not supported by the CLI yet; use http:// "
-                          "(for example through an SSH tunnel)",
-                          s);
-    if (strncasecmp(s, "http://", 7) != 0)
-        return wr_err_set(err, EINVAL,
-                          "bad URL '%s': expected http://HOST:PORT or unix:/path/to.sock", s);
+        out->tls = true;
+    else if (strncasecmp(s, "http://", 7) != 0)
+        return wr_err_set(
+            err, EINVAL,
+            "bad URL '%s': expected https://HOST:PORT, http://HOST:PORT or unix:/path/to.sock", s);
 
-    const char *auth = s + 7;
+    const char *auth = s + (out->tls ? 8 : 7);
     size_t alen = strcspn(auth, "/?#");
     const char *rest = auth + alen;
     if (*rest == '?' || *rest == '#' || strpbrk(rest, "?#"))
@@ -113,7 +112,7 @@ int cli_url_parse(const char *s, struct cli_url *out, struct wr_err *err)
         if (parse_port(port, plen, out->port, sizeof(out->port)) < 0)
             return wr_err_set(err, EINVAL, "bad URL '%s': bad port", s);
     } else {
-        snprintf(out->port, sizeof(out->port), "80");
+        snprintf(out->port, sizeof(out->port), "%s", out->tls ? "443" : "80");
     }
 
     size_t rlen = strlen(rest);
@@ -127,6 +126,25 @@ int cli_url_parse(const char *s, struct cli_url *out, struct wr_err *err)
             return wr_err_set(err, EINVAL, "bad URL '%s': bad character in path", s);
     }
     return 0;
+}
+
+bool cli_host_is_loopback(const char *host)
+{
+    if (strcasecmp(host, "localhost") == 0 || strcasecmp(host, "localhost.") == 0)
+        return true;
+    unsigned char a[16];
+    if (inet_pton(AF_INET, host, a) == 1)
+        return a[0] == 127;
+    if (inet_pton(AF_INET6, host, a) != 1)
+        return false;
+    static const unsigned char one[16] = {[15] = 1};
+    static const unsigned char mapped[12] = {[10] = 0xff, [11] = 0xff};
+    return memcmp(a, one, 16) == 0 || (memcmp(a, mapped, 12) == 0 && a[12] == 127);
+}
+
+bool cli_url_key_safe(const struct cli_url *url)
+{
+    return url->is_unix || url->tls || cli_host_is_loopback(url->host);
 }
 
 /* ---- response heads ---- */

@@ -26,6 +26,7 @@
 /** Where the daemon is: a Unix socket path, or a TCP host and port plus an optional path prefix. */
 struct cli_url {
     bool is_unix;
+    bool tls;         /* https:// */
     char path[108];   /* Unix socket path (sun_path size) */
     char host[256];   /* TCP host name or address, without IPv6 brackets */
     char port[8];     /* TCP port as text */
@@ -33,10 +34,24 @@ struct cli_url {
 };
 
 /**
- * Parses a base URL: "http://host[:port][/prefix]", "http://[v6addr]:port", "unix:/path.sock"
- * or "unix:///path.sock". Returns 0, or -1 with err set (https and other schemes are refused).
+ * Parses a base URL: "http[s]://host[:port][/prefix]", "http[s]://[v6addr]:port",
+ * "unix:/path.sock" or "unix:///path.sock" (default ports 80 and 443). Returns 0, or -1 with err
+ * set (other schemes are refused).
  */
 int cli_url_parse(const char *s, struct cli_url *out /* OUT */, struct wr_err *err);
+
+/**
+ * Returns true if host (a URL's, without brackets) is this machine's loopback by its spelling
+ * alone: "localhost", an address in 127.0.0.0/8 or ::1 (IPv4-mapped too). Nothing is looked up,
+ * so a name that only resolves to loopback is not one.
+ */
+bool cli_host_is_loopback(const char *host);
+
+/**
+ * Returns true if a key may be sent to url: over TLS, the Unix socket, or plain HTTP to a
+ * loopback host (cli_host_is_loopback). Anything else would carry it readable over a network.
+ */
+bool cli_url_key_safe(const struct cli_url *url);
 
 /** A parsed HTTP/1.x response head. */
 struct cli_head {

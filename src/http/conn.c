@@ -24,6 +24,7 @@
 
 #include <errno.h>
 #include <event2/buffer.h>
+#include <event2/bufferevent_ssl.h>
 #include <event2/http.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -56,6 +57,7 @@ struct conn {
     int waiting;
     int pending;
     int kill; /* to be closed by the timer (a refusal that could not be sent, too much dropped) */
+    int tls;  /* the bufferevent is OpenSSL's: its input holds what was decrypted */
     size_t reserved;
     int64_t body_left; /* -1: chunked, until its handler has it */
     size_t need;       /* what a HELD body will reserve */
@@ -76,6 +78,7 @@ struct conns {
     void *accept_ctx;
     conn_body_limit_fn limit_fn;
     void *limit_ctx;
+    SSL_CTX *tls_ctx; /* for conns_new_tls_bev (not owned) */
     struct conn_list all;
     struct conn_list line;
     struct conn_list pend;
@@ -297,9 +300,20 @@ static void parse_head(const char *s, size_t n, struct head_info *h)
     }
 }
 
-/* An error answer in the API's JSON, written straight to the socket: no handler sees this
- * request. False if it cannot go out whole now (an earlier answer still waiting to be sent, a
- * full socket). */
+/* A refused TLS connection's bufferevent reports its end (or evhttp's timeout): it closes. */
+static void on_refused_event(struct bufferevent *bev, short what, void *arg)
+{
+    struct conn *c = arg;
+    if (!c->kill) {
+        c->kill = 1;
+        arm(c, 0);
+    }
+}
+
+/* An error answer in the API's JSON, written straight to the socket (on TLS: through the
+ * bufferevent, whose callbacks the layer takes from evhttp until the close): no handler sees
+ * this request. False if it cannot go out whole now (an earlier answer still waiting to be
+ * sent, a full socket). */
 static int send_refusal(struct conn *c, const char *status, const char *code, const char *message)
 {
     char msg[768];
@@ -314,6 +328,17 @@ static int send_refusal(struct conn *c, const char *status, const char *code, co
     if (fd < 0 || ml >= (int)sizeof(msg) ||
         evbuffer_get_length(bufferevent_get_output(c->bev)) != 0)
         return 0;
+    if (c->tls) {
+        /* evhttp must not see what follows (its write callback would finish a response it
+         * never started); the connection is the layer's until it closes */
+        if (!c->evcon)
+            return 0;
+        bufferevent_setcb(c->bev, NULL, NULL, on_refused_event, c);
+        if (bufferevent_write(c->bev, msg, (size_t)ml) < 0)
+            return 0;
+        bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+        return 1;
+    }
     if (send(fd, msg, (size_t)ml, MSG_NOSIGNAL | MSG_DONTWAIT) != ml)
         return 0;
     shutdown(fd, SHUT_WR);
@@ -571,15 +596,13 @@ static void evict_idle(struct conns *cs)
     }
 }
 
-struct bufferevent *conns_new_bev(struct event_base *base, void *arg)
+/* Takes bev (a connection evhttp is accepting) into the layer; returns it. */
+static struct bufferevent *conn_add(struct conns *cs, struct bufferevent *bev, int tls)
 {
-    struct conns *cs = arg;
-    struct bufferevent *bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
-    if (!bev)
-        return NULL;
     struct conn *c = xcalloc(1, sizeof(*c));
     c->cs = cs;
     c->bev = bev;
+    c->tls = tls;
     c->in_cb = evbuffer_add_cb(bufferevent_get_input(bev), on_input, c);
     TAILQ_INSERT_TAIL(&cs->all, c, all);
     cs->open++;
@@ -596,7 +619,40 @@ struct bufferevent *conns_new_bev(struct event_base *base, void *arg)
         cs->st.paused++;
         cs->accept_fn(0, cs->accept_ctx);
     }
+    if (tls) {
+        /* The handshake is the first header block's start: it and that block must be done by
+         * the header deadline, so a client that connects and never speaks TLS is closed like a
+         * slow plain one (no decrypted byte would ever start the clock). */
+        c->state = C_HEAD;
+        arm(c, cs->lim.header_timeout_s * 1000);
+    }
     return bev;
+}
+
+struct bufferevent *conns_new_bev(struct event_base *base, void *arg)
+{
+    struct bufferevent *bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
+    return bev ? conn_add(arg, bev, 0) : NULL;
+}
+
+struct bufferevent *conns_new_tls_bev(struct event_base *base, void *arg)
+{
+    struct conns *cs = arg;
+    if (!cs->tls_ctx)
+        return NULL;
+    SSL *ssl = SSL_new(cs->tls_ctx);
+    if (!ssl)
+        return NULL;
+    /* ssl is freed with the bufferevent (libevent 2.1 leaves it to us if that fails) */
+    struct bufferevent *bev = bufferevent_openssl_socket_new(
+        base, -1, ssl, BUFFEREVENT_SSL_ACCEPTING, BEV_OPT_CLOSE_ON_FREE);
+    if (!bev) {
+        SSL_free(ssl);
+        return NULL;
+    }
+    /* A client that closes without a TLS close_notify has just gone, like a plain one. */
+    bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
+    return conn_add(cs, bev, 1);
 }
 
 static struct conn *find(struct conns *cs, struct evhttp_connection *evcon)
@@ -683,6 +739,11 @@ void conns_set_limits(struct conns *cs, const struct conn_limits *lim)
 {
     cs->lim = *lim;
     admit_waiting(cs);
+}
+
+void conns_set_tls(struct conns *cs, SSL_CTX *ctx)
+{
+    cs->tls_ctx = ctx;
 }
 
 void conns_set_body_limit(struct conns *cs, conn_body_limit_fn fn, void *ctx)

@@ -7,7 +7,8 @@
  *   - a connection cap: at the cap the connection idle the longest is closed for the new one;
  *     with none idle, the listeners pause until one closes (clients wait in the backlog);
  *   - a header deadline: a request's header block must arrive within header_timeout seconds of
- *     its first byte (a slowloris client is closed);
+ *     its first byte (a slowloris client is closed); on TLS, the first one within that long of
+ *     the connection (the handshake counts);
  *   - per-route body limits, from the headers: a Content-Length over the route's limit is
  *     answered 413 (the API's JSON error) before any of the body is read, and the connection's
  *     body limit is set to the route's before evhttp reads the headers, so evhttp cuts a
@@ -21,6 +22,7 @@
 
 #include <event2/bufferevent.h>
 #include <event2/event.h>
+#include <openssl/ssl.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -52,6 +54,16 @@ void conns_set_body_limit(struct conns *cs, conn_body_limit_fn fn, void *ctx);
 
 /** evhttp's bufferevent factory (evhttp_set_bevcb): a socket bufferevent the layer watches. */
 struct bufferevent *conns_new_bev(struct event_base *base, void *cs);
+
+/** The TLS context of conns_new_tls_bev (not owned: it must outlive cs's connections). */
+void conns_set_tls(struct conns *cs, SSL_CTX *ctx);
+
+/**
+ * The same for a TLS listener: an OpenSSL bufferevent accepting a handshake with conns_set_tls's
+ * context. The layer sees the decrypted bytes; the handshake and the first header block share
+ * the header deadline. NULL without a context.
+ */
+struct bufferevent *conns_new_tls_bev(struct event_base *base, void *cs);
 
 struct evhttp_connection;
 

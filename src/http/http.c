@@ -10,10 +10,12 @@
 #include <errno.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 #include <event2/listener.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -27,6 +29,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "http/conn.h"
+#include "http/tls.h"
 
 #define MAX_LISTENERS 4
 
@@ -47,10 +50,14 @@
 
 struct http_server {
     struct event_base *base;
-    struct evhttp *http;
+    struct evhttp *http;  /* plain listeners */
+    struct evhttp *https; /* TLS listeners (evhttp 2.1 has one bufferevent factory per evhttp) */
+    SSL_CTX *tls;         /* http_server_set_tls's */
+    size_t max_body;
     http_handler handler;
     void *ctx;
     struct evhttp_bound_socket *bound[MAX_LISTENERS];
+    struct evhttp *bound_http[MAX_LISTENERS]; /* the evhttp each listener belongs to */
     int nbound;
     struct event *resume; /* re-enables paused listeners */
     uint64_t accept_errors;
@@ -143,10 +150,11 @@ static void on_accept_error(struct evconnlistener *l, void *arg)
     evtimer_add(s->resume, &tv);
 }
 
-/* Takes b into the server's list of listeners. */
-static void add_bound(struct http_server *s, struct evhttp_bound_socket *b)
+/* Takes b (of h) into the server's list of listeners. */
+static void add_bound(struct http_server *s, struct evhttp *h, struct evhttp_bound_socket *b)
 {
     evconnlistener_set_error_cb(evhttp_bound_socket_get_listener(b), on_accept_error);
+    s->bound_http[s->nbound] = h;
     s->bound[s->nbound++] = b;
     set_accepting(s);
 }
@@ -220,6 +228,26 @@ static void on_request(struct evhttp_request *req, void *arg)
     s->handler(r, s->ctx);
 }
 
+/* An evhttp set up the way every listener's is; its connections come from bevcb. */
+static struct evhttp *evhttp_make(struct http_server *s,
+                                  struct bufferevent *(*bevcb)(struct event_base *, void *))
+{
+    struct evhttp *h = evhttp_new(s->base);
+    if (!h)
+        return NULL;
+    evhttp_set_max_body_size(h, (ev_ssize_t)s->max_body);
+    evhttp_set_max_headers_size(h, HTTP_MAX_HEADER);
+    evhttp_set_bevcb(h, bevcb, s->conns);
+    /* Every method evhttp knows reaches the router, so an undeclared one gets a JSON 405
+     * naming the allowed methods, not evhttp's own HTML 501. */
+    evhttp_set_allowed_methods(h, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_PUT |
+                                      EVHTTP_REQ_DELETE | EVHTTP_REQ_HEAD | EVHTTP_REQ_PATCH |
+                                      EVHTTP_REQ_OPTIONS | EVHTTP_REQ_TRACE | EVHTTP_REQ_CONNECT);
+    evhttp_set_timeout(h, s->idle_s);
+    evhttp_set_gencb(h, on_request, s);
+    return h;
+}
+
 struct http_server *http_server_new(struct event_base *base, http_handler handler, void *ctx,
                                     size_t max_body, struct wr_err *err)
 {
@@ -227,14 +255,8 @@ struct http_server *http_server_new(struct event_base *base, http_handler handle
     s->base = base;
     s->handler = handler;
     s->ctx = ctx;
-    s->http = evhttp_new(base);
-    if (!s->http) {
-        free(s);
-        wr_err_set(err, ENOMEM, "cannot create the HTTP server");
-        return NULL;
-    }
-    evhttp_set_max_body_size(s->http, (ev_ssize_t)max_body);
-    evhttp_set_max_headers_size(s->http, HTTP_MAX_HEADER);
+    s->max_body = max_body;
+    s->idle_s = HTTP_DEFAULT_IDLE_S;
     s->lim = (struct conn_limits){.max_conns = HTTP_DEFAULT_MAX_CONNS,
                                   .header_timeout_s = HTTP_DEFAULT_HEADER_S,
                                   .max_header = HTTP_MAX_HEADER,
@@ -242,23 +264,41 @@ struct http_server *http_server_new(struct event_base *base, http_handler handle
                                   .body_budget = HTTP_DEFAULT_BODY_BUDGET,
                                   .wait_s = HTTP_DEFAULT_IDLE_S};
     s->conns = conns_new(base, &s->lim, on_cap, s);
-    evhttp_set_bevcb(s->http, conns_new_bev, s->conns);
-    /* Every method evhttp knows reaches the router, so an undeclared one gets a JSON 405
-     * naming the allowed methods, not evhttp's own HTML 501. */
-    evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_PUT |
-                                            EVHTTP_REQ_DELETE | EVHTTP_REQ_HEAD | EVHTTP_REQ_PATCH |
-                                            EVHTTP_REQ_OPTIONS | EVHTTP_REQ_TRACE |
-                                            EVHTTP_REQ_CONNECT);
-    http_server_set_idle_timeout(s, HTTP_DEFAULT_IDLE_S);
-    evhttp_set_gencb(s->http, on_request, s);
+    s->http = evhttp_make(s, conns_new_bev);
+    if (!s->http) {
+        conns_free(s->conns);
+        free(s);
+        wr_err_set(err, ENOMEM, "cannot create the HTTP server");
+        return NULL;
+    }
     s->resume = evtimer_new(base, on_resume, s);
     return s;
+}
+
+int http_server_set_tls(struct http_server *s, const char *cert_file, const char *key_file,
+                        struct wr_err *err)
+{
+    if (s->tls)
+        return wr_err_set(err, EINVAL, "TLS is set already");
+    SSL_CTX *ctx = tls_server_ctx(cert_file, key_file, err);
+    if (!ctx)
+        return -1;
+    s->https = evhttp_make(s, conns_new_tls_bev);
+    if (!s->https) {
+        SSL_CTX_free(ctx);
+        return wr_err_set(err, ENOMEM, "cannot create the HTTPS server");
+    }
+    s->tls = ctx;
+    conns_set_tls(s->conns, ctx);
+    return 0;
 }
 
 void http_server_set_idle_timeout(struct http_server *s, int secs)
 {
     s->idle_s = secs;
     evhttp_set_timeout(s->http, secs);
+    if (s->https)
+        evhttp_set_timeout(s->https, secs);
     if (s->conns) {
         s->lim.wait_s = secs;
         conns_set_limits(s->conns, &s->lim);
@@ -291,10 +331,11 @@ int http_server_listen_tcp(struct http_server *s, const char *host, int port, st
 {
     if (s->nbound >= MAX_LISTENERS)
         return wr_err_set(err, EINVAL, "too many listeners");
-    struct evhttp_bound_socket *b = evhttp_bind_socket_with_handle(s->http, host, (uint16_t)port);
+    struct evhttp *h = s->https ? s->https : s->http;
+    struct evhttp_bound_socket *b = evhttp_bind_socket_with_handle(h, host, (uint16_t)port);
     if (!b)
         return wr_err_sys(err, errno, "listen on %s:%d", host, port);
-    add_bound(s, b);
+    add_bound(s, h, b);
     return 0;
 }
 
@@ -340,7 +381,7 @@ int http_server_listen_unix(struct http_server *s, const char *path, struct wr_e
         evconnlistener_free(l);
         return wr_err_set(err, ENOMEM, "listen on %s", path);
     }
-    add_bound(s, b);
+    add_bound(s, s->http, b);
     snprintf(s->unix_path, sizeof(s->unix_path), "%s", path);
     return 0;
 }
@@ -350,7 +391,7 @@ void http_server_stop_accepting(struct http_server *s)
     if (s->resume)
         evtimer_del(s->resume);
     for (int i = 0; i < s->nbound; i++)
-        evhttp_del_accept_socket(s->http, s->bound[i]);
+        evhttp_del_accept_socket(s->bound_http[i], s->bound[i]);
     s->nbound = 0;
     if (s->unix_path[0]) {
         unlink(s->unix_path);
@@ -366,7 +407,11 @@ void http_server_free(struct http_server *s)
     if (s->resume)
         event_free(s->resume);
     evhttp_free(s->http);
+    if (s->https)
+        evhttp_free(s->https);
     conns_free(s->conns);
+    if (s->tls)
+        SSL_CTX_free(s->tls);
     free(s);
 }
 
@@ -493,6 +538,7 @@ int http_req_peer(struct http_req *r, struct http_peer *out)
     if (fd < 0 || getsockname(fd, (struct sockaddr *)&local, &llen) < 0 ||
         getpeername(fd, (struct sockaddr *)&peer, &plen) < 0)
         return -1;
+    out->tls = bufferevent_openssl_get_ssl(bev) != NULL;
     if (local.ss_family == AF_UNIX) {
         struct ucred cred;
         socklen_t clen = sizeof(cred);
@@ -689,6 +735,13 @@ static void on_probe(evutil_socket_t unused, short what, void *arg)
     evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
     char c;
     ssize_t n = fd >= 0 ? recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) : 1;
+    if (n > 0 && bufferevent_openssl_get_ssl(bev)) {
+        /* On TLS a leaving client's close_notify sits before its end of stream: ask the kernel
+         * whether the client has shut its side instead. */
+        struct pollfd pfd = {.fd = fd, .events = POLLRDHUP};
+        if (poll(&pfd, 1, 0) == 1 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)))
+            n = 0;
+    }
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
         void (*cb)(void *) = r->close_cb;
         r->close_cb = NULL;

@@ -59,7 +59,16 @@ struct http_conn_stats {
 };
 void http_server_conn_stats(struct http_server *s, struct http_conn_stats *out);
 
-/** Listens on host:port (TCP). */
+/**
+ * Makes the TCP listeners opened after this speak TLS (1.2 or later; the Unix socket stays
+ * plain) with the certificate chain in cert_file and its key in key_file (PEM). Returns 0, or -1
+ * with err naming the file that is missing, unreadable or wrong, or a key that is not the
+ * certificate's.
+ */
+int http_server_set_tls(struct http_server *s, const char *cert_file, const char *key_file,
+                        struct wr_err *err);
+
+/** Listens on host:port (TCP; TLS after http_server_set_tls). */
 int http_server_listen_tcp(struct http_server *s, const char *host, int port, struct wr_err *err);
 
 /** Listens on a Unix socket at path (replacing a stale one), mode 0666 (callers check who). */
@@ -104,6 +113,7 @@ void *http_req_data(struct http_req *r);
 /** Where a request came from. */
 struct http_peer {
     int unix_socket;     /* 1: the Unix socket; 0: TCP */
+    int tls;             /* 1: TCP with TLS */
     long uid;            /* the Unix socket's peer (SO_PEERCRED); -1 if unknown */
     char addr[64];       /* TCP: the client's address, without the port */
     char local_addr[64]; /* TCP: the daemon's address the client connected to */

@@ -23,7 +23,7 @@ SECRET = "wr-test-secret-key-4f1b2c"
 def clean_env(monkeypatch, tmp_path):
     """No RUNTIME_URL, no key, an empty config directory, and no `withruntime` on PATH (so
     nothing starts a daemon behind the test's back)."""
-    for k in ("RUNTIME_URL", "RUNTIME_API_KEY", "WITHRUNTIME_STATE_DIR"):
+    for k in ("RUNTIME_URL", "RUNTIME_API_KEY", "RUNTIME_CA_FILE", "WITHRUNTIME_STATE_DIR"):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
@@ -242,3 +242,44 @@ def test_starts_the_local_daemon_when_none_runs(daemon, clean_env, monkeypatch):
             time.sleep(0.1)
         if holder is not None:
             holder.close()
+
+
+@pytest.mark.parametrize("host,loop", [
+    ("localhost", True), ("LOCALHOST", True), ("127.0.0.1", True), ("127.9.8.7", True),
+    ("::1", True), ("::ffff:127.0.0.1", True), ("10.0.0.1", False), ("0.0.0.0", False),
+    ("127.1", False), ("localhost.evil.example", False), ("api.example.com", False)])
+def test_loopback_by_spelling(host, loop):
+    assert withruntime.client.is_loopback_host(host) is loop
+
+
+def test_key_never_sent_in_clear_text_off_loopback(clean_env, monkeypatch):
+    # 0.0.0.0 is not loopback by its spelling, but a connection to it would stay on this host:
+    # a check that failed to refuse could not send the key anywhere, and would be seen as
+    # "cannot reach" instead of the refusal
+    monkeypatch.setenv("RUNTIME_URL", "http://0.0.0.0:1")
+    monkeypatch.setenv("RUNTIME_API_KEY", SECRET)
+    with pytest.raises(ConfigurationError) as ei:
+        Sandbox.list()
+    assert "clear text" in ei.value.message and "https://" in ei.value.message
+    assert SECRET not in str(ei.value)
+    with pytest.raises(ConfigurationError):
+        Client("http://0.0.0.0:1", SECRET).health()
+    # without a key, or over https, it is tried (and nothing listens there)
+    with pytest.raises(DaemonUnavailable):
+        Client("http://0.0.0.0:1").health()
+    with pytest.raises(DaemonUnavailable):
+        Client("https://0.0.0.0:1", SECRET).health()
+
+
+def test_ca_file_from_the_environment_and_the_saved_connection(clean_env, monkeypatch):
+    d = clean_env / "config" / "withruntime"
+    d.mkdir(parents=True)
+    (d / "connection.json").write_text(json.dumps(
+        {"url": "https://127.0.0.1:9", "key": SECRET, "ca_file": "/saved/ca.pem"}))
+    assert Client().connection.ca_file == "/saved/ca.pem"
+    monkeypatch.setenv("RUNTIME_CA_FILE", "/env/ca.pem")
+    assert Client().connection.ca_file == "/env/ca.pem"
+    assert Client(ca_file="/arg/ca.pem").connection.ca_file == "/arg/ca.pem"
+    with pytest.raises(ConfigurationError) as ei:
+        Client("https://127.0.0.1:9", ca_file=str(clean_env / "missing.pem")).health()
+    assert "missing.pem" in ei.value.message

@@ -38,8 +38,14 @@ static void test_url(void)
        "url: unix:/path");
     ok(cli_url_parse("unix:///run/wr.sock", &u, &err) == 0 && strcmp(u.path, "/run/wr.sock") == 0,
        "url: unix:///path");
-    ok(cli_url_parse("https://h:1", &u, &err) < 0 && strstr(err.msg, "https"),
-       "url: https refused with a reason");
+    ok(cli_url_parse("https://h:1", &u, &err) == 0 && u.tls && strcmp(u.host, "h") == 0 &&
+           strcmp(u.port, "1") == 0,
+       "url: https host:port");
+    ok(cli_url_parse("HTTPS://[::1]/p", &u, &err) == 0 && u.tls && strcmp(u.port, "443") == 0 &&
+           strcmp(u.host, "::1") == 0 && strcmp(u.prefix, "/p") == 0,
+       "url: https default port 443");
+    ok(cli_url_parse("http://h", &u, &err) == 0 && !u.tls, "url: http is not tls");
+    ok(cli_url_parse("httpsx://h", &u, &err) < 0, "url: httpsx refused");
     ok(cli_url_parse("ftp://h", &u, &err) < 0, "url: other scheme refused");
     ok(cli_url_parse("http://h:0", &u, &err) < 0, "url: port 0 refused");
     ok(cli_url_parse("http://h:65536", &u, &err) < 0, "url: port 65536 refused");
@@ -53,6 +59,67 @@ static void test_url(void)
     memcpy(longp, "unix:/", 6);
     longp[sizeof(longp) - 1] = 0;
     ok(cli_url_parse(longp, &u, &err) < 0, "url: over-long socket path refused");
+}
+
+/* ---- where a key may go ---- */
+
+static void test_key_safe(void)
+{
+    static const char *const loop[] = {"localhost", "LOCALHOST", "localhost.",
+                                       "127.0.0.1", "127.1.2.3", "127.255.255.254",
+                                       "::1",       "0:0::1",    "::ffff:127.0.0.1"};
+    for (size_t i = 0; i < sizeof(loop) / sizeof(loop[0]); i++)
+        ok(cli_host_is_loopback(loop[i]), "loopback: %s", loop[i]);
+    static const char *const not_loop[] = {"10.0.0.1",
+                                           "128.0.0.1",
+                                           "0.0.0.0",
+                                           "::",
+                                           "::2",
+                                           "::ffff:10.0.0.1",
+                                           "127.1",
+                                           "0x7f000001",
+                                           "localhost.evil",
+                                           "evil.localhost",
+                                           "127.0.0.1.nip.io",
+                                           "localhost:1",
+                                           "",
+                                           "2130706433"};
+    for (size_t i = 0; i < sizeof(not_loop) / sizeof(not_loop[0]); i++)
+        ok(!cli_host_is_loopback(not_loop[i]), "not loopback by its spelling: '%s'", not_loop[i]);
+
+    struct cli_url u;
+    struct wr_err err = {0};
+    cli_url_parse("http://127.0.0.1:7070", &u, &err);
+    ok(cli_url_key_safe(&u), "key safe: plain http to 127.0.0.1");
+    cli_url_parse("http://[::1]:7070", &u, &err);
+    ok(cli_url_key_safe(&u), "key safe: plain http to [::1]");
+    cli_url_parse("unix:/run/wr.sock", &u, &err);
+    ok(cli_url_key_safe(&u), "key safe: the Unix socket");
+    cli_url_parse("https://10.0.0.1:7070", &u, &err);
+    ok(cli_url_key_safe(&u), "key safe: https anywhere");
+    cli_url_parse("http://10.0.0.1:7070", &u, &err);
+    ok(!cli_url_key_safe(&u), "key not safe: plain http to 10.0.0.1");
+    cli_url_parse("http://api.example.com", &u, &err);
+    ok(!cli_url_key_safe(&u), "key not safe: plain http to a name");
+
+    /* Refused before any connect: 0.0.0.0 is not loopback by its spelling, but a connect to
+     * it would stay on this host (and be refused), so a broken check cannot send anything
+     * anywhere, and shows as ECONNREFUSED instead of EPERM. */
+    struct cli_endpoint ep = {0};
+    cli_url_parse("http://0.0.0.0:1", &ep.url, &err);
+    snprintf(ep.desc, sizeof(ep.desc), "http://0.0.0.0:1");
+    snprintf(ep.key, sizeof(ep.key), "wr_secret");
+    struct cli_request req;
+    cli_request_init(&req, "GET", "/v1/health");
+    struct cli_response resp;
+    int r = cli_request_do(&ep, &req, &resp, &err);
+    ok(r < 0 && err.code == EPERM && strstr(err.msg, "clear text") && !strstr(err.msg, "wr_"),
+       "a key over plain http to a non-loopback host is refused before connecting: %s", err.msg);
+    cli_response_free(&resp);
+    ep.key[0] = '\0';
+    r = cli_request_do(&ep, &req, &resp, &err);
+    ok(r < 0 && err.code == ECONNREFUSED, "without a key it is tried (%s)", err.msg);
+    cli_response_free(&resp);
 }
 
 /* ---- response heads ---- */
@@ -678,6 +745,7 @@ int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
     test_url();
+    test_key_safe();
     test_head();
     test_chunked();
     test_ndjson();
