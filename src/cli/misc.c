@@ -57,6 +57,7 @@ static const char usage_top[] =
 
 static const char usage_login[] =
     "Usage: withruntime login URL [--key -|KEY] [--ca-file FILE]\n"
+    "       withruntime login --url URL [...]\n"
     "\n"
     "Saves URL (https://HOST:PORT, http://HOST:PORT or unix:/path.sock) and an API\n"
     "key as the daemon to use when RUNTIME_URL is not set, in\n"
@@ -108,9 +109,10 @@ static int read_key_prompt(const char *url, char *buf, size_t len)
     quiet = old;
     quiet.c_lflag &= ~(tcflag_t)ECHO;
     quiet.c_lflag |= ECHONL;
+    /* Echo off before the prompt is out: whatever is typed after it is never shown. */
+    tcsetattr(0, TCSAFLUSH, &quiet);
     fprintf(stderr, "API key for %s (not shown; empty for none): ", url);
     fflush(stderr);
-    tcsetattr(0, TCSAFLUSH, &quiet);
     char *got = fgets(buf, (int)len, stdin);
     tcsetattr(0, TCSAFLUSH, &old);
     if (!got)
@@ -124,10 +126,11 @@ int cli_cmd_login(struct cli_ctx *c, int argc, char **argv)
     static const struct option opts[] = {
         {"key", required_argument, 0, 'k'},
         {"ca-file", required_argument, 0, 'c'},
+        {"url", required_argument, 0, 'u'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
-    const char *key = NULL;
+    const char *key = NULL, *url_opt = NULL;
     const char *ca_arg = NULL;
     char keybuf[512];
     char ca_file[PATH_MAX] = "";
@@ -139,14 +142,15 @@ int cli_cmd_login(struct cli_ctx *c, int argc, char **argv)
         case 'h': fputs(usage_login, stdout); return CLI_EXIT_OK;
         case 'k': key = optarg; break;
         case 'c': ca_arg = optarg; break;
+        case 'u': url_opt = optarg; break;
         default:
             return cli_usage_error("login", "unknown option, or missing value: '%s'",
                                    argv[optind - 1]);
         }
     }
-    if (argc - optind != 1)
-        return cli_usage_error("login", "expected one URL");
-    const char *url = argv[optind];
+    if (argc - optind != (url_opt ? 0 : 1))
+        return cli_usage_error("login", "expected one URL (as an argument or --url)");
+    const char *url = url_opt ? url_opt : argv[optind];
     struct cli_endpoint ep = {0};
     struct wr_err err = {0};
     if (cli_url_parse(url, &ep.url, &err) < 0)

@@ -452,3 +452,15 @@ def test_keys_survive_a_restart(open_socket):
     d.proc.wait(timeout=30)
     d.start(clean=False)
     assert d.client.with_key(k["key"]).request("GET", "/v1/sandboxes").status == 200
+
+
+def test_the_cli_never_hands_its_key_to_a_sandbox(daemon):
+    k = daemon.make_key()
+    env = daemon.cli_env(RUNTIME_API_KEY=k["key"])
+    r = subprocess.run([daemon.bin, "sandbox", "run", "--memory", "256", "--", "sh", "-c",
+                        "env; tr '\\0' '\\n' < /proc/1/environ"], env=env, capture_output=True,
+                       text=True, timeout=T)
+    assert r.returncode == 0, r.stderr
+    assert "PATH=" in r.stdout  # it did print its environment
+    assert k["key"] not in r.stdout + r.stderr and "RUNTIME_API_KEY" not in r.stdout
+    daemon.admin.request("POST", f"/v1/keys/{k['id']}/revoke")

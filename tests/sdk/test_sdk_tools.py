@@ -191,3 +191,22 @@ def test_list_caps_entries(sandbox):
     assert lines[0] == "/workspace/many (25 entries):"
     assert lines[1:11] == [f"f{i:03d}  (0 bytes)" for i in range(1, 11)]
     assert lines[11].startswith("[... 15 more entries not shown")
+
+
+def test_the_api_key_never_reaches_the_model_or_the_sandbox(daemon, new_sandboxes):
+    """The key the SDK found (RUNTIME_API_KEY, set for these tests) is sent to the daemon
+    only: not in the sandbox's environment, not in what the tools return, not in their
+    descriptions."""
+    import os
+
+    key = os.environ["RUNTIME_API_KEY"]
+    assert key.startswith("wr_")
+    with Sandbox.create(memory_mib=256, on_lease_end="delete") as sbx:
+        run, read, write, ls = sandbox_tools(sbx)
+        outputs = [run("env; cat /proc/1/environ | tr '\\0' '\\n'"), write("k.txt", "x"),
+                   read("k.txt"), ls("/workspace")]
+        outputs.append(sbx.exec("env").stdout)
+        for text in outputs + [f.__doc__ or "" for f in (run, read, write, ls)]:
+            assert key not in text
+        assert "RUNTIME_API_KEY" not in outputs[0] and "RUNTIME_API_KEY" not in outputs[-1]
+        assert key not in repr(sbx) and key not in str(sbx.info)
