@@ -119,7 +119,7 @@ class NsDaemon:
     def start(self):
         argv = ["nsenter", f"--net={self.net.host_ns}", "--", self.bin, "serve",
                 "--state-dir", self.state_dir, "--listen", "none", "--socket", self.sock,
-                "--agent", self.agent, "--egress", self.egress]
+                "--agent", self.agent, "--egress", self.egress, "--pool", "0"]
         if self.egress == "on":
             argv += ["--dns-upstream", fakenet.DNS_ADDR, "--public-ranges",
                      fakenet.PUBLIC_RANGES, "--extra-ca-file", self.net.ca_pem]

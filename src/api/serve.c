@@ -18,6 +18,7 @@
 #include "common/duration.h"
 #include "common/log.h"
 #include "daemon/daemon.h"
+#include "daemon/pool.h"
 #include "daemon/service.h"
 
 struct server {
@@ -127,6 +128,11 @@ static void usage(FILE *out)
             "                         socket stays plain. Without them, TCP is plain HTTP and a\n"
             "                         key sent to it crosses the network readable.\n"
             "\n"
+            "Warm starts:\n"
+            "  --pool N               keep N sandboxes of the default image and size (2 vCPU,\n"
+            "                         4096 MiB, the default disk) started ahead; a create with\n"
+            "                         those settings claims one at once (default 2; 0: off)\n"
+            "\n"
             "Money (see docs/api.md, \"Usage and costs\"), in micro-dollars:\n"
             "  --price-vcpu-hour N    a vCPU busy for an hour (default 25000: $0.025)\n"
             "  --price-gib-hour N     a GiB of memory for an hour (default 7500: $0.0075)\n"
@@ -229,6 +235,7 @@ static int parse_args(int argc, char **argv, struct server *srv)
                                          {"price-gib-hour", required_argument, NULL, 1002},
                                          {"cpu-floor-permille", required_argument, NULL, 1003},
                                          {"meter-clock", required_argument, NULL, 1004},
+                                         {"pool", required_argument, NULL, 1005},
                                          {"tls-cert", required_argument, NULL, 'c'},
                                          {"tls-key", required_argument, NULL, 'k'},
                                          {"help", no_argument, NULL, 'h'},
@@ -318,6 +325,17 @@ static int parse_args(int argc, char **argv, struct server *srv)
                 cfg->prices.gib_hour_micros = v;
             else
                 cfg->prices.cpu_floor_permille = (int)v;
+            break;
+        }
+        case 1005: {
+            char *end;
+            long v = strtol(optarg, &end, 10);
+            if (*end || end == optarg || v < 0 || v > POOL_MAX_SIZE) {
+                fprintf(stderr, "withruntime serve: --pool wants 0..%d, got %s\n", POOL_MAX_SIZE,
+                        optarg);
+                return -1;
+            }
+            cfg->pool_size = (int)v;
             break;
         }
         case 1004:

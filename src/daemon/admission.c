@@ -33,7 +33,9 @@ int admission_check(struct daemon *d, const struct sandbox *sb, int is_new, stru
     int kept = 0, active = 0, starting = 0;
     long long memory = 0, disk = 0;
     for (const struct sandbox *s = d->sandboxes; s; s = s->next) {
-        if (s == sb)
+        /* A user's sandbox is not refused for the pool's warm entries (a claim or a refill
+         * waits for room instead); a refill counts everything. */
+        if (s == sb || (s->pooled && !sb->pooled))
             continue;
         kept++;
         disk += s->disk_mib;

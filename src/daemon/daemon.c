@@ -26,6 +26,7 @@
 #include "daemon/agentconn.h"
 #include "daemon/keys.h"
 #include "daemon/netlog.h"
+#include "daemon/pool.h"
 #include "daemon/sandbox.h"
 #include "daemon/secrets.h"
 #include "daemon/work.h"
@@ -55,6 +56,7 @@ void daemon_config_defaults(struct daemon_config *cfg)
     cfg->agent_deadline_ms = AGENTCONN_DEADLINE_MS;
     cfg->pids_max = 1024;
     cfg->default_disk_mib = 10240;
+    cfg->pool_size = POOL_DEFAULT_SIZE;
     cfg->prices.vcpu_hour_micros = METER_DEFAULT_VCPU_HOUR;
     cfg->prices.gib_hour_micros = METER_DEFAULT_GIB_HOUR;
     cfg->prices.cpu_floor_permille = METER_DEFAULT_CPU_FLOOR;
@@ -432,6 +434,8 @@ void daemon_tick(struct daemon *d)
         sandbox_cap_logs(d);
         sandbox_check_retention(d);
         meter_tick(d);
+        if (d->cfg.pool_size > 0)
+            pool_tick(d);
     }
     /* Bursts (big transfers, many connections) leave freed memory in malloc's arenas; hand it
      * back so the daemon returns close to its idle size when the load ends. */

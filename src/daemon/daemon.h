@@ -52,6 +52,7 @@ struct daemon_config {
     char extra_ca_file[PATH_MAX];    /* PEM certificates sandboxes trust besides the image's */
     char host_names[1024];           /* names the TCP listener answers to besides its address */
     struct meter_prices prices;      /* daemon/meter.h */
+    int pool_size;                   /* warm sandboxes of the default shape (daemon/pool.h) */
     char meter_clock_file[PATH_MAX]; /* tests: the meter's clock (unix ms) is read from here */
 };
 
@@ -86,6 +87,8 @@ struct daemon {
     struct secrets *secrets;   /* daemon/secrets.h */
     struct keys *keys;         /* API keys (daemon/keys.h) */
     struct meter *meter;       /* money (daemon/meter.h) */
+    int pool_refilling;        /* a pool entry is being created (daemon/pool.h) */
+    uint64_t pool_retry_ms;    /* monotonic: no refill before this */
     int logcap_running;        /* a check is on a worker */
 };
 

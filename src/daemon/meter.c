@@ -431,7 +431,7 @@ void meter_tick(struct daemon *d)
     struct sandbox *next;
     for (struct sandbox *sb = d->sandboxes; sb; sb = next) {
         next = sb->next;
-        if (sb->state != SB_RUNNING)
+        if (sb->state != SB_RUNNING || sb->pooled)
             continue;
         if (!sb->metering) {
             /* Running when this daemon started (adopted): metered from now, its CPU from the

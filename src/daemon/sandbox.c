@@ -147,7 +147,8 @@ static void sandbox_forget(struct sandbox *sb, const char *reason)
     struct wr_err err = {0};
     if (store_sandbox_delete(sb->d->store, sb->id, &err) < 0)
         log_error(sb->id, "store.failed", "error=\"%s\"", err.msg);
-    store_event_add(sb->d->store, sb->id, "deleted", "deleted", reason, NULL);
+    if (!sb->pooled)
+        store_event_add(sb->d->store, sb->id, "deleted", "deleted", reason, NULL);
     unlink_sandbox(sb);
 }
 
@@ -217,6 +218,8 @@ static char *sandbox_doc(const struct sandbox *sb)
     json_object_set_new(o, "detail", json_string(sb->detail));
     json_object_set_new(o, "rootfs", json_string(sb->rootfs));
     json_object_set(o, "secret_placeholders", sb->secrets);
+    if (sb->pooled)
+        json_object_set_new(o, "pooled", json_true());
     char *s = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     return s;
@@ -249,15 +252,16 @@ static void change_state(struct sandbox *sb, enum sb_state st, const char *reaso
     sb->state_since = now_unix();
     /* Money: metered while running; leaving for anything but a start gives its reservation
      * back (creating and starting hold the one their admission took). */
-    if (st == SB_RUNNING && was != SB_RUNNING)
+    if (st == SB_RUNNING && was != SB_RUNNING && !sb->pooled)
         meter_begin(sb);
     else if (st != SB_RUNNING && st != SB_CREATING && st != SB_STARTING)
         meter_end(sb);
     snprintf(sb->reason, sizeof(sb->reason), "%s", reason ? reason : "");
     snprintf(sb->detail, sizeof(sb->detail), "%s", detail ? detail : "");
     struct wr_err err = {0};
-    if (store_event_add(sb->d->store, sb->id, "state", sandbox_state_name(st), sb->reason, &err) <
-        0)
+    /* A pool entry has no history: a claimed one's begins at its claim. */
+    if (!sb->pooled && store_event_add(sb->d->store, sb->id, "state", sandbox_state_name(st),
+                                       sb->reason, &err) < 0)
         log_error(sb->id, "store.failed", "error=\"%s\"", err.msg);
     if (st == SB_FAILED)
         log_error(sb->id, "sandbox.state", "state=failed reason=%s detail=\"%s\"", sb->reason,
@@ -273,6 +277,14 @@ void sandbox_set_state(struct sandbox *sb, enum sb_state st, const char *reason)
     sandbox_persist(sb);
 }
 
+void sandbox_claimed(struct sandbox *sb)
+{
+    sb->pooled = 0;
+    change_state(sb, SB_CREATING, "user", NULL);
+    change_state(sb, SB_RUNNING, "created", NULL);
+    sandbox_persist(sb);
+}
+
 void sandbox_set_failed(struct sandbox *sb, const char *reason, const char *detail)
 {
     change_state(sb, SB_FAILED, reason, detail);
@@ -283,7 +295,7 @@ struct sandbox *sandbox_lookup(struct daemon *d, const char *id, const struct pr
                                struct wr_err *err)
 {
     struct sandbox *sb = sandbox_id_valid(id) ? sandbox_find(d, id) : NULL;
-    if (sb && !principal_sees(who, sb->key_id))
+    if (sb && (sb->pooled || !principal_sees(who, sb->key_id)))
         sb = NULL; /* another key's: the same answer as none at all */
     if (!sb)
         wr_err_kind(err, WR_E_NOT_FOUND, 0, "sandbox %.64s not found", id);
@@ -792,6 +804,7 @@ static int load_doc(struct sandbox *sb, const char *id, const char *state, const
     const char *key_id = json_string_value(json_object_get(o, "key_id"));
     if (key_id)
         snprintf(sb->key_id, sizeof(sb->key_id), "%s", key_id);
+    sb->pooled = json_is_true(json_object_get(o, "pooled"));
     json_t *cap = json_object_get(o, "max_cost_micros");
     if (json_is_integer(cap) && json_integer_value(cap) >= 0)
         sb->max_cost_micros = json_integer_value(cap);
@@ -846,7 +859,10 @@ static int load_one(void *arg, const char *id, const char *state, const char *do
         return 0;
     }
     link_sandbox(d, sb);
-    if (sb->state == SB_CREATING || sb->state == SB_DELETING) {
+    if (sb->pooled) {
+        /* A pool entry of the previous daemon: nobody's, so gone. */
+        submit_stop(sb, JOB_DESTROY, "daemon_restart", recovery_done, NULL);
+    } else if (sb->state == SB_CREATING || sb->state == SB_DELETING) {
         /* It never finished being created, or was being deleted: finish the delete. */
         submit_stop(sb, JOB_DESTROY, "daemon_restart", recovery_done, NULL);
     } else if (sb->state == SB_RUNNING || sb->state == SB_STOPPING || sb->state == SB_STARTING) {
@@ -1040,7 +1056,8 @@ void sandbox_stop_all(struct daemon *d)
             sb->conn = NULL;
         }
         if (sb->state == SB_RUNNING && !sb->busy)
-            submit_stop(sb, JOB_STOP, "daemon_shutdown", recovery_done, NULL);
+            submit_stop(sb, sb->pooled ? JOB_DESTROY : JOB_STOP, "daemon_shutdown", recovery_done,
+                        NULL);
     }
 }
 

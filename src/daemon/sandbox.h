@@ -73,6 +73,7 @@ struct sandbox {
     enum sb_deferred deferred;
     void (*deferred_done)(struct sandbox *sb, int ok, const char *message, void *arg);
     void *deferred_arg;
+    int pooled; /* a warm entry of the daemon's pool (daemon/pool.h): nobody's, seen by no one */
     /* Money (daemon/meter.h). */
     int64_t max_cost_micros; /* its cap; -1: none */
     int64_t cost_micros;     /* charged so far, every run */
@@ -119,6 +120,10 @@ struct sandbox *sandbox_find(struct daemon *d, const char *id);
 
 /** The API's JSON object for a sandbox (new reference). */
 json_t *sandbox_to_json(const struct sandbox *sb);
+
+/** A pool entry became a user's sandbox (daemon/pool.c set its fields): records its create
+ * (events "creating", then "running" with reason "created"), saves it and starts metering. */
+void sandbox_claimed(struct sandbox *sb);
 
 /** Saves the sandbox's current document to the store (logs on failure). */
 void sandbox_persist(struct sandbox *sb);

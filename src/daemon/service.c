@@ -17,6 +17,7 @@
 #include "daemon/keys.h"
 #include "daemon/meter.h"
 #include "daemon/netlog.h"
+#include "daemon/pool.h"
 #include "daemon/sandbox.h"
 #include "daemon/secrets.h"
 #include "driver/driver.h"
@@ -158,6 +159,10 @@ void svc_sandbox_create(struct daemon *d, const struct sandbox_opts *o, struct s
         sink_fail(s, &err);
         return;
     }
+    if (d->cfg.pool_size > 0 && pool_claim(d, sb, s)) {
+        sandbox_unref(sb); /* a warm one took its place */
+        return;
+    }
     sandbox_create(sb, answer_created, s);
     sandbox_unref(sb); /* the daemon's list holds it now */
 }
@@ -167,7 +172,7 @@ void svc_sandbox_list(struct daemon *d, struct sink *s)
     json_t *arr = json_array();
     /* The list is newest first; answer oldest first. A key sees its own. */
     for (struct sandbox *sb = d->sandboxes; sb; sb = sb->next)
-        if (principal_sees(s->who, sb->key_id))
+        if (!sb->pooled && principal_sees(s->who, sb->key_id))
             json_array_insert_new(arr, 0, sandbox_to_json(sb));
     sink_reply(s, SINK_OK, json_pack("{s:o}", "sandboxes", arr));
 }
@@ -237,7 +242,8 @@ void svc_sandbox_prune(struct daemon *d, int64_t older_than_seconds, struct sink
     struct sandbox *next;
     for (struct sandbox *sb = d->sandboxes; sb; sb = next) {
         next = sb->next;
-        if (!principal_sees(s->who, sb->key_id) || !sandbox_expired(sb, now, older_than_seconds))
+        if (sb->pooled || !principal_sees(s->who, sb->key_id) ||
+            !sandbox_expired(sb, now, older_than_seconds))
             continue;
         p->pending++;
         sandbox_delete_reason(sb, "pruned", prune_one_done, p);
@@ -411,9 +417,16 @@ void svc_health(struct daemon *d, struct sink *s)
 {
     json_t *net = d->gw ? json_pack("{s:b}", "enabled", 1)
                         : json_pack("{s:b, s:s}", "enabled", 0, "reason", d->gw_error);
+    int pooled = 0, ready = 0;
+    for (struct sandbox *sb = d->sandboxes; sb; sb = sb->next)
+        if (sb->pooled) {
+            pooled++;
+            ready += pool_ready(sb);
+        }
     sink_reply(s, SINK_OK,
-               json_pack("{s:s, s:s, s:s, s:i, s:o}", "status", "ok", "version", WR_VERSION,
-                         "driver", d->driver->name, "sandboxes", d->nsandboxes, "network", net));
+               json_pack("{s:s, s:s, s:s, s:i, s:o, s:{s:i, s:i}}", "status", "ok", "version",
+                         WR_VERSION, "driver", d->driver->name, "sandboxes", d->nsandboxes - pooled,
+                         "network", net, "pool", "size", d->cfg.pool_size, "ready", ready));
 }
 
 static int add_image(void *arg, const struct image_info *info)

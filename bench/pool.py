@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""Warm starts: create -> first exec with the warm pool and without, one at a time and 20 at
+once, beside raw `runsc run /bin/true` in the same run (issue 11, points 1 and 2).
+
+Two daemons of its own, one after the other, on fresh state directories that link an image
+already built (bench/run.py's, or --images): `--pool 0` (every create cold) and `--pool N`
+(N = the burst size; the bench waits until all N are ready before each burst, and until one is
+ready before each single create). Both on their Unix sockets, as root (the admin; no key).
+Writes bench/results/pool.json; prints ratios and percentiles.
+
+    python3 bench/pool.py [--n 20] [--burst 20] [--images /var/lib/withruntime/images]
+"""
+
+import argparse
+import datetime
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
+
+import run as base  # noqa: E402  (bench/run.py: stats, percentiles, runsc baseline, machine)
+from egress import UnixApi  # noqa: E402
+
+
+class PoolDaemon:
+    def __init__(self, args, images, pool):
+        self.args, self.pool = args, pool
+        self.state = tempfile.mkdtemp(prefix=f"wr-bench-pool{pool}-", dir="/var/tmp")
+        os.makedirs(os.path.join(self.state, "sandboxes"))
+        os.symlink(images, os.path.join(self.state, "images"))
+        self.sock = os.path.join(self.state, "withruntime.sock")
+        self.api = UnixApi(self.sock)
+        self.proc = None
+
+    def __enter__(self):
+        log = open(os.path.join(self.state, "daemon.log"), "wb")
+        self.proc = subprocess.Popen(
+            [self.args.bin, "serve", "--state-dir", self.state, "--listen", "none", "--socket",
+             self.sock, "--agent", self.args.agent, "--pool", str(self.pool),
+             "--max-running", "200"],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                self.api.call("GET", "/v1/health", timeout=2)
+                return self
+            except (OSError, RuntimeError):
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"bench: the daemon did not start; {self.state}/daemon.log")
+                time.sleep(0.1)
+
+    def __exit__(self, *exc):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=120)
+        base.remove_state_dir(self.state)
+
+    def wait_ready(self, n):
+        deadline = time.monotonic() + 300
+        while self.api.call("GET", "/v1/health")["pool"]["ready"] < n:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"bench: the pool never had {n} ready")
+            time.sleep(0.05)
+
+    def create_first_exec(self, _i=0):
+        t0 = time.perf_counter()
+        sid = self.api.call("POST", "/v1/sandboxes", {})["id"]
+        r = self.api.call("POST", f"/v1/sandboxes/{sid}/exec", {"argv": ["true"]})
+        dt = time.perf_counter() - t0
+        if r["exit_code"] != 0:
+            raise RuntimeError(f"exec true: {r}")
+        return dt, sid
+
+    def delete(self, ids):
+        for sid in ids:
+            self.api.call("DELETE", f"/v1/sandboxes/{sid}")
+
+
+def singles(d, n, warm):
+    times = []
+    for _ in range(n):
+        if warm:
+            d.wait_ready(1)
+        dt, sid = d.create_first_exec()
+        times.append(dt)
+        d.delete([sid])
+    return base.stats_ms(times)
+
+
+def burst(d, k, warm):
+    if warm:
+        d.wait_ready(k)
+    out = base.in_parallel(k, d.create_first_exec)
+    d.delete([sid for _, sid in out])
+    return base.stats_ms([dt for dt, _ in out])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "withruntime"))
+    ap.add_argument("--agent", default=os.path.join(ROOT, "build", "withruntime-agent"))
+    ap.add_argument("--images", default="/var/lib/withruntime/images",
+                    help="a built images directory to link (default: the default daemon's)")
+    ap.add_argument("--n", type=int, default=20, help="single creates of each kind")
+    ap.add_argument("--burst", type=int, default=20, help="creates at once")
+    ap.add_argument("--platform", default="systrap")
+    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("bench: run as root")
+    images = os.path.realpath(args.images)
+    rootfs = base.find_rootfs(os.path.dirname(images))
+    if not rootfs:
+        raise SystemExit(f"bench: no built image under {images} (withruntime image build)")
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    workdir = tempfile.mkdtemp(prefix="wr-bench-pool-")
+    try:
+        raw = base.Bench(None, rootfs, argparse.Namespace(platform=args.platform), workdir)
+        base.log(f"raw runsc run /bin/true, {args.n} one at a time")
+        runsc = base.stats_ms([raw.runsc_run(i) for i in range(args.n)])
+        with PoolDaemon(args, images, 0) as cold_d:
+            base.log("cold creates (--pool 0)")
+            cold_d.create_first_exec()  # warm-up of the host's caches, not counted
+            cold_d.delete([s["id"] for s in cold_d.api.call("GET", "/v1/sandboxes")["sandboxes"]])
+            cold = singles(cold_d, args.n, False)
+            cold_burst = burst(cold_d, args.burst, False)
+        with PoolDaemon(args, images, args.burst) as warm_d:
+            base.log(f"warm creates (--pool {args.burst})")
+            warm = singles(warm_d, args.n, True)
+            warm_burst = burst(warm_d, args.burst, True)
+        res = {
+            "started_at": started,
+            "commit": base.git_commit(),
+            "machine": base.machine_info(args.platform),
+            "config": {"n": args.n, "burst": args.burst, "rootfs": rootfs},
+            "results": {
+                "runsc_run_true": runsc,
+                "cold_single": cold, "warm_single": warm,
+                f"cold_burst_{args.burst}": cold_burst, f"warm_burst_{args.burst}": warm_burst,
+            },
+            "ratios": {
+                "warm_single_p50_over_cold_p50": base.ratio(warm["p50_ms"], cold["p50_ms"]),
+                "warm_single_p50_over_runsc_p50": base.ratio(warm["p50_ms"], runsc["p50_ms"]),
+                "warm_burst_p99_over_warm_single_p50":
+                    base.ratio(warm_burst["p99_ms"], warm["p50_ms"]),
+                "cold_burst_p99_over_cold_single_p50":
+                    base.ratio(cold_burst["p99_ms"], cold["p50_ms"]),
+            },
+        }
+        path = base.write_json(args.out, "pool.json", res)
+        for k, v in res["results"].items():
+            print(f"{k:24s} p50 {v['p50_ms']:8.1f} ms   p99 {v['p99_ms']:8.1f} ms   (n={v['n']})")
+        for k, v in res["ratios"].items():
+            print(f"{k:40s} {v}")
+        print(f"-> {path}")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
