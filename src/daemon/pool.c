@@ -36,10 +36,11 @@ static void pool_shape(const struct daemon *d, struct sandbox *sb)
     sb->disk_mib = d->cfg.default_disk_mib;
 }
 
+/* Same image build (a rebuilt image makes older entries stale), size and disk. */
 static int same_shape(const struct sandbox *a, const struct sandbox *b)
 {
-    return !strcmp(a->image, b->image) && a->cpus == b->cpus && a->memory_mib == b->memory_mib &&
-           a->disk_mib == b->disk_mib;
+    return !strcmp(a->image, b->image) && !strcmp(a->rootfs, b->rootfs) && a->cpus == b->cpus &&
+           a->memory_mib == b->memory_mib && a->disk_mib == b->disk_mib;
 }
 
 int pool_claim(struct daemon *d, struct sandbox *tmp, struct sink *s)
@@ -99,14 +100,20 @@ static void entry_gone(struct sandbox *sb, int ok, const char *message, void *ar
 
 void pool_tick(struct daemon *d)
 {
+    char rootfs[PATH_MAX];
+    struct wr_err err = {0};
+    if (image_rootfs(d->cfg.state_dir, "default", rootfs, sizeof(rootfs), &err) < 0)
+        rootfs[0] = '\0';
     int have = 0;
     struct sandbox *next;
     for (struct sandbox *sb = d->sandboxes; sb; sb = next) {
         next = sb->next;
         if (!sb->pooled)
             continue;
-        /* An entry whose agent died, or that was stopped, is nobody's: gone. */
-        if ((sb->state == SB_FAILED || sb->state == SB_STOPPED) && !sb->busy) {
+        /* An entry whose agent died, that was stopped, or whose image was rebuilt since, is
+         * nobody's and never will be: gone. */
+        int stale = sb->state == SB_RUNNING && strcmp(sb->rootfs, rootfs) != 0;
+        if ((sb->state == SB_FAILED || sb->state == SB_STOPPED || stale) && !sb->busy) {
             sandbox_delete_reason(sb, "daemon_shutdown", entry_gone, NULL);
             continue;
         }
@@ -119,9 +126,8 @@ void pool_tick(struct daemon *d)
     sandbox_new_id(sb->id);
     pool_shape(d, sb);
     sb->pooled = 1;
-    struct wr_err err = {0};
-    if (image_rootfs(d->cfg.state_dir, sb->image, sb->rootfs, sizeof(sb->rootfs), &err) < 0 ||
-        admission_check(d, sb, 1, &err) < 0) {
+    snprintf(sb->rootfs, sizeof(sb->rootfs), "%s", rootfs);
+    if (!rootfs[0] || admission_check(d, sb, 1, &err) < 0) {
         /* No image yet, or no room: quietly later. */
         d->pool_retry_ms = now_ms_monotonic() + REFILL_BACKOFF_MS;
         sandbox_unref(sb);
