@@ -6,6 +6,7 @@
 #define WR_TESTS_TAP_H
 
 #include <stdio.h>
+#include <string.h>
 
 static int tap_n, tap_failed;
 
@@ -27,6 +28,18 @@ static inline int tap_done(void)
     printf("1..%d\n", tap_n);
     printf("# %d passed, %d failed\n", tap_n - tap_failed, tap_failed);
     return tap_failed ? 1 : 0;
+}
+
+/* Whether the file at path holds needle anywhere in its first MiB (0 if it cannot be read). */
+static inline int tap_file_has(const char *path, const char *needle)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return 0;
+    static char buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof(buf), f);
+    fclose(f);
+    return memmem(buf, n, needle, strlen(needle)) != NULL;
 }
 
 #endif

@@ -15,17 +15,6 @@
 
 static char dir[64], dbpath[128];
 
-static int file_has(const char *path, const char *needle)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return 0;
-    static char buf[1 << 20];
-    size_t n = fread(buf, 1, sizeof(buf), f);
-    fclose(f);
-    return memmem(buf, n, needle, strlen(needle)) != NULL;
-}
-
 int main(void)
 {
     snprintf(dir, sizeof(dir), "/tmp/wr-keys-XXXXXX");
@@ -51,7 +40,7 @@ int main(void)
     ok(keys_check(k, wrong) == NULL, "a key one character off is not");
     ok(keys_check(k, "") == NULL && keys_check(k, "wr_") == NULL && keys_check(k, NULL) == NULL,
        "empty and short keys are not");
-    ok(!file_has(dbpath, token), "the key itself is not in the database");
+    ok(!tap_file_has(dbpath, token), "the key itself is not in the database");
 
     struct key_opts dup = {.name = "agent"};
     ok(keys_create(k, &dup, token2, &err) == NULL && err.kind == WR_E_CONFLICT,

@@ -19,18 +19,6 @@
 
 static char dir[64], dbpath[128], keypath[128];
 
-/* Whether the file at path holds needle anywhere. */
-static int file_has(const char *path, const char *needle)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return 0;
-    static char buf[1 << 20];
-    size_t n = fread(buf, 1, sizeof(buf), f);
-    fclose(f);
-    return memmem(buf, n, needle, strlen(needle)) != NULL;
-}
-
 static json_t *hosts(const char *a, const char *b)
 {
     return b ? json_pack("[s, s]", a, b) : json_pack("[s]", a);
@@ -83,11 +71,11 @@ int main(void)
     ok(text && !strstr(text, VALUE), "the list holds no value");
     free(text);
     json_decref(list);
-    ok(!file_has(dbpath, VALUE) && !file_has(keypath, VALUE),
+    ok(!tap_file_has(dbpath, VALUE) && !tap_file_has(keypath, VALUE),
        "neither the database nor the key file holds the value");
     char wal[160];
     snprintf(wal, sizeof(wal), "%s-wal", dbpath);
-    ok(!file_has(wal, VALUE), "nor the database's write-ahead log");
+    ok(!tap_file_has(wal, VALUE), "nor the database's write-ahead log");
 
     /* rewriting */
     json_t *ph = json_object();
