@@ -3,41 +3,76 @@
  */
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "api/api.h"
 #include "common/util.h"
 #include "daemon/meter.h"
 
-/* A time in the query: "2026-12-01" (that day's start, UTC) or "2026-12-01T13:45:00Z".
- * Returns 0 with *out in unix seconds, or -1. */
+/* Reads n digits at *p into *out; advances. */
+static int digits(const char **p, int n, int *out)
+{
+    int v = 0;
+    for (int i = 0; i < n; i++, (*p)++) {
+        if (**p < '0' || **p > '9')
+            return -1;
+        v = v * 10 + (**p - '0');
+    }
+    *out = v;
+    return 0;
+}
+
+/* A time in the query, RFC 3339: a full-date ("2026-12-01", that day's start, UTC) or a
+ * date-time ("2026-12-01T13:45:00Z", "2026-12-01t13:45:00.5+02:00"). Returns 0 with *out in
+ * unix seconds (before 1970: 0), or -1. */
 static int parse_when(const char *s, int64_t *out)
 {
-    struct tm tm = {0};
-    int y, mo, d, h = 0, mi = 0, sec = 0, n = 0;
-    size_t len = strlen(s);
-    if (len == 10) {
-        if (sscanf(s, "%4d-%2d-%2d%n", &y, &mo, &d, &n) != 3 || n != 10)
-            return -1;
-    } else if (len == 20) {
-        if (sscanf(s, "%4d-%2d-%2dT%2d:%2d:%2dZ%n", &y, &mo, &d, &h, &mi, &sec, &n) != 6 || n != 20)
-            return -1;
-    } else {
+    const char *p = s;
+    int y, mo, d, h = 0, mi = 0, sec = 0, off = 0;
+    if (digits(&p, 4, &y) < 0 || *p++ != '-' || digits(&p, 2, &mo) < 0 || *p++ != '-' ||
+        digits(&p, 2, &d) < 0)
         return -1;
+    if (*p) {
+        if (*p != 'T' && *p != 't' && *p != ' ')
+            return -1;
+        p++;
+        if (digits(&p, 2, &h) < 0 || *p++ != ':' || digits(&p, 2, &mi) < 0 || *p++ != ':' ||
+            digits(&p, 2, &sec) < 0)
+            return -1;
+        if (*p == '.') {
+            p++;
+            if (*p < '0' || *p > '9')
+                return -1;
+            while (*p >= '0' && *p <= '9')
+                p++;
+        }
+        if (*p == 'Z' || *p == 'z') {
+            p++;
+        } else if (*p == '+' || *p == '-') {
+            int sign = *p++ == '-' ? -1 : 1, oh, om;
+            if (digits(&p, 2, &oh) < 0 || *p++ != ':' || digits(&p, 2, &om) < 0 || oh > 23 ||
+                om > 59)
+                return -1;
+            off = sign * (oh * 3600 + om * 60);
+        } else {
+            return -1;
+        }
+        if (*p)
+            return -1;
     }
-    if (y < 1970 || y > 9999 || mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 ||
-        sec > 59 || h < 0 || mi < 0 || sec < 0)
+    static const int mdays[] = {31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    int leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    if (y < 1 || mo < 1 || mo > 12 || d < 1 || d > mdays[mo - 1] || (mo == 2 && d == 29 && !leap) ||
+        h > 23 || mi > 59 || sec > 60)
         return -1;
-    tm.tm_year = y - 1900;
-    tm.tm_mon = mo - 1;
-    tm.tm_mday = d;
-    tm.tm_hour = h;
-    tm.tm_min = mi;
-    tm.tm_sec = sec;
-    time_t t = timegm(&tm);
-    if (t == (time_t)-1 || tm.tm_mday != d) /* 2026-02-31 */
-        return -1;
-    *out = (int64_t)t;
+    /* Days from the civil date (proleptic Gregorian), without the C library's time_t limits. */
+    int64_t yy = y - (mo <= 2);
+    int64_t era = (yy >= 0 ? yy : yy - 399) / 400;
+    int64_t yoe = yy - era * 400;
+    int64_t doy = (153 * (mo + (mo > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+    int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    int64_t days = era * 146097 + doe - 719468;
+    int64_t t = days * 86400 + h * 3600 + mi * 60 + (sec > 59 ? 59 : sec) - off;
+    *out = t < 0 ? 0 : t;
     return 0;
 }
 
@@ -47,17 +82,17 @@ void api_usage(struct daemon *d, struct http_req *req, struct route_match *m)
     const char *g = http_req_query(req, "group_by");
     int64_t now = now_unix(), from = now - now % 86400, to = now + 1;
     if (from_s && parse_when(from_s, &from) < 0) {
-        api_reply_invalid(req, "from: want a UTC date (2026-12-01) or time (2026-12-01T13:45:00Z)");
+        api_reply_invalid(req, "from: want an RFC 3339 date (2026-12-01, UTC) or date-time "
+                               "(2026-12-01T13:45:00Z)");
         return;
     }
     if (to_s && parse_when(to_s, &to) < 0) {
-        api_reply_invalid(req, "to: want a UTC date (2026-12-01) or time (2026-12-01T13:45:00Z)");
+        api_reply_invalid(req, "to: want an RFC 3339 date (2026-12-01, UTC) or date-time "
+                               "(2026-12-01T13:45:00Z)");
         return;
     }
-    if (to <= from) {
-        api_reply_invalid(req, "to: must be after from");
-        return;
-    }
+    if (to < from)
+        to = from; /* an empty range: nothing in it */
     if (!g)
         g = "sandbox";
     if (strcmp(g, "sandbox") && strcmp(g, "key") && strcmp(g, "day")) {

@@ -230,13 +230,19 @@ int meter_admit(struct sandbox *sb, struct wr_err *err)
     return 0;
 }
 
-int meter_check_exec(const struct sandbox *sb, struct wr_err *err)
+static void stop_for(struct sandbox *sb, enum room r);
+
+int meter_check_exec(struct sandbox *sb, struct wr_err *err)
 {
     if (!sb->d->meter || !sb->metering || sb->reserved_micros > 0)
         return 0;
-    if (sb->max_cost_micros >= 0 && sb->cost_micros >= sb->max_cost_micros)
-        return room_err(sb, ROOM_CAP, err);
-    return room_err(sb, ROOM_DAILY, err);
+    /* Holding none (just started, or its last one used up before the next tick): it may go
+     * on if it can take one now. */
+    enum room r = renew(sb, meter_today(sb->d), 1);
+    if (r == ROOM_OK)
+        return 0;
+    stop_for(sb, r);
+    return room_err(sb, r, err);
 }
 
 /* ---- charges ---- */
@@ -568,7 +574,7 @@ void svc_usage(struct daemon *d, int64_t from, int64_t to, const char *group_by,
     flush(d);
     struct wr_err err = {0};
     /* Minutes that overlap [from, to). */
-    int64_t fm = from / 60, tm = (to + 59) / 60;
+    int64_t fm = from / 60, tm = to > from ? (to + 59) / 60 : fm;
     if (store_usage_sum(d->store, a.g, fm, tm, only, USAGE_GROUPS_MAX + 1, usage_row, &a, &err) <
         0) {
         json_decref(a.rows);

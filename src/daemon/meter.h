@@ -79,7 +79,7 @@ void meter_tick(struct daemon *d);
 int meter_admit(struct sandbox *sb, struct wr_err *err);
 
 /** -1 with err (WR_E_COST_LIMIT) if an exec on sb must be refused: it has no room left. */
-int meter_check_exec(const struct sandbox *sb, struct wr_err *err);
+int meter_check_exec(struct sandbox *sb, struct wr_err *err);
 
 /** The sandbox went to state running: metering starts now (its reservation was taken). */
 void meter_begin(struct sandbox *sb);

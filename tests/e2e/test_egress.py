@@ -339,10 +339,24 @@ def host_interfaces(d):
     return sorted(line.split(":")[1].strip() for line in r.stdout.splitlines())
 
 
-def net_namespaces():
-    r = subprocess.run(["lsns", "-n", "-t", "net", "-o", "NS"], capture_output=True, text=True,
-                       check=True)
-    return set(r.stdout.split())
+def net_namespaces(d):
+    """The network namespaces the daemon d and the processes below it are in or hold open
+    (other daemons on this host, and other tests, make and drop their own meanwhile)."""
+    out = set()
+    for pid in [d.proc.pid] + list(d.descendants()):
+        links = [f"/proc/{pid}/ns/net"]
+        try:
+            links += [f"/proc/{pid}/fd/{fd}" for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:
+            continue
+        for link in links:
+            try:
+                target = os.readlink(link)
+            except OSError:
+                continue
+            if target.startswith("net:["):
+                out.add(target[5:-1])
+    return out
 
 
 def daemon_fds(d):
@@ -352,7 +366,8 @@ def daemon_fds(d):
 @pytest.mark.timeout(600)
 def test_delete_removes_namespaces_and_interfaces(egress, net):
     c = egress.client
-    before_if, before_ns, before_fds = host_interfaces(egress), net_namespaces(), daemon_fds(egress)
+    before_if, before_ns, before_fds = (host_interfaces(egress), net_namespaces(egress),
+                                        daemon_fds(egress))
     for i in range(50):
         sid = c.create(network=ALLOW_PYPI)["id"]
         if i % 10 == 0:  # now and then, use it
@@ -360,7 +375,7 @@ def test_delete_removes_namespaces_and_interfaces(egress, net):
             assert status == 200
         c.delete(sid)
     assert host_interfaces(egress) == before_if
-    assert net_namespaces() - before_ns == set(), "namespaces left behind"
+    assert net_namespaces(egress) - before_ns == set(), "namespaces left behind"
     assert daemon_fds(egress) <= before_fds + 2
 
 

@@ -70,7 +70,7 @@ def cost_of(c, sid):
     return c.get(sid)["cost_micros"]
 
 
-def usage(c, group_by="sandbox", frm=DAY, to="2026-06-03"):
+def usage(c, group_by="sandbox", frm=DAY, to="2026-06-09"):
     r = c.request("GET", "/v1/usage", query={"from": frm, "to": to, "group_by": group_by})
     assert r.status == 200, r
     return r.json()
@@ -281,10 +281,14 @@ def test_usage_is_scoped_to_the_key(md):
         assert sid not in {r["sandbox_id"] for r in usage(cb)["rows"]}
         assert sid in {r["sandbox_id"] for r in usage(md.admin)["rows"]}
         for q, word in (({"group_by": "hour"}, "group_by"), ({"from": "yesterday"}, "from"),
-                        ({"to": "2026-02-31"}, "to"), ({"from": "2026-06-02", "to": DAY}, "to"),
-                        ({"tz": "x"}, "tz")):
+                        ({"to": "2026-02-31"}, "to"), ({"to": "2026-06-01T25:00:00Z"}, "to"),
+                        ({"from": "2026-06-01T10:00:00"}, "from"), ({"tz": "x"}, "tz")):
             r = ca.request("GET", "/v1/usage", query=q)
             assert r.status == 400 and word in r.error[1], (q, r)
+        # an empty range has nothing; RFC 3339 offsets count
+        assert usage(ca, frm="2026-06-02", to=DAY)["rows"] == []
+        u = usage(ca, frm="2026-06-01T02:00:00+02:00", to="2026-06-09T00:00:00.5Z")
+        assert sid in {r["sandbox_id"] for r in u["rows"]}
     finally:
         ca.request("DELETE", f"/v1/sandboxes/{sid}")
 
