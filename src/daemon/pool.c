@@ -21,6 +21,9 @@
 
 /* After a refill fails (no image yet, no room, the driver failed), wait this long. */
 #define REFILL_BACKOFF_MS 10000
+/* A refill waits this long after the last claim: a burst's first commands run before a boot
+ * takes the host's CPU. */
+#define REFILL_QUIET_MS 1000
 
 int pool_ready(const struct sandbox *sb)
 {
@@ -77,6 +80,8 @@ int pool_claim(struct daemon *d, struct sandbox *tmp, struct sink *s)
         return 1;
     }
     sandbox_claimed(sb);
+    if (d->pool_retry_ms < now_ms_monotonic() + REFILL_QUIET_MS)
+        d->pool_retry_ms = now_ms_monotonic() + REFILL_QUIET_MS;
     log_info(sb->id, "pool.claimed", "key=%s", sb->key_id[0] ? sb->key_id : "-");
     sink_reply(s, SINK_CREATED, sandbox_to_json(sb));
     return 1;
