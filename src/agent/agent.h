@@ -263,4 +263,11 @@ int caps_limit(uint64_t keep);
  */
 void tree_signal(pid_t root, pid_t group, int sig);
 
+/**
+ * Counts the processes that descend from this one (the commands, whatever they left running,
+ * zombies too), the commands' namespace init (ag.holder) excepted: 0 means the sandbox runs
+ * nothing but the agent. Returns the count, or -1 if /proc cannot be read.
+ */
+int tree_count_others(void);
+
 #endif

@@ -183,6 +183,17 @@ static int is_request(uint16_t type)
     }
 }
 
+/* PONG, with how many processes run besides the agent's own (PT_PROCS) when it can tell. */
+static void pong(uint32_t id)
+{
+    struct proto_buf b = {0};
+    int n = tree_count_others();
+    if (n >= 0)
+        proto_put_u32(&b, PT_PROCS, (uint32_t)n);
+    chan_send(id, PROTO_PONG, 0, b.data, b.len);
+    proto_buf_free(&b);
+}
+
 static void dispatch(const struct proto_header *h, const uint8_t *payload, const uint8_t *hdr)
 {
     struct req *r;
@@ -195,7 +206,7 @@ static void dispatch(const struct proto_header *h, const uint8_t *payload, const
         return;
     }
     switch (h->type) {
-    case PROTO_PING: chan_send(h->id, PROTO_PONG, 0, NULL, 0); break;
+    case PROTO_PING: pong(h->id); break;
     case PROTO_CANCEL:
         /* A request that just ended races with its cancel: not an error. */
         if ((r = req_find(h->id)))

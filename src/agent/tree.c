@@ -222,3 +222,16 @@ void tree_signal(pid_t root, pid_t group, int sig)
     }
     free(t.p);
 }
+
+int tree_count_others(void)
+{
+    struct ptable t = {0};
+    if (scan(&t) < 0)
+        return -1;
+    mark_tree(&t, ag.pid, 0);
+    int n = 0;
+    for (size_t i = 0; i < t.n; i++)
+        n += t.p[i].mark == 1 && t.p[i].pid != ag.pid && t.p[i].pid != ag.holder;
+    free(t.p);
+    return n;
+}

@@ -42,6 +42,9 @@ struct agentconn {
     int deadline_ms;   /* without progress for this long, a request means the agent is stuck */
     int gave_up;       /* the connection died because the agent missed a deadline */
     unsigned nwaiting; /* requests with a writable_cb */
+    unsigned nactive;  /* open requests other than PING: the sandbox is in use */
+    void (*on_send)(void *arg, uint16_t type); /* before each frame goes out (agentconn.h) */
+    void *send_arg;
     agentconn_state_cb on_state;
     void *arg;
     struct req *buckets[NBUCKETS];
@@ -68,6 +71,13 @@ static struct req *take(struct agentconn *c, uint32_t id)
     if (r)
         *p = r->next;
     return r;
+}
+
+/* r leaves the table (answered, cancelled or dead). */
+static void gone(struct agentconn *c, const struct req *r)
+{
+    if (r->type != PROTO_PING)
+        c->nactive--;
 }
 
 static void destroy(struct agentconn *c)
@@ -107,6 +117,7 @@ static void die(struct agentconn *c, const char *reason)
         struct req *r;
         while ((r = c->buckets[i])) {
             c->buckets[i] = r->next;
+            gone(c, r);
             r->cb(r->arg, NULL, (const uint8_t *)c->reason);
             free(r);
         }
@@ -225,6 +236,7 @@ static void dispatch(struct agentconn *c, const struct proto_header *h, const ui
     }
     if (agentconn_frame_ends(h->type)) {
         *p = r->next;
+        gone(c, r);
         if (r->writable_cb)
             c->nwaiting--;
         r->cb(r->arg, h, payload);
@@ -396,6 +408,8 @@ static int send_frame(struct agentconn *c, uint32_t id, uint16_t type, uint16_t 
 {
     if (c->dead || len > PROTO_MAX_PAYLOAD)
         return -1;
+    if (c->on_send)
+        c->on_send(c->send_arg, type);
     /* tests: a send that fails, by frame type (agentconn.send.EXEC), so that a watchdog PING
      * cannot take a fault meant for the request a test makes */
     char point[40];
@@ -432,6 +446,8 @@ static uint32_t request(struct agentconn *c, uint16_t type, const void *payload,
     r->last_ms = now_ms_monotonic();
     r->cb = cb;
     r->arg = arg;
+    if (type != PROTO_PING)
+        c->nactive++;
     struct req **head = &c->buckets[id % NBUCKETS];
     r->next = *head;
     *head = r;
@@ -511,6 +527,8 @@ int agentconn_send_stdin(struct agentconn *c, uint32_t id, const void *data, siz
 void agentconn_cancel(struct agentconn *c, uint32_t id)
 {
     struct req *r = take(c, id);
+    if (r)
+        gone(c, r);
     if (r && r->writable_cb)
         c->nwaiting--;
     free(r);
@@ -539,6 +557,17 @@ void agentconn_exit_status(const uint8_t *payload, size_t len, int *code, int *s
         proto_field_u32(&f, &s);
     *sig = s > 64 ? 0 : (int)s;
     *code = *sig ? -1 : (int)(int32_t)c;
+}
+
+void agentconn_on_send(struct agentconn *c, void (*cb)(void *arg, uint16_t type), void *arg)
+{
+    c->on_send = cb;
+    c->send_arg = arg;
+}
+
+unsigned agentconn_active(struct agentconn *c)
+{
+    return c && !c->dead ? c->nactive : 0;
 }
 
 int agentconn_alive(struct agentconn *c)

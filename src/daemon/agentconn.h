@@ -111,6 +111,18 @@ void agentconn_exit_status(const uint8_t *payload, size_t len, int *code, int *s
 /** Sets the connection's deadline (AGENTCONN_DEADLINE_MS by default), in ms. */
 void agentconn_set_deadline(struct agentconn *c, int ms);
 
+/**
+ * Calls cb(arg, type) before every frame goes to the agent, the request's first and every
+ * later one (STDIN, DATA, CREDIT, SIGNAL, CANCEL): the sandbox's owner wakes a sandbox it has
+ * frozen there (the frame waits in the channel meanwhile) and notes that it is in use. cb must
+ * not send on or close the connection.
+ */
+void agentconn_on_send(struct agentconn *c, void (*cb)(void *arg, uint16_t type), void *arg);
+
+/** Open requests other than PING (execs, transfers, streams): 0 when the agent has nothing
+ * to do for anyone. 0 on a dead connection. */
+unsigned agentconn_active(struct agentconn *c);
+
 /** Returns 1 while the connection is alive. */
 int agentconn_alive(struct agentconn *c);
 

@@ -24,6 +24,7 @@
 #include "common/proc.h"
 #include "common/util.h"
 #include "daemon/agentconn.h"
+#include "daemon/idle.h"
 #include "daemon/keys.h"
 #include "daemon/netlog.h"
 #include "daemon/pool.h"
@@ -73,6 +74,7 @@ void daemon_config_defaults(struct daemon_config *cfg)
     cfg->max_loop_devices = 256;
     cfg->agent_log_max = 1 << 20;
     cfg->stopped_retention = 7 * 86400;
+    cfg->freeze_after_ms = IDLE_DEFAULT_FREEZE_AFTER_MS;
     snprintf(cfg->egress, sizeof(cfg->egress), "auto");
 }
 
@@ -386,7 +388,8 @@ int daemon_open(struct daemon *d, struct wr_err *err)
     d->base = event_base_new();
     d->wq = d->base ? work_queue_new(d->base, 8) : NULL;
     d->wq_fast = d->base ? work_queue_new(d->base, 1) : NULL;
-    if (!d->base || !d->wq || !d->wq_fast)
+    d->wq_freeze = d->base ? work_queue_new(d->base, 1) : NULL;
+    if (!d->base || !d->wq || !d->wq_fast || !d->wq_freeze)
         return wr_err_set(err, ENOMEM, "cannot set up the event loop");
     /* From here on this thread runs the loop, and never a driver operation. */
     driver_forbid_this_thread();
@@ -454,6 +457,10 @@ void daemon_shutdown(struct daemon *d)
     /* Close channels (answering in-flight requests), flush, stop sandboxes. */
     sandbox_stop_all(d);
     event_base_loop(d->base, EVLOOP_NONBLOCK);
+    /* First: a freeze or thaw's completion queues the stop that waited for it on d->wq. */
+    if (d->wq_freeze)
+        work_queue_free(d->wq_freeze);
+    d->wq_freeze = NULL;
     if (d->wq_fast)
         work_queue_free(d->wq_fast);
     if (d->wq)

@@ -54,6 +54,8 @@ struct daemon_config {
     struct meter_prices prices;      /* daemon/meter.h */
     int pool_size;                   /* warm sandboxes of the default shape (daemon/pool.h) */
     char meter_clock_file[PATH_MAX]; /* tests: the meter's clock (unix ms) is read from here */
+    uint64_t freeze_after_ms;        /* an idle sandbox is frozen after this long; 0: never
+                                        (daemon/idle.h) */
 };
 
 struct driver_ops;
@@ -68,8 +70,9 @@ struct daemon {
     struct daemon_config cfg;
     struct event_base *base;
     struct store *store;
-    struct work_queue *wq;      /* driver starts, stops, destroys */
-    struct work_queue *wq_fast; /* quick driver reads (stats), never behind a slow start */
+    struct work_queue *wq;        /* driver starts, stops, destroys */
+    struct work_queue *wq_fast;   /* quick driver reads (stats), never behind a slow start */
+    struct work_queue *wq_freeze; /* freezes and thaws (daemon/idle.h): a thaw waits on nothing */
     const struct driver_ops *driver;
     struct sandbox *sandboxes; /* every known sandbox, newest first */
     int nsandboxes;

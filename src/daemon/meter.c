@@ -64,10 +64,12 @@ int64_t meter_price(const struct meter_prices *p, uint64_t cpu_usec, uint64_t me
     return (int64_t)(cpu / (MS_PER_HOUR * 1000) + mem / (1024 * MS_PER_HOUR));
 }
 
-uint64_t meter_billed_cpu(const struct meter_prices *p, int cpus, uint64_t ms, uint64_t used_usec)
+uint64_t meter_billed_cpu(const struct meter_prices *p, int cpus, uint64_t ms, uint64_t frozen_ms,
+                          uint64_t used_usec)
 {
     uint64_t all = (uint64_t)cpus * ms * 1000;
-    uint64_t floor = all * (uint64_t)p->cpu_floor_permille / 1000;
+    uint64_t awake = (uint64_t)cpus * (ms - (frozen_ms < ms ? frozen_ms : ms)) * 1000;
+    uint64_t floor = awake * (uint64_t)p->cpu_floor_permille / 1000;
     if (used_usec > all)
         used_usec = all;
     return used_usec > floor ? used_usec : floor;
@@ -302,7 +304,8 @@ static void record(struct daemon *d, const struct sandbox *sb, int64_t wall_ms, 
  * reservation it is taken from, recorded, and (if again) the reservation renewed. Returns
  * ROOM_OK, or why it has no room left (then it holds no reservation).
  */
-static enum room charge(struct sandbox *sb, uint64_t now, uint64_t ms, uint64_t cpu_used, int again)
+static enum room charge(struct sandbox *sb, uint64_t now, uint64_t ms, uint64_t frozen_ms,
+                        uint64_t cpu_used, int again)
 {
     struct daemon *d = sb->d;
     const struct meter_prices *p = &d->cfg.prices;
@@ -311,6 +314,8 @@ static enum room charge(struct sandbox *sb, uint64_t now, uint64_t ms, uint64_t 
                  MAX_GAP_MS);
         ms = MAX_GAP_MS;
     }
+    if (frozen_ms > ms)
+        frozen_ms = ms;
     struct api_key *k = budget_of(d, sb->key_id);
     uint64_t left = ms;
     while (left > 0) {
@@ -318,7 +323,9 @@ static enum room charge(struct sandbox *sb, uint64_t now, uint64_t ms, uint64_t 
         uint64_t most = (uint64_t)sb->cpus * slice * 1000;
         uint64_t used = cpu_used < most ? cpu_used : most;
         cpu_used -= used;
-        uint64_t cpu = meter_billed_cpu(p, sb->cpus, slice, used);
+        uint64_t fz = frozen_ms < slice ? frozen_ms : slice;
+        frozen_ms -= fz;
+        uint64_t cpu = meter_billed_cpu(p, sb->cpus, slice, fz, used);
         uint64_t mem = (uint64_t)sb->memory_mib * slice;
         int64_t before = meter_price(p, sb->acc_cpu_usec, sb->acc_mem_mib_ms);
         sb->acc_cpu_usec += cpu;
@@ -346,11 +353,49 @@ static enum room charge(struct sandbox *sb, uint64_t now, uint64_t ms, uint64_t 
     return ROOM_OK;
 }
 
+/* Of the time since the last reading, how much sb was frozen (up to now, when it still is);
+ * the open span is counted from now on. */
+static uint64_t take_frozen(struct sandbox *sb, uint64_t now)
+{
+    if (sb->meter_frozen_at) {
+        uint64_t from =
+            sb->meter_frozen_at > sb->meter_at_ms ? sb->meter_frozen_at : sb->meter_at_ms;
+        if (now > from)
+            sb->meter_frozen_ms += now - from;
+        sb->meter_frozen_at = now;
+    }
+    uint64_t fz = sb->meter_frozen_ms;
+    sb->meter_frozen_ms = 0;
+    return fz;
+}
+
+void meter_freeze(struct sandbox *sb)
+{
+    if (!sb->d->meter || !sb->metering || sb->meter_frozen_at)
+        return;
+    sb->meter_frozen_at = meter_clock(sb->d);
+    if (!sb->meter_frozen_at)
+        sb->meter_frozen_at = 1; /* a test clock at 0: still "frozen" */
+}
+
+void meter_thaw(struct sandbox *sb)
+{
+    if (!sb->d->meter || !sb->meter_frozen_at)
+        return;
+    uint64_t now = meter_clock(sb->d);
+    uint64_t from = sb->meter_frozen_at > sb->meter_at_ms ? sb->meter_frozen_at : sb->meter_at_ms;
+    if (now > from)
+        sb->meter_frozen_ms += now - from;
+    sb->meter_frozen_at = 0;
+}
+
 void meter_begin(struct sandbox *sb)
 {
     if (!sb->d->meter)
         return;
     sb->metering = 1;
+    sb->meter_frozen_at = 0;
+    sb->meter_frozen_ms = 0;
     sb->meter_at_ms = meter_clock(sb->d);
     /* A new cgroup counts from zero: its boot's CPU is the first slice's. */
     sb->meter_cpu_usec = 0;
@@ -366,9 +411,11 @@ void meter_end(struct sandbox *sb)
         /* The cgroup goes with the stop: the time since the last reading is charged at the
          * floor. */
         uint64_t now = meter_clock(d);
+        uint64_t frozen = take_frozen(sb, now);
         if (now > sb->meter_at_ms)
-            charge(sb, now, now - sb->meter_at_ms, 0, 0);
+            charge(sb, now, now - sb->meter_at_ms, frozen, 0, 0);
         sb->metering = 0;
+        sb->meter_frozen_at = 0;
     }
     release(sb);
 }
@@ -421,8 +468,9 @@ static void on_meter_stats(struct sandbox *sb, int rc, const struct driver_stats
     sb->meter_cpu_usec = st->cpu_usec;
     sb->meter_cpu_known = 1;
     uint64_t ms = now > sb->meter_at_ms ? now - sb->meter_at_ms : 0;
+    uint64_t frozen = take_frozen(sb, now);
     sb->meter_at_ms = now;
-    enum room r = charge(sb, now, ms, used, 1);
+    enum room r = charge(sb, now, ms, frozen, used, 1);
     if (r != ROOM_OK)
         stop_for(sb, r);
 }

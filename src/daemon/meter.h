@@ -6,7 +6,8 @@
  * reading, priced from the daemon's config in integer micro-dollars. CPU is billed at no less
  * than a floor per vCPU (2.5 % by default: gVisor's own idle work, measured at ~2.2 % of a core
  * under systrap), so the seed's 2 vCPU / 4 GiB sandbox costs 31,250 micro-dollars for an idle
- * hour and 80,000 for an hour with both vCPUs busy. A stopped sandbox costs nothing.
+ * hour and 80,000 for an hour with both vCPUs busy. A stopped sandbox costs nothing. A frozen
+ * one (daemon/idle.h) uses no CPU at all: its frozen time is billed memory and no CPU floor.
  *
  * Charges go into a ledger in the store: one row per sandbox per UTC minute (cost, billed CPU,
  * memory-time), the source of GET /v1/usage; a sandbox's cost so far and each key's spend
@@ -51,9 +52,10 @@ struct meter_prices {
 /** The price of cpu_usec of billed CPU and mem_mib_ms of memory-time, rounded down. */
 int64_t meter_price(const struct meter_prices *p, uint64_t cpu_usec, uint64_t mem_mib_ms);
 
-/** The CPU billed for ms of wall time on cpus vCPUs that measured used_usec: at least the
- * floor, at most every vCPU busy. */
-uint64_t meter_billed_cpu(const struct meter_prices *p, int cpus, uint64_t ms, uint64_t used_usec);
+/** The CPU billed for ms of wall time on cpus vCPUs that measured used_usec, frozen_ms of it
+ * frozen: at least the floor for the time awake, at most every vCPU busy. */
+uint64_t meter_billed_cpu(const struct meter_prices *p, int cpus, uint64_t ms, uint64_t frozen_ms,
+                          uint64_t used_usec);
 
 /** The most ms of a sandbox with cpus and mem_mib can cost (every vCPU busy), rounded up. */
 int64_t meter_max_cost(const struct meter_prices *p, int cpus, int mem_mib, uint64_t ms);
@@ -83,6 +85,12 @@ int meter_check_exec(struct sandbox *sb, struct wr_err *err);
 
 /** The sandbox went to state running: metering starts now (its reservation was taken). */
 void meter_begin(struct sandbox *sb);
+
+/** The sandbox was frozen (daemon/idle.h): no CPU floor from now until meter_thaw. */
+void meter_freeze(struct sandbox *sb);
+
+/** The sandbox was thawed: billed at its floor again from now. */
+void meter_thaw(struct sandbox *sb);
 
 /** The sandbox left running (or never got there): the time since its last reading is charged
  * at its floor, and its reservation is given back. Idempotent. */

@@ -16,6 +16,7 @@
 #include "common/util.h"
 #include "daemon/agentconn.h"
 #include "daemon/command.h"
+#include "daemon/idle.h"
 #include "daemon/keys.h"
 #include "daemon/meter.h"
 #include "daemon/netlog.h"
@@ -198,6 +199,7 @@ json_t *sandbox_to_json(const struct sandbox *sb)
     json_object_set_new(o, "max_cost_micros",
                         sb->max_cost_micros >= 0 ? json_integer(sb->max_cost_micros) : json_null());
     json_object_set_new(o, "cost_micros", json_integer(sb->cost_micros));
+    json_object_set_new(o, "frozen", json_boolean(sb->frozen && sb->state == SB_RUNNING));
     if (sb->reason[0] && (sb->state == SB_FAILED || sb->state == SB_STOPPED))
         json_object_set_new(o, "state_reason", json_string(sb->reason));
     if (sb->detail[0] && sb->state == SB_FAILED) {
@@ -395,7 +397,8 @@ struct sandbox_job {
      * passes to the sandbox; a stop's or destroy's, taken from the sandbox. job_free gives it
      * back, after the worker has unplumbed it. */
     int net_slot;
-    int dns_fd; /* a start's resolver socket, until the slot is activated */
+    int dns_fd;          /* a start's resolver socket, until the slot is activated */
+    work_fn parked_done; /* parked behind a freeze or thaw (submit_teardown) */
 };
 
 /* Worker: the sandbox's network namespace for this start, made and joined to the gateway. */
@@ -437,6 +440,35 @@ static void job_run(void *p)
         if (gateway_unplumb(j->sb->d->gw, j->net_slot, &e) < 0)
             log_warn(j->sb->id, "network.unplumb_failed", "error=\"%s\"", e.msg);
     }
+}
+
+/*
+ * Queues a stop or destroy job (j->sb is busy). While a freeze or thaw of it is on a worker the
+ * job waits for that to finish (sandbox_unpark), so the two never race on its cgroup. The driver
+ * thaws before it kills: the sandbox counts as awake from here.
+ */
+static void submit_teardown(struct sandbox_job *j, work_fn done)
+{
+    struct sandbox *sb = j->sb;
+    sb->frozen = 0;
+    sb->thaw_wanted = 0;
+    if (sb->freezer_busy && !sb->parked) {
+        j->parked_done = done;
+        sb->parked = j;
+        return;
+    }
+    work_submit(sb->d->wq, job_run, done, j);
+}
+
+int sandbox_unpark(struct sandbox *sb)
+{
+    struct sandbox_job *j = sb->parked;
+    if (!j)
+        return 0;
+    sb->parked = NULL;
+    sb->frozen = 0;
+    work_submit(sb->d->wq, job_run, j->parked_done, j);
+    return 1;
 }
 
 static struct sandbox_job *job_new(struct sandbox *sb, enum job_kind kind, sandbox_done_cb done,
@@ -521,7 +553,7 @@ static void start_fail(struct sandbox_job *j, const char *why)
     j->rc = 0;
     wr_err_clear(&j->err);
     sb->busy = 1;
-    work_submit(sb->d->wq, job_run, start_cleanup_done, j);
+    submit_teardown(j, start_cleanup_done);
 }
 
 /* A failed sandbox's runsc state, mounts and cgroups are gone; it stays failed. A delete or
@@ -560,7 +592,7 @@ static void lost_settle(struct sandbox *sb, const char *reason, const char *deta
         return;
     struct sandbox_job *cleanup = job_new(sb, JOB_STOP, NULL, NULL);
     sb->busy = 1;
-    work_submit(sb->d->wq, job_run, failed_cleanup_done, cleanup);
+    submit_teardown(cleanup, failed_cleanup_done);
 }
 
 /* Whether the host's OOM killer was at work in it is known: that is why it died, if so. */
@@ -615,6 +647,7 @@ static void on_agent_state(void *arg, int ok, const char *reason)
                  (unsigned long long)(now_ms_monotonic() - j->started_ms));
         sb->net_slot = j->net_slot;
         j->net_slot = -1;
+        idle_reset(sb);
         sandbox_set_state(sb, SB_RUNNING, j->is_create ? "created" : "user");
         j->done(sb, 1, NULL, j->arg);
         job_free(j);
@@ -646,6 +679,7 @@ static void create_start_done(void *p)
     sb->create_job = j;
     sb->conn = agentconn_new(sb->d->base, fd, sb->d->cfg.hello_timeout_ms, on_agent_state, sb);
     agentconn_set_deadline(sb->conn, sb->d->cfg.agent_deadline_ms);
+    agentconn_on_send(sb->conn, idle_on_send, sb);
 }
 
 static void start_job(struct sandbox *sb, int is_create, sandbox_done_cb done, void *arg)
@@ -738,7 +772,7 @@ static void submit_stop(struct sandbox *sb, enum job_kind kind, const char *reas
     struct sandbox_job *j = job_new(sb, kind, done, arg);
     snprintf(j->reason, sizeof(j->reason), "%s", reason);
     sb->busy = 1;
-    work_submit(sb->d->wq, job_run, stop_done, j);
+    submit_teardown(j, stop_done);
 }
 
 void sandbox_stop(struct sandbox *sb, const char *reason, sandbox_done_cb done, void *arg)
@@ -898,14 +932,15 @@ static void on_watch_stats(struct sandbox *sb, int rc, const struct driver_stats
 }
 
 /*
- * Pings each running sandbox's agent every few seconds. An agent that has not answered for
- * WATCHDOG_MS (frozen, or stuck) makes its sandbox failed with reason agent_unresponsive, so
- * calls stop hanging on it and start can bring it back.
+ * Pings each running sandbox's agent every few seconds, unless the daemon froze it. An agent that
+ * has not answered for WATCHDOG_MS (stopped, or stuck) makes its sandbox failed with reason
+ * agent_unresponsive, so calls stop hanging on it and start can bring it back.
  */
 static void watchdog(struct sandbox *sb)
 {
     uint64_t now = now_ms_monotonic();
-    if (!agentconn_alive(sb->conn))
+    /* A frozen agent cannot answer; its clock starts again at the thaw (idle.c). */
+    if (!agentconn_alive(sb->conn) || sb->frozen || sb->freezer_busy)
         return;
     if (sb->ping_id) {
         if (now - sb->ping_sent_ms > WATCHDOG_MS)
@@ -929,11 +964,14 @@ static void lease_done(struct sandbox *sb, int ok, const char *message, void *ar
 void sandbox_check_leases(struct daemon *d)
 {
     int64_t now = now_ms_wall();
+    uint64_t mono = now_ms_monotonic();
     struct sandbox *next;
     for (struct sandbox *sb = d->sandboxes; sb; sb = next) {
         next = sb->next;
         if (sb->state == SB_RUNNING && !sb->busy)
             watchdog(sb);
+        if (sb->state == SB_RUNNING && !sb->busy)
+            idle_tick(sb, mono);
         if (sb->state != SB_RUNNING || sb->busy || sb->lease_ends_ms > now)
             continue;
         log_info(sb->id, "lease.ended", "on_lease_end=%s", sb->on_lease_end);

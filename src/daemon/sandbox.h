@@ -75,16 +75,27 @@ struct sandbox {
     void *deferred_arg;
     int pooled; /* a warm entry of the daemon's pool (daemon/pool.h): nobody's, seen by no one */
     /* Money (daemon/meter.h). */
-    int64_t max_cost_micros; /* its cap; -1: none */
-    int64_t cost_micros;     /* charged so far, every run */
-    int64_t reserved_micros; /* held against its cap and its key's daily limit */
-    int metering;            /* running and metered */
-    int meter_reading;       /* a stats read for the meter is in flight */
-    int meter_cpu_known;     /* meter_cpu_usec is a reading of this run's cgroup */
-    uint64_t meter_at_ms;    /* the meter's clock: charged up to here */
-    uint64_t meter_cpu_usec; /* its cgroup's CPU then */
-    uint64_t acc_cpu_usec;   /* billed since metering began in this daemon, priced whole */
-    uint64_t acc_mem_mib_ms; /* so rounding never drifts */
+    int64_t max_cost_micros;  /* its cap; -1: none */
+    int64_t cost_micros;      /* charged so far, every run */
+    int64_t reserved_micros;  /* held against its cap and its key's daily limit */
+    int metering;             /* running and metered */
+    int meter_reading;        /* a stats read for the meter is in flight */
+    int meter_cpu_known;      /* meter_cpu_usec is a reading of this run's cgroup */
+    uint64_t meter_at_ms;     /* the meter's clock: charged up to here */
+    uint64_t meter_cpu_usec;  /* its cgroup's CPU then */
+    uint64_t acc_cpu_usec;    /* billed since metering began in this daemon, priced whole */
+    uint64_t acc_mem_mib_ms;  /* so rounding never drifts */
+    uint64_t meter_frozen_at; /* meter clock: frozen since then (counted up to there); 0: awake */
+    uint64_t meter_frozen_ms; /* of the time since the last reading, how much it was frozen */
+    /* Idle freezing (daemon/idle.h). */
+    int frozen;             /* the driver froze it; cleared by a thaw, or when a stop or
+                               destroy (which thaws) is queued */
+    int freezer_busy;       /* a freeze or thaw is on a worker */
+    int thaw_wanted;        /* a frame waits for the agent: thaw once the freezer is free */
+    uint64_t idle_since_ms; /* monotonic: when it was last in use (a frame sent, a request open) */
+    uint32_t probe_id;      /* the PING asking its agent for the process count; 0: none */
+    uint64_t probe_since;   /* idle_since_ms when that was asked */
+    struct sandbox_job *parked; /* a stop or destroy waiting for the freezer (sandbox.c) */
     struct sandbox *next;
 };
 
@@ -247,6 +258,12 @@ void sandbox_stop_all(struct daemon *d);
 
 /** At exit, after daemon_shutdown: drops the daemon's list (nothing is persisted). */
 void sandbox_free_all(struct daemon *d);
+
+/**
+ * The freeze or thaw on a worker finished: queues the stop or destroy that waited for it, if
+ * one did. Returns 1 if it did (the sandbox is being torn down: nothing else to do), else 0.
+ */
+int sandbox_unpark(struct sandbox *sb);
 
 /** Fills a driver spec for sb (strings point into sb and d). */
 void sandbox_spec(const struct sandbox *sb, struct driver_spec *spec);

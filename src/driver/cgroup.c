@@ -29,12 +29,28 @@
 /* The hierarchies whose cgroups we create, write and read. */
 static const char *const owned[] = {"cpu", "cpuacct", "memory", "pids"};
 
+/* The freezer is ours too when the host mounts it (cgroup_freeze); without it sandboxes run,
+ * they are just never frozen. */
+#define FREEZER "freezer"
+#define FREEZE_POLL_MS 2
+
 static void cg_dir(const char *ctrl, const char *id, char *out, size_t outlen)
 {
     if (id)
         snprintf(out, outlen, CGROUP_ROOT "/%s/" CGROUP_PARENT "/%s", ctrl, id);
     else
         snprintf(out, outlen, CGROUP_ROOT "/%s/" CGROUP_PARENT, ctrl);
+}
+
+/* Whether the v1 freezer hierarchy is mounted (looked up once; the mounts do not change). */
+static int freezer_mounted(void)
+{
+    static int known = -1;
+    if (known < 0) {
+        struct statfs sfs;
+        known = statfs(CGROUP_ROOT "/" FREEZER, &sfs) == 0 && sfs.f_type == CGROUP_V1_MAGIC;
+    }
+    return known;
 }
 
 int cgroup_check(char *detail, size_t detail_len, struct wr_err *err)
@@ -50,7 +66,8 @@ int cgroup_check(char *detail, size_t detail_len, struct wr_err *err)
                               owned[i], p);
     }
     if (detail && detail_len)
-        snprintf(detail, detail_len, "cgroup v1 cpu, cpuacct, memory, pids under " CGROUP_ROOT);
+        snprintf(detail, detail_len, "cgroup v1 cpu, cpuacct, memory, pids%s under " CGROUP_ROOT,
+                 freezer_mounted() ? ", freezer" : "");
     return 0;
 }
 
@@ -70,6 +87,20 @@ static int write_u64(const char *dir, const char *file, uint64_t v)
     char buf[32];
     int n = snprintf(buf, sizeof(buf), "%llu", (unsigned long long)v);
     if (write(fd, buf, (size_t)n) != n)
+        return -errno;
+    return 0;
+}
+
+/* Writes a string to dir/file. Returns 0 or -errno. */
+static int write_str(const char *dir, const char *file, const char *v)
+{
+    char p[512];
+    snprintf(p, sizeof(p), "%s/%s", dir, file);
+    cleanup_close int fd = open(p, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    size_t n = strlen(v);
+    if (write(fd, v, n) != (ssize_t)n)
         return -errno;
     return 0;
 }
@@ -128,6 +159,18 @@ int cgroup_create(const char *id, const struct cgroup_limits *lim, struct wr_err
         cg_dir(owned[i], id, dir, sizeof(dir));
         if ((r = mkdir_ok(dir)) < 0)
             return wr_err_sys(err, -r, "creating cgroup %s", dir);
+    }
+
+    if (freezer_mounted()) {
+        cg_dir(FREEZER, NULL, dir, sizeof(dir));
+        if ((r = mkdir_ok(dir)) < 0)
+            return wr_err_sys(err, -r, "creating cgroup %s", dir);
+        cg_dir(FREEZER, id, dir, sizeof(dir));
+        if ((r = mkdir_ok(dir)) < 0)
+            return wr_err_sys(err, -r, "creating cgroup %s", dir);
+        /* A cgroup reused from a run that ended frozen must not freeze the new one. */
+        if ((r = write_str(dir, "freezer.state", "THAWED")) < 0)
+            return wr_err_sys(err, -r, "thawing cgroup %s", dir);
     }
 
     cg_dir("cpu", id, dir, sizeof(dir));
@@ -238,12 +281,63 @@ static void sleep_ms(long ms)
     nanosleep(&ts, NULL);
 }
 
+/* Thaws the sandbox's freezer cgroup if there is one: a frozen task does not die of SIGKILL
+ * until it is thawed. Quiet: an absent cgroup needs no thaw. */
+static void thaw_quietly(const char *id)
+{
+    if (!freezer_mounted())
+        return;
+    char dir[256];
+    cg_dir(FREEZER, id, dir, sizeof(dir));
+    write_str(dir, "freezer.state", "THAWED");
+}
+
+int cgroup_freeze(const char *id, int frozen, int timeout_ms, struct wr_err *err)
+{
+    if (!freezer_mounted())
+        return wr_err_set(err, ENOTSUP,
+                          "the cgroup v1 freezer is not mounted at " CGROUP_ROOT "/" FREEZER);
+    char dir[256];
+    cg_dir(FREEZER, id, dir, sizeof(dir));
+    const char *want = frozen ? "FROZEN" : "THAWED";
+    int r = write_str(dir, "freezer.state", want);
+    if (r < 0)
+        return wr_err_sys(err, -r, "writing %s to %s/freezer.state", want, dir);
+    if (!frozen)
+        return 0; /* a thaw takes effect at once: the tasks run again as they are woken */
+    /* FREEZING until every task has stopped: a task in an uninterruptible wait stops only
+     * when the wait ends. One that does not in time is thawed again, so a sandbox is never
+     * left half frozen. */
+    uint64_t deadline = now_ms_monotonic() + (uint64_t)timeout_ms;
+    for (;;) {
+        char p[320], buf[32];
+        snprintf(p, sizeof(p), "%s/freezer.state", dir);
+        cleanup_close int fd = open(p, O_RDONLY | O_CLOEXEC);
+        ssize_t n = fd >= 0 ? read(fd, buf, sizeof(buf) - 1) : -1;
+        if (n < 0) {
+            int e = errno;
+            thaw_quietly(id);
+            return wr_err_sys(err, e, "reading %s", p);
+        }
+        buf[n] = '\0';
+        if (strncmp(buf, "FROZEN", 6) == 0)
+            return 0;
+        if (now_ms_monotonic() >= deadline) {
+            thaw_quietly(id);
+            return wr_err_set(err, EBUSY, "%s was still freezing after %d ms; thawed again", dir,
+                              timeout_ms);
+        }
+        sleep_ms(FREEZE_POLL_MS);
+    }
+}
+
 int cgroup_kill(const char *id, int timeout_ms, struct wr_err *err)
 {
     uint64_t deadline = now_ms_monotonic() + (uint64_t)timeout_ms;
     char dir[256];
     cg_dir("pids", id, dir, sizeof(dir));
     for (;;) {
+        thaw_quietly(id);
         int n = kill_procs(dir, id);
         if (n == 0)
             return 0;
@@ -256,6 +350,7 @@ int cgroup_kill(const char *id, int timeout_ms, struct wr_err *err)
 int cgroup_destroy(const char *id, int timeout_ms, struct wr_err *err)
 {
     uint64_t deadline = now_ms_monotonic() + (uint64_t)timeout_ms;
+    thaw_quietly(id);
     DIR *d = opendir(CGROUP_ROOT);
     if (!d)
         return errno == ENOENT ? 0 : wr_err_sys(err, errno, "opening " CGROUP_ROOT);
@@ -270,6 +365,7 @@ int cgroup_destroy(const char *id, int timeout_ms, struct wr_err *err)
         if (stat(dir, &st) < 0 || !S_ISDIR(st.st_mode))
             continue;
         for (;;) {
+            thaw_quietly(id);
             kill_procs(dir, id);
             if (rmdir(dir) == 0 || errno == ENOENT)
                 break;

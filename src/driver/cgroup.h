@@ -5,7 +5,9 @@
  * writes the limits, hands the path to runsc as linux.cgroupsPath (runsc joins
  * pre-created cgroups and leaves them alone), reads the counters and removes
  * the cgroups itself. runsc still creates (and on delete removes) the other
- * hierarchies' cgroups under the same path.
+ * hierarchies' cgroups under the same path. The freezer cgroup is the driver's too (when the
+ * host mounts that hierarchy): an idle sandbox is frozen there (cgroup_freeze), and every
+ * kill here thaws it first, because a frozen task does not die of SIGKILL.
  */
 #ifndef WR_DRIVER_CGROUP_H
 #define WR_DRIVER_CGROUP_H
@@ -67,6 +69,13 @@ int cgroup_destroy(const char *id, int timeout_ms, struct wr_err *err);
  * left. The cgroups stay. Returns 0, or -1 if processes remain.
  */
 int cgroup_kill(const char *id, int timeout_ms, struct wr_err *err);
+
+/**
+ * Freezes (frozen = 1) or thaws (0) every task of the sandbox through the v1 freezer. A freeze
+ * waits up to timeout_ms for the state to read FROZEN; if it does not, the cgroup is thawed
+ * again and -1 returned (EBUSY). Returns 0, or -1 with err set (ENOTSUP: no freezer mounted).
+ */
+int cgroup_freeze(const char *id, int frozen, int timeout_ms, struct wr_err *err);
 
 /** Returns 1 if any cgroup directory of sandbox `id` exists in any hierarchy, else 0. */
 int cgroup_exists(const char *id);

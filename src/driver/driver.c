@@ -172,3 +172,12 @@ int driver_stats(const struct driver_ops *drv, const struct driver_spec *spec,
     check_thread("stats");
     return drv->stats(spec, out, err);
 }
+
+int driver_freeze(const struct driver_ops *drv, const struct driver_spec *spec, int frozen,
+                  struct wr_err *err)
+{
+    check_thread("freeze");
+    if (!drv->freeze)
+        return wr_err_set(err, ENOTSUP, "the %s driver cannot freeze sandboxes", drv->name);
+    return drv->freeze(spec, frozen, err);
+}

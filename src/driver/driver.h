@@ -91,6 +91,15 @@ struct driver_ops {
 
     /** Reads the sandbox's resource use. */
     int (*stats)(const struct driver_spec *spec, struct driver_stats *out, struct wr_err *err);
+
+    /**
+     * Freezes (frozen = 1) every process of a running sandbox so it uses no CPU at all, or
+     * thaws it (0). A frozen sandbox keeps its memory and its channel (bytes sent to it wait);
+     * stop and destroy work on a frozen sandbox (they thaw it first). A freeze that cannot
+     * complete leaves the sandbox thawed and fails. NULL: this driver cannot freeze, and the
+     * daemon never asks it to.
+     */
+    int (*freeze)(const struct driver_spec *spec, int frozen, struct wr_err *err);
 };
 
 /** Global driver configuration, set once by the daemon before any call. */
@@ -137,5 +146,7 @@ int driver_destroy(const struct driver_ops *drv, const struct driver_spec *spec,
                    struct wr_err *err);
 int driver_stats(const struct driver_ops *drv, const struct driver_spec *spec,
                  struct driver_stats *out, struct wr_err *err);
+int driver_freeze(const struct driver_ops *drv, const struct driver_spec *spec, int frozen,
+                  struct wr_err *err);
 
 #endif

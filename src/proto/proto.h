@@ -33,7 +33,8 @@
 enum proto_type {
     /* agent -> daemon, unsolicited, id 0: fields VERSION, PID */
     PROTO_HELLO = 1,
-    /* daemon -> agent: no fields; agent answers PONG with the same id */
+    /* daemon -> agent: no fields; agent answers PONG with the same id, with field PROCS when it
+     * can count them */
     PROTO_PING = 2,
     PROTO_PONG = 3,
     /* daemon -> agent, for an open request: no fields. The agent ends the request at once and
@@ -128,6 +129,11 @@ enum proto_tag {
      * comes. Absent: no limit. The daemon treats a request that overruns its credit as a
      * protocol violation. */
     PT_WINDOW = 22,
+    /* u32, in PONG: processes in the sandbox besides the agent and its commands' namespace
+     * init (zombies count). The daemon freezes an idle sandbox only when this is 0; absent
+     * means unknown, so never. The agent's word only decides whether its own sandbox may
+     * sleep: a lie costs the liar CPU or latency, no one else. */
+    PT_PROCS = 23,
 };
 
 enum proto_wflags {

@@ -250,6 +250,48 @@ static void test_signal(struct agent *a)
     result_free(&r);
 }
 
+/* PINGs and returns the PONG's PROCS (-1: absent); frames of other ids are dropped. */
+static long ping_procs(struct agent *a)
+{
+    uint32_t id = next_id++;
+    send_frame(a, id, PROTO_PING, 0, NULL, 0);
+    for (;;) {
+        struct frame *f = read_frame(a, TIMEOUT_MS);
+        if (!f)
+            return -2;
+        long procs = -3;
+        if (f->h.id == id && f->h.type == PROTO_PONG) {
+            struct proto_field fl;
+            uint32_t v = 0;
+            procs = proto_find(f->payload, f->h.len, PT_PROCS, &fl) == 1 &&
+                            proto_field_u32(&fl, &v) == 0
+                        ? (long)v
+                        : -1;
+        }
+        free(f->payload);
+        free(f);
+        if (procs != -3)
+            return procs;
+    }
+}
+
+/* PONG says how many processes run besides the agent's own: what the daemon's idle freezing
+ * (daemon/idle.h) waits to be 0. */
+static void test_pong_procs(struct agent *a)
+{
+    long n = ping_procs(a);
+    ok(n == 0, "at rest, PONG counts no process besides the agent's (%ld)", n);
+    const char *sleeper[] = {"sleep", "2", NULL};
+    uint32_t id = exec_req(a, sleeper, base_env, NULL, 0);
+    n = ping_procs(a);
+    ok(n >= 1, "with a command running, PONG counts it (%ld)", n);
+    struct result r = {0};
+    ok(collect(a, id, &r) == 0 && r.exited && r.exit_code == 0, "the command ends");
+    result_free(&r);
+    n = ping_procs(a);
+    ok(n == 0, "and once it has, none again (%ld)", n);
+}
+
 int main(int argc, char **argv)
 {
     struct agent a;
@@ -260,6 +302,7 @@ int main(int argc, char **argv)
     test_stdin(&a);
     test_many(&a);
     test_signal(&a);
+    test_pong_procs(&a);
     harness_stop_agent(&a);
     return harness_done();
 }

@@ -487,12 +487,56 @@ static void test_deadline(void)
     close_pair(&p);
 }
 
+struct sends {
+    int n;
+    uint16_t last;
+};
+
+static void on_send(void *arg, uint16_t type)
+{
+    struct sends *s = arg;
+    s->n++;
+    s->last = type;
+}
+
+/* What idle freezing (daemon/idle.h) relies on: every frame out is announced first, and only
+ * requests other than PING count as the sandbox being in use. */
+static void test_active_and_on_send(void)
+{
+    struct pair p;
+    open_pair(&p, 5000);
+    struct sends sn = {0};
+    agentconn_on_send(p.c, on_send, &sn);
+    put_hello(p.agent, PROTO_VERSION);
+    pump();
+    struct calls c = {0};
+    uint32_t ping = agentconn_request(p.c, PROTO_PING, NULL, 0, on_frame, &c);
+    ok(sn.n == 1 && sn.last == PROTO_PING && agentconn_active(p.c) == 0,
+       "a PING is announced and is not activity");
+    uint32_t st = agentconn_request(p.c, PROTO_FILE_STAT, "", 0, on_frame, &c);
+    ok(sn.n == 2 && sn.last == PROTO_FILE_STAT && agentconn_active(p.c) == 1,
+       "a FILE_STAT is announced and counts as open");
+    uint32_t ex = agentconn_request(p.c, PROTO_EXEC, "", 0, on_frame, &c);
+    agentconn_send(p.c, ex, PROTO_STDIN, 0, "x", 1);
+    ok(sn.n == 4 && sn.last == PROTO_STDIN && agentconn_active(p.c) == 2,
+       "a request's later frames are announced too");
+    put_frame(p.agent, st, PROTO_OK, 0, NULL, 0);
+    put_frame(p.agent, ping, PROTO_PONG, 0, NULL, 0);
+    pump();
+    ok(agentconn_active(p.c) == 1, "answered requests no longer count");
+    agentconn_cancel(p.c, ex);
+    ok(agentconn_active(p.c) == 0, "nor cancelled ones");
+    agentconn_request(p.c, PROTO_FILE_STAT, "", 0, on_frame, &c);
+    close_pair(&p);
+}
+
 int main(void)
 {
     unsetenv("WR_FAULTS");
     unsetenv("WR_FAULTS_FILE");
     base = event_base_new();
     test_hello_and_request();
+    test_active_and_on_send();
     test_hostile();
     test_hello_timeout();
     test_death_answers_each_request_once();

@@ -3,7 +3,8 @@
  * own: the limits written are the ones asked for, also when an existing cgroup is reused
  * with a larger memory limit; usage counts a process put in the cgroups; cgroup_kill empties
  * them and keeps them; cgroup_destroy kills what is left and removes the sandbox's cgroup in
- * every hierarchy, runsc's too, and leaves no directory of the id in /sys/fs/cgroup/x.
+ * every hierarchy, runsc's too, and leaves no directory of the id in /sys/fs/cgroup/x; the
+ * freezer freezes and thaws, and cgroup_kill kills a frozen process.
  * Needs root and cgroup v1: elsewhere it prints SKIP lines.
  */
 #include <dirent.h>
@@ -255,9 +256,37 @@ int main(void)
        "after cgroup_kill the cgroups stay, empty");
     ok(cgroup_kill(id, 100, clr(&err)) == 0, "cgroup_kill on empty cgroups returns 0");
 
+    /* The freezer: a frozen process is stopped by the kernel, thawed it runs again, and
+     * cgroup_kill kills it even while frozen (a frozen task would not die of SIGKILL). */
+    if (access(ROOT "/freezer", F_OK) == 0) {
+        char st[32] = "";
+        pid_t ice = start_child(&go);
+        ok(ice > 0 && join_cgroups(ice) == 0 && in_file("freezer", "cgroup.procs", ice) == 0,
+           "a child joins the freezer cgroup cgroup_create made");
+        if (go >= 0) {
+            (void)!write(go, "x", 1);
+            close(go);
+        }
+        ok(cgroup_freeze(id, 1, 2000, clr(&err)) == 0 &&
+               read_file("freezer", "freezer.state", st, sizeof(st)) == 0 &&
+               strncmp(st, "FROZEN", 6) == 0,
+           "cgroup_freeze: FROZEN (%s)", err.msg);
+        ok(cgroup_freeze(id, 0, 2000, clr(&err)) == 0 &&
+               read_file("freezer", "freezer.state", st, sizeof(st)) == 0 &&
+               strncmp(st, "THAWED", 6) == 0,
+           "cgroup_freeze 0: THAWED (%s)", err.msg);
+        ok(cgroup_freeze(id, 1, 2000, clr(&err)) == 0, "frozen again (%s)", err.msg);
+        ok(cgroup_kill(id, 2000, clr(&err)) == 0 && ice > 0 && killed(ice),
+           "cgroup_kill kills a frozen process (%s)", err.msg);
+        ok(read_file("freezer", "freezer.state", st, sizeof(st)) == 0 &&
+               strncmp(st, "THAWED", 6) == 0,
+           "and leaves the cgroup thawed");
+        ok(cgroup_create(id, &lim3, clr(&err)) == 0, "cgroup_create on it again (%s)", err.msg);
+    }
+
     /* A cgroup runsc would have made in another hierarchy, and a process still running:
      * cgroup_destroy kills it and removes every directory of the sandbox. */
-    const char *other = access(ROOT "/freezer", F_OK) == 0 ? "freezer" : "devices";
+    const char *other = access(ROOT "/devices", F_OK) == 0 ? "devices" : "blkio";
     char parent[256];
     snprintf(parent, sizeof(parent), ROOT "/%s/" CGROUP_PARENT, other);
     if (mkdir(parent, 0755) == 0)

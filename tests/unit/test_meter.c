@@ -38,19 +38,19 @@ int main(void)
                              METER_DEFAULT_CPU_FLOOR};
 
     /* The seed: 2 vCPU / 4 GiB, an hour idle is $0.03125, an hour with both vCPUs busy $0.08. */
-    uint64_t idle = meter_billed_cpu(&p, 2, HOUR_MS, 1000000 /* 1 s of CPU in the hour */);
+    uint64_t idle = meter_billed_cpu(&p, 2, HOUR_MS, 0, 1000000 /* 1 s of CPU in the hour */);
     ok(idle == 2 * HOUR_US * 25 / 1000, "idle CPU is billed at the floor, 2.5 %% of 2 vCPUs (%llu)",
        (unsigned long long)idle);
     int64_t c = meter_price(&p, idle, 4096 * HOUR_MS);
     ok(c == 31250, "a 2 vCPU / 4 GiB sandbox idle for an hour costs 31,250 (%lld)", (long long)c);
-    uint64_t busy = meter_billed_cpu(&p, 2, HOUR_MS, 2 * HOUR_US);
+    uint64_t busy = meter_billed_cpu(&p, 2, HOUR_MS, 0, 2 * HOUR_US);
     c = meter_price(&p, busy, 4096 * HOUR_MS);
     ok(c == 80000, "with both vCPUs busy for the hour, 80,000 (%lld)", (long long)c);
     ok(meter_price(&p, HOUR_US, 0) == 25000, "a vCPU-hour is 25,000");
     ok(meter_price(&p, 0, 1024 * HOUR_MS) == 7500, "a GiB-hour is 7,500");
-    ok(meter_billed_cpu(&p, 2, 1000, 5000000) == 2000000,
+    ok(meter_billed_cpu(&p, 2, 1000, 0, 5000000) == 2000000,
        "CPU billed is at most every vCPU busy for the time");
-    ok(meter_billed_cpu(&p, 1, 1000, 300000) == 300000, "between the two, what was measured");
+    ok(meter_billed_cpu(&p, 1, 1000, 0, 300000) == 300000, "between the two, what was measured");
 
     /* Rounding down, never up; whole sums priced once. */
     ok(meter_price(&p, 1, 1) == 0, "a microsecond and a MiB-ms cost nothing (rounded down)");
@@ -68,7 +68,7 @@ int main(void)
 
     /* Other prices. */
     struct meter_prices q = {100000, 0, 0};
-    ok(meter_billed_cpu(&q, 4, 1000, 0) == 0 && meter_price(&q, HOUR_US / 2, 12345) == 50000,
+    ok(meter_billed_cpu(&q, 4, 1000, 0, 0) == 0 && meter_price(&q, HOUR_US / 2, 12345) == 50000,
        "prices come from the config (no floor, memory free)");
 
     /* The ledger: rows add up per (sandbox, minute), and sum by group within a range. */
