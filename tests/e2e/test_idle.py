@@ -183,6 +183,7 @@ def test_the_lease_of_a_frozen_sandbox_ends_on_time(c):
     assert freezer_state(sid) is None
 
 
+@pytest.mark.slow  # over 20 s by design (the watchdog's limit): the normal build's run only
 @pytest.mark.timeout(120)
 def test_the_watchdog_leaves_a_frozen_sandbox_alone(c):
     """The watchdog fails a sandbox whose agent has not answered for 20 s; a frozen one cannot
