@@ -89,6 +89,44 @@ def in_parallel(n, fn):
         return list(pool.map(run, range(n)))
 
 
+class UnixConn(http.client.HTTPConnection):
+    """http.client over the daemon's Unix socket."""
+
+    def __init__(self, path, timeout):
+        super().__init__("localhost", timeout=timeout)
+        self.sock_path = path
+
+    def connect(self):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(self.timeout)
+        s.connect(self.sock_path)
+        self.sock = s
+
+
+def unix_call(sock_path, method, path, body=None, timeout=30):
+    """One request over the daemon's Unix socket, where root is the admin and needs no key
+    (docs/security.md). Returns (status, parsed JSON or None)."""
+    conn = UnixConn(sock_path, timeout)
+    try:
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        conn.request(method, path, body=data, headers=headers)
+        r = conn.getresponse()
+        payload = r.read()
+    finally:
+        conn.close()
+    return r.status, (json.loads(payload) if payload else None)
+
+
+def mint_key(sock_path, name="bench"):
+    """Makes an API key through the Unix socket: every TCP request needs one. Returns
+    (key id, key)."""
+    status, body = unix_call(sock_path, "POST", "/v1/keys", {"name": name})
+    if status >= 300:
+        raise SystemExit(f"bench: POST /v1/keys over {sock_path} -> {status}: {body}")
+    return body["id"], body["key"]
+
+
 class Api:
     """Just enough of the HTTP API (standard library)."""
 
@@ -133,6 +171,8 @@ class Daemon:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
+        self.sock = os.path.join(state_dir, "withruntime.sock")
+        self.key_id = self.key = None
         self.log_path = os.path.join(state_dir, "bench-daemon.log")
 
     def start(self):
@@ -143,25 +183,43 @@ class Daemon:
         self.proc = subprocess.Popen(
             [self.binary, "serve", "--state-dir", self.state_dir,
              "--listen", f"127.0.0.1:{self.port}",
-             "--socket", os.path.join(self.state_dir, "withruntime.sock"),
+             "--socket", self.sock,
              "--agent", self.agent],
             stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT)
         logf.close()
-        api = Api(self.url)
         deadline = time.monotonic() + 60
         while True:
             if self.proc.poll() is not None:
                 raise SystemExit(f"bench: daemon exited ({self.proc.returncode}); see "
                                  f"{self.log_path}")
             try:
-                api.call("GET", "/v1/health", timeout=2)
-                return
-            except (OSError, RuntimeError):
-                if time.monotonic() > deadline:
-                    raise SystemExit("bench: daemon did not answer /v1/health in 60 s")
-                time.sleep(0.1)
+                # the socket is ours only once our daemon is still there after answering
+                # (another one on the same state dir would answer, and ours would exit)
+                if unix_call(self.sock, "GET", "/v1/health", timeout=2)[0] == 200:
+                    time.sleep(0.2)
+                    if self.proc.poll() is None:
+                        break
+                    continue
+            except (OSError, http.client.HTTPException):
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise SystemExit("bench: daemon did not answer /v1/health in 60 s")
+            time.sleep(0.1)
+        try:
+            # key names are unique in a state dir that may be reused between runs
+            self.key_id, self.key = mint_key(self.sock, f"bench-{os.getpid()}-{time.time_ns()}")
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self):
+        if self.key_id and self.proc and self.proc.poll() is None:
+            try:  # a reused state dir does not pile up live keys
+                unix_call(self.sock, "POST", f"/v1/keys/{self.key_id}/revoke")
+            except (OSError, http.client.HTTPException) as e:
+                log(f"could not revoke key {self.key_id}: {e}")
+            self.key_id = None
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -599,7 +657,7 @@ def main():
         if not rootfs:
             raise SystemExit(f"bench: no image rootfs found under {state_dir}; pass --rootfs")
         log(f"daemon {url}, rootfs {rootfs}")
-        api = Api(url, os.environ.get("RUNTIME_API_KEY"))
+        api = Api(url, daemon.key if daemon else os.environ.get("RUNTIME_API_KEY"))
         bench = Bench(api, rootfs, args, workdir)
 
         results = {
