@@ -7,8 +7,13 @@ Measures, with the baselines beside each number because these machines are noisy
     the baselines, since both include their teardown: raw `runsc run /bin/true` of the same
     image rootfs (an OCI bundle generated here; `runsc run` returns once the container is
     deleted) and a plain host subprocess (`/bin/true`, exited and reaped);
-  * exec `true` round trip through the daemon against a host subprocess;
-  * 100 MiB write and read through the files API against `dd` to a file on the host.
+  * exec `true` round trip through the daemon against the spawn floor inside the same sandbox
+    (a python loop of posix_spawn + wait of /bin/true, in blocks interleaved with the execs)
+    and a host subprocess; and the time from each command's exit to the API's answer
+    (`exit_to_answer_us` in the exec response);
+  * 100 MiB write and read through the files API (the read compared byte for byte) against
+    `dd` in the same sandbox, interleaved rep by rep: a write with conv=fsync, a read from the
+    page cache.
 
 Writes bench/results/latest.json (with the commit measured: `git rev-parse HEAD`, and whether
 the work tree had changes) and latest.png and prints a Markdown table. Starts its own
@@ -23,6 +28,7 @@ import http.client
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import socket
@@ -388,70 +394,120 @@ def measure_latency(b, n, par):
     return out
 
 
-def measure_exec(b, n):
-    log(f"exec `true` round trip, {n} times")
+# A loop of posix_spawn + wait of /bin/true inside the sandbox: the floor of an exec there
+# (glibc's posix_spawn is a vfork-style clone, as the agent's own start of a command is).
+SPAWN_FLOOR = r"""
+import json, os, sys, time
+n = int(sys.argv[1])
+for _ in range(3):
+    os.waitpid(os.posix_spawn("/bin/true", ["true"], {}), 0)
+ts = []
+for _ in range(n):
+    t = time.perf_counter()
+    os.waitpid(os.posix_spawn("/bin/true", ["true"], {}), 0)
+    ts.append(time.perf_counter() - t)
+print(json.dumps(ts))
+"""
+
+
+def stats_us(us):
+    return {"n": len(us), "p50_us": round(percentile(us, 50)), "p90_us": round(percentile(us, 90)),
+            "p99_us": round(percentile(us, 99)), "max_us": round(max(us))}
+
+
+def measure_exec(b, n, blocks=5):
+    """exec `true` through the API against the spawn floor inside the same sandbox, in
+    interleaved blocks so that both see the same noise; and each exec's exit_to_answer_us."""
+    log(f"exec `true` round trip vs posix_spawn floor in the sandbox, {n} each")
     sid = b.create()
+    lat, floor, exit_to_answer = [], [], []
     try:
         for _ in range(3):
             b.exec_true(sid)
-        lat = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            b.exec_true(sid)
-            lat.append(time.perf_counter() - t0)
+        per = max(1, n // blocks)
+        while len(lat) < n:
+            for _ in range(min(per, n - len(lat))):
+                t0 = time.perf_counter()
+                r = b.api.json("POST", f"/v1/sandboxes/{sid}/exec", {"argv": ["true"]})
+                lat.append(time.perf_counter() - t0)
+                if r["exit_code"] != 0:
+                    raise RuntimeError(f"exec true in {sid}: {r}")
+                if "exit_to_answer_us" in r:
+                    exit_to_answer.append(r["exit_to_answer_us"])
+            r = b.api.json("POST", f"/v1/sandboxes/{sid}/exec",
+                           {"argv": ["python3", "-c", SPAWN_FLOOR, str(per)]})
+            if r["exit_code"] != 0:
+                raise RuntimeError(f"spawn floor in {sid}: {r}")
+            floor += json.loads(r["stdout"])
     finally:
         b.delete(sid)
     host = [b.host_true() for _ in range(n)]
-    return {"withruntime": stats_ms(lat), "host_subprocess": stats_ms(host)}
+    out = {"withruntime": stats_ms(lat), "spawn_floor": stats_ms(floor),
+           "host_subprocess": stats_ms(host)}
+    out["p50_vs_floor"] = round(out["withruntime"]["p50_ms"] / out["spawn_floor"]["p50_ms"], 3)
+    if exit_to_answer:
+        out["exit_to_answer_us"] = stats_us(exit_to_answer)
+    return out
 
 
 PIECE = 8 * 1024 * 1024  # the daemon's upload limit (docs/api.md, "Big files go in pieces")
 
 
-def measure_files(b, mib, reps, workdir):
-    log(f"{mib} MiB write/read through the files API vs dd, {reps} times each")
+def dd_mib_s(b, sid, cmd, mib):
+    """Runs dd in the sandbox; its own figure (bytes over its elapsed seconds) in MiB/s."""
+    r = b.api.json("POST", f"/v1/sandboxes/{sid}/exec", {"argv": ["sh", "-c", cmd + " 2>&1"]})
+    m = re.search(r"copied, ([0-9.]+) s", r["stdout"])
+    if r["exit_code"] != 0 or not m:
+        raise RuntimeError(f"dd in {sid}: {r}")
+    return mib / float(m.group(1))
+
+
+def measure_files(b, mib, reps):
+    """100 MiB through the files API (written in pieces of the upload limit at offsets, as the
+    SDK and the CLI send a big file; read back whole and compared) against dd in the same
+    sandbox: a write with conv=fsync, a read from the page cache. Interleaved, rep by rep."""
+    log(f"{mib} MiB write/read through the files API vs dd in the sandbox, {reps} times each")
     size = mib * 1024 * 1024
     data = os.urandom(size)
     sid = b.create()
-    w, r = [], []
+    w, r, dw, dr = [], [], [], []
     try:
         for _ in range(reps):
             t0 = time.perf_counter()
-            # in pieces of the upload limit at offsets, as the SDK and the CLI send a big file
             for off in range(0, size, PIECE):
                 q = {"path": "/workspace/bench.bin"}
                 if off:
                     q["offset"] = off
                 b.api.call("PUT", f"/v1/sandboxes/{sid}/files/content",
                            data=data[off:off + PIECE], query=q)
-            w.append(time.perf_counter() - t0)
+            w.append(mib / (time.perf_counter() - t0))
             t0 = time.perf_counter()
             back = b.api.call("GET", f"/v1/sandboxes/{sid}/files/content",
                               query={"path": "/workspace/bench.bin"})
-            r.append(time.perf_counter() - t0)
-            if len(back) != size:
-                raise RuntimeError(f"read back {len(back)} bytes, wrote {size}")
+            r.append(mib / (time.perf_counter() - t0))
+            if back != data:
+                raise RuntimeError(f"read back {len(back)} bytes that differ from the "
+                                   f"{size} written")
+            dw.append(dd_mib_s(b, sid, f"dd if=/dev/zero of=/workspace/dd.bin bs=1M "
+                                       f"count={mib} conv=fsync", mib))
+            dr.append(dd_mib_s(b, sid, "dd if=/workspace/dd.bin of=/dev/null bs=1M", mib))
     finally:
         b.delete(sid)
-    hw, hr = [], []
-    target = os.path.join(workdir, "dd.bin")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        subprocess.run(["dd", "if=/dev/zero", f"of={target}", "bs=1M", f"count={mib}"],
-                       check=True, capture_output=True)
-        hw.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        subprocess.run(["dd", f"if={target}", "of=/dev/null", "bs=1M"], check=True,
-                       capture_output=True)
-        hr.append(time.perf_counter() - t0)
-    os.unlink(target)
 
-    def mibs(times):
-        return round(mib / statistics.median(times), 1)
+    def med(xs):
+        return round(statistics.median(xs), 1)
 
-    return {"size_mib": mib, "repetitions": reps,
-            "write": {"withruntime": mibs(w), "host_dd": mibs(hw)},
-            "read": {"withruntime": mibs(r), "host_dd": mibs(hr)}}
+    out = {"size_mib": mib, "repetitions": reps,
+           "write": {"withruntime": med(w), "sandbox_dd_fsync": med(dw),
+                     "samples": {"withruntime": [round(x) for x in w],
+                                 "sandbox_dd_fsync": [round(x) for x in dw]}},
+           "read": {"withruntime": med(r), "sandbox_dd_page_cache": med(dr),
+                    "samples": {"withruntime": [round(x) for x in r],
+                                "sandbox_dd_page_cache": [round(x) for x in dr]}}}
+    out["write"]["ratio"] = round(out["write"]["withruntime"] / out["write"]["sandbox_dd_fsync"], 3)
+    out["read"]["ratio"] = round(out["read"]["withruntime"] /
+                                 out["read"]["sandbox_dd_page_cache"], 3)
+    return out
 
 
 # ---------------------------------------------------------------- report
@@ -502,45 +558,61 @@ def fmt3(s):
 
 def markdown(res):
     m = res["machine"]
+    r = res["results"]
     lines = [
         f"withruntime benchmark, {res['started_at']}, commit {res['commit']['sha'][:12]}"
         + (" (with uncommitted changes)" if res["commit"]["dirty"] else ""),
         "",
         f"Machine: {m['nproc']} CPUs ({m['cpu']}), {m['ram_gib']} GiB RAM, kernel "
         f"{m['kernel']}, {m['runsc']} (platform {m['runsc_platform']})",
-        "",
-        "| latency, ms (p50 / p90 / p99) | withruntime | raw `runsc run` | host subprocess "
-        "| p50 vs runsc | p50 vs host |",
-        "|---|---|---|---|---|---|",
     ]
-    lat = res["results"]["create_to_first_exec"]
-    for mode, d in lat.items():
-        # beside the baselines (which include their teardown): through DELETE
-        w, rr, h = d["withruntime_through_delete"], d["runsc_run"], d["host_subprocess"]
-        lines.append(f"| create → first exec → delete, {mode.replace('_', ' ')} (n={w['n']}) | "
-                     f"{fmt3(w)} | {fmt3(rr)} | {fmt3(h)} | {ratio(w['p50_ms'], rr['p50_ms'])} "
-                     f"| {ratio(w['p50_ms'], h['p50_ms'])} |")
-    for mode, d in lat.items():
-        w = d["withruntime"]
-        lines.append(f"| create → first exec (no teardown), {mode.replace('_', ' ')} "
-                     f"(n={w['n']}) | {fmt3(w)} | — | — | — | — |")
-    ex = res["results"]["exec_roundtrip"]
-    w, h = ex["withruntime"], ex["host_subprocess"]
-    lines.append(f"| exec `true` round trip (n={w['n']}) | {fmt3(w)} | — | {fmt3(h)} | — | "
-                 f"{ratio(w['p50_ms'], h['p50_ms'])} |")
-    d = lat["sequential"].get("withruntime_delete")
-    if d:
-        lines.append(f"| delete (n={d['n']}) | {fmt3(d)} | — | — | — | — |")
-    f = res["results"]["files_throughput_mib_s"]
-    lines += [
-        "",
-        f"| {f['size_mib']} MiB, MiB/s (median of {f['repetitions']}) | withruntime files API "
-        "| host `dd` | withruntime / host |",
-        "|---|---|---|---|",
-    ]
-    for op in ("write", "read"):
-        a, b = f[op]["withruntime"], f[op]["host_dd"]
-        lines.append(f"| {op} | {a} | {b} | {a / b:.2f} |")
+    lat = r.get("create_to_first_exec")
+    if lat:
+        lines += [
+            "",
+            "| latency, ms (p50 / p90 / p99) | withruntime | raw `runsc run` | host subprocess "
+            "| p50 vs runsc | p50 vs host |",
+            "|---|---|---|---|---|---|",
+        ]
+        for mode, d in lat.items():
+            # beside the baselines (which include their teardown): through DELETE
+            w, rr, h = d["withruntime_through_delete"], d["runsc_run"], d["host_subprocess"]
+            lines.append(f"| create → first exec → delete, {mode.replace('_', ' ')} "
+                         f"(n={w['n']}) | {fmt3(w)} | {fmt3(rr)} | {fmt3(h)} | "
+                         f"{ratio(w['p50_ms'], rr['p50_ms'])} | {ratio(w['p50_ms'], h['p50_ms'])} |")
+        for mode, d in lat.items():
+            w = d["withruntime"]
+            lines.append(f"| create → first exec (no teardown), {mode.replace('_', ' ')} "
+                         f"(n={w['n']}) | {fmt3(w)} | — | — | — | — |")
+        d = lat["sequential"].get("withruntime_delete")
+        if d:
+            lines.append(f"| delete (n={d['n']}) | {fmt3(d)} | — | — | — | — |")
+    ex = r.get("exec_roundtrip")
+    if ex:
+        w, fl, h = ex["withruntime"], ex["spawn_floor"], ex["host_subprocess"]
+        lines += [
+            "",
+            "| exec `true`, ms (p50 / p90 / p99) | withruntime (API round trip) | "
+            "`posix_spawn` + wait in the sandbox | host subprocess | p50 vs spawn floor |",
+            "|---|---|---|---|---|",
+            f"| n={w['n']} | {fmt3(w)} | {fmt3(fl)} | {fmt3(h)} | {ex['p50_vs_floor']:.2f}× |",
+        ]
+        e2a = ex.get("exit_to_answer_us")
+        if e2a:
+            lines.append(f"| command exit → API answer, µs (agent + daemon; n={e2a['n']}) | "
+                         f"{e2a['p50_us']} / {e2a['p90_us']} / {e2a['p99_us']} | — | — | — |")
+    f = r.get("files_throughput_mib_s")
+    if f:
+        lines += [
+            "",
+            f"| {f['size_mib']} MiB, MiB/s (median of {f['repetitions']}) | withruntime files "
+            "API | `dd` in the same sandbox | withruntime / dd |",
+            "|---|---|---|---|",
+            f"| write (dd: `conv=fsync`) | {f['write']['withruntime']} | "
+            f"{f['write']['sandbox_dd_fsync']} | {f['write']['ratio']:.2f} |",
+            f"| read (dd: from the page cache) | {f['read']['withruntime']} | "
+            f"{f['read']['sandbox_dd_page_cache']} | {f['read']['ratio']:.2f} |",
+        ]
     return "\n".join(lines)
 
 
@@ -555,16 +627,19 @@ def chart(res, path):
     r = res["results"]
     fig, axes = plt.subplots(2, 2, figsize=(13, 9))
     colors = {"withruntime": "#9db7db", "withruntime_through_delete": "#3b6fb6",
-              "runsc_run": "#e08a2c", "host_subprocess": "#6a9f4a", "host_dd": "#6a9f4a"}
+              "runsc_run": "#e08a2c", "host_subprocess": "#6a9f4a", "spawn_floor": "#c9a227",
+              "sandbox_dd": "#c9a227"}
     labels = {"withruntime": "withruntime (to first exec)",
               "withruntime_through_delete": "withruntime (through delete)",
               "runsc_run": "raw runsc run (through teardown)",
-              "host_subprocess": "host subprocess", "host_dd": "host dd"}
+              "host_subprocess": "host subprocess",
+              "spawn_floor": "posix_spawn + wait in the sandbox",
+              "sandbox_dd": "dd in the sandbox (write: conv=fsync; read: page cache)"}
 
     def bars(ax, groups, title):
         qs = ["p50_ms", "p90_ms", "p99_ms"]
         systems = [s for s in ("withruntime", "withruntime_through_delete", "runsc_run",
-                               "host_subprocess") if s in groups]
+                               "spawn_floor", "host_subprocess") if s in groups]
         width = 0.8 / len(systems)
         for k, s in enumerate(systems):
             xs = [i + k * width for i in range(len(qs))]
@@ -580,17 +655,20 @@ def chart(res, path):
         ax.set_title(title)
         ax.legend(fontsize=8)
 
-    lat = r["create_to_first_exec"]
-    modes = list(lat)
-    bars(axes[0][0], lat[modes[0]], "create → first exec (→ delete), one at a time")
-    bars(axes[0][1], lat[modes[1]],
-         f"create → first exec (→ delete), {modes[1].split('_')[1]} at once")
-    bars(axes[1][0], r["exec_roundtrip"], "exec `true` round trip")
+    lat = r.get("create_to_first_exec")
+    if lat:
+        modes = list(lat)
+        bars(axes[0][0], lat[modes[0]], "create → first exec (→ delete), one at a time")
+        bars(axes[0][1], lat[modes[1]],
+             f"create → first exec (→ delete), {modes[1].split('_')[1]} at once")
+    if "exec_roundtrip" in r:
+        bars(axes[1][0], r["exec_roundtrip"], "exec `true` round trip vs the spawn floor")
+    f = r.get("files_throughput_mib_s")
     ax = axes[1][1]
-    f = r["files_throughput_mib_s"]
-    for k, s in enumerate(("withruntime", "host_dd")):
+    for k, s in enumerate(("withruntime", "sandbox_dd") if f else ()):
         xs = [i + k * 0.4 for i in range(2)]
-        vals = [f["write"][s], f["read"][s]]
+        vals = [f["write"][s if s == "withruntime" else "sandbox_dd_fsync"],
+                f["read"][s if s == "withruntime" else "sandbox_dd_page_cache"]]
         ax.bar(xs, vals, 0.4, label=labels[s], color=colors[s])
         for x, v in zip(xs, vals):
             ax.text(x, v, f"{v:.0f}", ha="center", va="bottom", fontsize=7)
@@ -598,7 +676,7 @@ def chart(res, path):
     ax.set_xticklabels(["write", "read"])
     ax.set_yscale("log")
     ax.set_ylabel("MiB/s (log)")
-    ax.set_title(f"{f['size_mib']} MiB through the files API vs dd")
+    ax.set_title(f"{f['size_mib'] if f else '-'} MiB through the files API vs dd in the sandbox")
     ax.legend(fontsize=8)
     m = res["machine"]
     fig.suptitle(f"withruntime bench — {m['nproc']} CPUs, {m['ram_gib']} GiB, kernel "
@@ -631,6 +709,8 @@ def main():
     ap.add_argument("--memory-mib", type=int, default=512)
     ap.add_argument("--platform", default="systrap", help="runsc platform for the baseline")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results"))
+    ap.add_argument("--only", default="latency,exec,files",
+                    help="comma-separated parts to run: latency, exec, files (default: all)")
     args = ap.parse_args()
 
     if os.geteuid() != 0:
@@ -660,12 +740,15 @@ def main():
         api = Api(url, daemon.key if daemon else os.environ.get("RUNTIME_API_KEY"))
         bench = Bench(api, rootfs, args, workdir)
 
-        results = {
-            "create_to_first_exec": measure_latency(bench, args.n, args.parallel),
-            "exec_roundtrip": measure_exec(bench, args.exec_n),
-            "files_throughput_mib_s": measure_files(bench, args.file_mib, args.file_reps,
-                                                    workdir),
-        }
+        parts = set(args.only.split(","))
+        results = {}
+        if "latency" in parts:
+            results["create_to_first_exec"] = measure_latency(bench, args.n, args.parallel)
+        if "exec" in parts:
+            results["exec_roundtrip"] = measure_exec(bench, args.exec_n)
+        if "files" in parts:
+            results["files_throughput_mib_s"] = measure_files(bench, args.file_mib,
+                                                              args.file_reps)
         res = {
             "started_at": started,
             "commit": git_commit(),
@@ -674,6 +757,7 @@ def main():
                        "health": api.json("GET", "/v1/health")},
             "config": {"n": args.n, "parallel": args.parallel, "exec_n": args.exec_n,
                        "file_mib": args.file_mib, "file_reps": args.file_reps,
+                       "only": args.only,
                        "memory_mib": args.memory_mib, "rootfs": rootfs},
             "results": results,
         }

@@ -42,7 +42,8 @@ struct exec_req {
     int in_fin;                /* close stdin once `in` is drained */
     int exited, status;
     uint64_t exit_ms;
-    int cancelled; /* CANCEL came: output is read and dropped */
+    uint64_t exit_us; /* when it was reaped, for PT_EXIT_WAIT */
+    int cancelled;    /* CANCEL came: output is read and dropped */
     /* Until the child has exec'd (the pipe closes) or reported a failure: */
     int report_fd;           /* -1 once the start is settled */
     int start_failed;        /* the child reported a failure: answer ERROR, not EXIT */
@@ -594,6 +595,7 @@ void exec_reaped(pid_t pid, int status)
         e->exited = 1;
         e->status = status;
         e->exit_ms = now_ms_monotonic();
+        e->exit_us = now_us_monotonic();
         /* Nobody is left to read it (a background child that kept stdin gets EOF). */
         stdin_close(e);
         return;
@@ -611,6 +613,7 @@ static void send_exit(struct exec_req *e)
         sig = (uint32_t)WTERMSIG(e->status);
     proto_put_u32(&b, PT_EXIT_CODE, (uint32_t)code);
     proto_put_u32(&b, PT_TERM_SIGNAL, sig);
+    proto_put_u64(&b, PT_EXIT_WAIT, now_us_monotonic() - e->exit_us);
     chan_send_fields(e->r.id, PROTO_EXIT, &b);
     proto_buf_free(&b);
 }

@@ -129,6 +129,9 @@ enum proto_tag {
      * comes. Absent: no limit. The daemon treats a request that overruns its credit as a
      * protocol violation. */
     PT_WINDOW = 22,
+    /* u64, on EXIT (optional): microseconds from the agent reaping the command's main process
+     * to its sending EXIT (waiting for the pipes to close, sending the last output). */
+    PT_EXIT_WAIT = 23,
 };
 
 enum proto_wflags {
