@@ -25,7 +25,7 @@
  * and the daemon gives it more only while the caller's connection holds less than this
  * unsent. A slow reader costs at most about twice this here, however big the file.
  */
-#define READ_WINDOW (1024 * 1024)
+#define READ_WINDOW (2 * 1024 * 1024)
 
 /*
  * A listing is built in memory (sorted, one JSON body): at most this many entries. A directory

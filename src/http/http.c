@@ -690,12 +690,19 @@ static void on_chunk_sent(struct evhttp_connection *evcon, void *arg)
         cb(r->drain_arg);
 }
 
+/* A stream's bytes are copied into pieces this big: with libevent's chain header each is a
+ * 64 KiB block from the heap, reused, where one chain for a whole 256 KiB write would be mapped
+ * afresh (the daemon's mmap threshold) and fault its pages in every time. */
+#define STREAM_PIECE ((size_t)65536 - 64)
+
 void http_stream_write(struct http_req *r, const void *data, size_t len)
 {
     if (r->gone || len == 0)
         return;
     struct evbuffer *buf = evbuffer_new();
-    evbuffer_add(buf, data, len);
+    const char *p = data;
+    for (size_t off = 0; off < len; off += STREAM_PIECE)
+        evbuffer_add(buf, p + off, len - off < STREAM_PIECE ? len - off : STREAM_PIECE);
     evhttp_send_reply_chunk_with_cb(r->req, buf, on_chunk_sent, r);
     evbuffer_free(buf);
 }
