@@ -668,7 +668,8 @@ def chart(res, path):
               "spawn_floor": "posix_spawn + wait in the sandbox",
               "sandbox_dd": "dd in the sandbox (write: conv=fsync; read: page cache)"}
 
-    def bars(ax, groups, title):
+    def bars(ax, groups, title, names=None):
+        names = dict(labels, **(names or {}))
         qs = ["p50_ms", "p90_ms", "p99_ms"]
         systems = [s for s in ("withruntime", "withruntime_through_delete", "runsc_run",
                                "spawn_floor", "host_subprocess") if s in groups]
@@ -676,7 +677,7 @@ def chart(res, path):
         for k, s in enumerate(systems):
             xs = [i + k * width for i in range(len(qs))]
             vals = [groups[s][q] for q in qs]
-            ax.bar(xs, vals, width, label=labels[s], color=colors[s])
+            ax.bar(xs, vals, width, label=names[s], color=colors[s])
             for x, v in zip(xs, vals):
                 ax.text(x, v, f"{v:.0f}" if v >= 10 else f"{v:.1f}", ha="center",
                         va="bottom", fontsize=7)
@@ -694,17 +695,23 @@ def chart(res, path):
         bars(axes[0][1], lat[modes[1]],
              f"create → first exec (→ delete), {modes[1].split('_')[1]} at once")
     if "exec_roundtrip" in r:
-        bars(axes[1][0], r["exec_roundtrip"], "exec `true` round trip vs the spawn floor")
+        bars(axes[1][0], r["exec_roundtrip"], "exec `true` round trip vs the spawn floor",
+             {"withruntime": "withruntime (API round trip)"})
     f = r.get("files_throughput_mib_s")
     ax = axes[1][1]
-    for k, s in enumerate(("withruntime", "sandbox_dd") if f else ()):
-        xs = [i + k * 0.4 for i in range(2)]
-        vals = [f["write"][s if s == "withruntime" else "sandbox_dd_fsync"],
-                f["read"][s if s == "withruntime" else "sandbox_dd_page_cache"]]
-        ax.bar(xs, vals, 0.4, label=labels[s], color=colors[s])
-        for x, v in zip(xs, vals):
+    series = [("files API, python client", "#9db7db", "withruntime", "withruntime"),
+              ("files API, curl to /dev/null (read)", "#3b6fb6", None, "withruntime_curl"),
+              (labels["sandbox_dd"], colors["sandbox_dd"], "sandbox_dd_fsync",
+               "sandbox_dd_page_cache")]
+    for k, (name, color, wkey, rkey) in enumerate(series if f else ()):
+        pts = [(i + k * 0.27, f[op].get(key)) for i, (op, key) in
+               enumerate((("write", wkey), ("read", rkey))) if key and f[op].get(key)]
+        if not pts:
+            continue
+        ax.bar([x for x, _ in pts], [v for _, v in pts], 0.27, label=name, color=color)
+        for x, v in pts:
             ax.text(x, v, f"{v:.0f}", ha="center", va="bottom", fontsize=7)
-    ax.set_xticks([0.2, 1.2])
+    ax.set_xticks([0.27, 1.27])
     ax.set_xticklabels(["write", "read"])
     ax.set_yscale("log")
     ax.set_ylabel("MiB/s (log)")
