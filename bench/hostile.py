@@ -1006,7 +1006,7 @@ def main():
         os.makedirs(state_dir, exist_ok=True)
         daemon = base.Daemon(args.bin, args.agent, state_dir)
         daemon.start()
-        api = base.Api(daemon.url, os.environ.get("RUNTIME_API_KEY"))
+        api = base.Api(daemon.url, daemon.key)
         h = Hostile(api, daemon, args)
         h.dpid = daemon.proc.pid
         log(f"daemon pid {h.dpid} at {daemon.url}; sandboxes A and B")

@@ -7,8 +7,13 @@ Measures, with the baselines beside each number because these machines are noisy
     the baselines, since both include their teardown: raw `runsc run /bin/true` of the same
     image rootfs (an OCI bundle generated here; `runsc run` returns once the container is
     deleted) and a plain host subprocess (`/bin/true`, exited and reaped);
-  * exec `true` round trip through the daemon against a host subprocess;
-  * 100 MiB write and read through the files API against `dd` to a file on the host.
+  * exec `true` round trip through the daemon against the spawn floor inside the same sandbox
+    (a python loop of posix_spawn + wait of /bin/true, in blocks interleaved with the execs)
+    and a host subprocess; and the time from each command's exit to the API's answer
+    (`exit_to_answer_us` in the exec response);
+  * 100 MiB write and read through the files API (the read compared byte for byte) against
+    `dd` in the same sandbox, interleaved rep by rep: a write with conv=fsync, a read from the
+    page cache.
 
 Writes bench/results/latest.json (with the commit measured: `git rev-parse HEAD`, and whether
 the work tree had changes) and latest.png and prints a Markdown table. Starts its own
@@ -23,6 +28,7 @@ import http.client
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import socket
@@ -89,6 +95,44 @@ def in_parallel(n, fn):
         return list(pool.map(run, range(n)))
 
 
+class UnixConn(http.client.HTTPConnection):
+    """http.client over the daemon's Unix socket."""
+
+    def __init__(self, path, timeout):
+        super().__init__("localhost", timeout=timeout)
+        self.sock_path = path
+
+    def connect(self):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(self.timeout)
+        s.connect(self.sock_path)
+        self.sock = s
+
+
+def unix_call(sock_path, method, path, body=None, timeout=30):
+    """One request over the daemon's Unix socket, where root is the admin and needs no key
+    (docs/security.md). Returns (status, parsed JSON or None)."""
+    conn = UnixConn(sock_path, timeout)
+    try:
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        conn.request(method, path, body=data, headers=headers)
+        r = conn.getresponse()
+        payload = r.read()
+    finally:
+        conn.close()
+    return r.status, (json.loads(payload) if payload else None)
+
+
+def mint_key(sock_path, name="bench"):
+    """Makes an API key through the Unix socket: every TCP request needs one. Returns
+    (key id, key)."""
+    status, body = unix_call(sock_path, "POST", "/v1/keys", {"name": name})
+    if status >= 300:
+        raise SystemExit(f"bench: POST /v1/keys over {sock_path} -> {status}: {body}")
+    return body["id"], body["key"]
+
+
 class Api:
     """Just enough of the HTTP API (standard library)."""
 
@@ -133,6 +177,8 @@ class Daemon:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
+        self.sock = os.path.join(state_dir, "withruntime.sock")
+        self.key_id = self.key = None
         self.log_path = os.path.join(state_dir, "bench-daemon.log")
 
     def start(self):
@@ -143,25 +189,43 @@ class Daemon:
         self.proc = subprocess.Popen(
             [self.binary, "serve", "--state-dir", self.state_dir,
              "--listen", f"127.0.0.1:{self.port}",
-             "--socket", os.path.join(self.state_dir, "withruntime.sock"),
+             "--socket", self.sock,
              "--agent", self.agent],
             stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT)
         logf.close()
-        api = Api(self.url)
         deadline = time.monotonic() + 60
         while True:
             if self.proc.poll() is not None:
                 raise SystemExit(f"bench: daemon exited ({self.proc.returncode}); see "
                                  f"{self.log_path}")
             try:
-                api.call("GET", "/v1/health", timeout=2)
-                return
-            except (OSError, RuntimeError):
-                if time.monotonic() > deadline:
-                    raise SystemExit("bench: daemon did not answer /v1/health in 60 s")
-                time.sleep(0.1)
+                # the socket is ours only once our daemon is still there after answering
+                # (another one on the same state dir would answer, and ours would exit)
+                if unix_call(self.sock, "GET", "/v1/health", timeout=2)[0] == 200:
+                    time.sleep(0.2)
+                    if self.proc.poll() is None:
+                        break
+                    continue
+            except (OSError, http.client.HTTPException):
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise SystemExit("bench: daemon did not answer /v1/health in 60 s")
+            time.sleep(0.1)
+        try:
+            # key names are unique in a state dir that may be reused between runs
+            self.key_id, self.key = mint_key(self.sock, f"bench-{os.getpid()}-{time.time_ns()}")
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self):
+        if self.key_id and self.proc and self.proc.poll() is None:
+            try:  # a reused state dir does not pile up live keys
+                unix_call(self.sock, "POST", f"/v1/keys/{self.key_id}/revoke")
+            except (OSError, http.client.HTTPException) as e:
+                log(f"could not revoke key {self.key_id}: {e}")
+            self.key_id = None
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -330,70 +394,148 @@ def measure_latency(b, n, par):
     return out
 
 
-def measure_exec(b, n):
-    log(f"exec `true` round trip, {n} times")
+# A loop of posix_spawn + wait of /bin/true inside the sandbox: the floor of an exec there
+# (glibc's posix_spawn is a vfork-style clone, as the agent's own start of a command is).
+SPAWN_FLOOR = r"""
+import json, os, sys, time
+n = int(sys.argv[1])
+for _ in range(3):
+    os.waitpid(os.posix_spawn("/bin/true", ["true"], {}), 0)
+ts = []
+for _ in range(n):
+    t = time.perf_counter()
+    os.waitpid(os.posix_spawn("/bin/true", ["true"], {}), 0)
+    ts.append(time.perf_counter() - t)
+print(json.dumps(ts))
+"""
+
+
+def stats_us(us):
+    return {"n": len(us), "p50_us": round(percentile(us, 50)), "p90_us": round(percentile(us, 90)),
+            "p99_us": round(percentile(us, 99)), "max_us": round(max(us))}
+
+
+def measure_exec(b, n, blocks=5):
+    """exec `true` through the API against the spawn floor inside the same sandbox, in
+    interleaved blocks so that both see the same noise; and each exec's exit_to_answer_us."""
+    log(f"exec `true` round trip vs posix_spawn floor in the sandbox, {n} each")
     sid = b.create()
+    lat, floor, exit_to_answer = [], [], []
     try:
         for _ in range(3):
             b.exec_true(sid)
-        lat = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            b.exec_true(sid)
-            lat.append(time.perf_counter() - t0)
+        per = max(1, n // blocks)
+        while len(lat) < n:
+            for _ in range(min(per, n - len(lat))):
+                t0 = time.perf_counter()
+                r = b.api.json("POST", f"/v1/sandboxes/{sid}/exec", {"argv": ["true"]})
+                lat.append(time.perf_counter() - t0)
+                if r["exit_code"] != 0:
+                    raise RuntimeError(f"exec true in {sid}: {r}")
+                if "exit_to_answer_us" in r:
+                    exit_to_answer.append(r["exit_to_answer_us"])
+            r = b.api.json("POST", f"/v1/sandboxes/{sid}/exec",
+                           {"argv": ["python3", "-c", SPAWN_FLOOR, str(per)]})
+            if r["exit_code"] != 0:
+                raise RuntimeError(f"spawn floor in {sid}: {r}")
+            floor += json.loads(r["stdout"])
     finally:
         b.delete(sid)
     host = [b.host_true() for _ in range(n)]
-    return {"withruntime": stats_ms(lat), "host_subprocess": stats_ms(host)}
+    out = {"withruntime": stats_ms(lat), "spawn_floor": stats_ms(floor),
+           "host_subprocess": stats_ms(host)}
+    out["p50_vs_floor"] = round(out["withruntime"]["p50_ms"] / out["spawn_floor"]["p50_ms"], 3)
+    if exit_to_answer:
+        out["exit_to_answer_us"] = stats_us(exit_to_answer)
+    return out
 
 
 PIECE = 8 * 1024 * 1024  # the daemon's upload limit (docs/api.md, "Big files go in pieces")
 
 
-def measure_files(b, mib, reps, workdir):
-    log(f"{mib} MiB write/read through the files API vs dd, {reps} times each")
+def dd_mib_s(b, sid, cmd, mib):
+    """Runs dd in the sandbox; its own figure (bytes over its elapsed seconds) in MiB/s."""
+    r = b.api.json("POST", f"/v1/sandboxes/{sid}/exec", {"argv": ["sh", "-c", cmd + " 2>&1"]})
+    m = re.search(r"copied, ([0-9.]+) s", r["stdout"])
+    if r["exit_code"] != 0 or not m:
+        raise RuntimeError(f"dd in {sid}: {r}")
+    return mib / float(m.group(1))
+
+
+def curl_read_mib_s(b, sid, path):
+    """A download by curl to /dev/null: the API's read with a client that costs little (on a
+    2-core host python's own reading takes a core). Its own figure, in MiB/s."""
+    hdr = os.path.join(b.workdir, "curl-auth")
+    with open(os.open(hdr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        auth = b.api.headers.get("Authorization")
+        f.write(f"Authorization: {auth}\n" if auth else "")
+    url = (f"http://{b.api.host}:{b.api.port}/v1/sandboxes/{sid}/files/content?"
+           + urllib.parse.urlencode({"path": path}))
+    r = subprocess.run(["curl", "-sS", "-f", "-o", "/dev/null", "-H", f"@{hdr}", "-w",
+                        "%{speed_download} %{size_download}", url],
+                       capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if r.returncode != 0:
+        raise RuntimeError(f"curl {url}: {r.stderr.strip()}")
+    speed, size = r.stdout.split()
+    return float(speed) / 2**20, int(size)
+
+
+def measure_files(b, mib, reps):
+    """100 MiB through the files API (written in pieces of the upload limit at offsets, as the
+    SDK and the CLI send a big file; read back whole and compared) against dd in the same
+    sandbox: a write with conv=fsync, a read from the page cache. Interleaved, rep by rep."""
+    log(f"{mib} MiB write/read through the files API vs dd in the sandbox, {reps} times each")
     size = mib * 1024 * 1024
     data = os.urandom(size)
     sid = b.create()
-    w, r = [], []
+    w, r, rc, dw, dr = [], [], [], [], []
+    curl = shutil.which("curl")
     try:
         for _ in range(reps):
             t0 = time.perf_counter()
-            # in pieces of the upload limit at offsets, as the SDK and the CLI send a big file
             for off in range(0, size, PIECE):
                 q = {"path": "/workspace/bench.bin"}
                 if off:
                     q["offset"] = off
                 b.api.call("PUT", f"/v1/sandboxes/{sid}/files/content",
                            data=data[off:off + PIECE], query=q)
-            w.append(time.perf_counter() - t0)
+            w.append(mib / (time.perf_counter() - t0))
             t0 = time.perf_counter()
             back = b.api.call("GET", f"/v1/sandboxes/{sid}/files/content",
                               query={"path": "/workspace/bench.bin"})
-            r.append(time.perf_counter() - t0)
-            if len(back) != size:
-                raise RuntimeError(f"read back {len(back)} bytes, wrote {size}")
+            r.append(mib / (time.perf_counter() - t0))
+            if back != data:
+                raise RuntimeError(f"read back {len(back)} bytes that differ from the "
+                                   f"{size} written")
+            if curl:
+                speed, got = curl_read_mib_s(b, sid, "/workspace/bench.bin")
+                if got != size:
+                    raise RuntimeError(f"curl read {got} bytes of {size}")
+                rc.append(speed)
+            dw.append(dd_mib_s(b, sid, f"dd if=/dev/zero of=/workspace/dd.bin bs=1M "
+                                       f"count={mib} conv=fsync", mib))
+            dr.append(dd_mib_s(b, sid, "dd if=/workspace/dd.bin of=/dev/null bs=1M", mib))
     finally:
         b.delete(sid)
-    hw, hr = [], []
-    target = os.path.join(workdir, "dd.bin")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        subprocess.run(["dd", "if=/dev/zero", f"of={target}", "bs=1M", f"count={mib}"],
-                       check=True, capture_output=True)
-        hw.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        subprocess.run(["dd", f"if={target}", "of=/dev/null", "bs=1M"], check=True,
-                       capture_output=True)
-        hr.append(time.perf_counter() - t0)
-    os.unlink(target)
 
-    def mibs(times):
-        return round(mib / statistics.median(times), 1)
+    def med(xs):
+        return round(statistics.median(xs), 1)
 
-    return {"size_mib": mib, "repetitions": reps,
-            "write": {"withruntime": mibs(w), "host_dd": mibs(hw)},
-            "read": {"withruntime": mibs(r), "host_dd": mibs(hr)}}
+    out = {"size_mib": mib, "repetitions": reps,
+           "write": {"withruntime": med(w), "sandbox_dd_fsync": med(dw),
+                     "samples": {"withruntime": [round(x) for x in w],
+                                 "sandbox_dd_fsync": [round(x) for x in dw]}},
+           "read": {"withruntime": med(r), "sandbox_dd_page_cache": med(dr),
+                    "samples": {"withruntime": [round(x) for x in r],
+                                "sandbox_dd_page_cache": [round(x) for x in dr]}}}
+    if rc:
+        out["read"]["withruntime_curl"] = med(rc)
+        out["read"]["samples"]["withruntime_curl"] = [round(x) for x in rc]
+        out["read"]["ratio_curl"] = round(med(rc) / out["read"]["sandbox_dd_page_cache"], 3)
+    out["write"]["ratio"] = round(out["write"]["withruntime"] / out["write"]["sandbox_dd_fsync"], 3)
+    out["read"]["ratio"] = round(out["read"]["withruntime"] /
+                                 out["read"]["sandbox_dd_page_cache"], 3)
+    return out
 
 
 # ---------------------------------------------------------------- report
@@ -444,45 +586,65 @@ def fmt3(s):
 
 def markdown(res):
     m = res["machine"]
+    r = res["results"]
     lines = [
         f"withruntime benchmark, {res['started_at']}, commit {res['commit']['sha'][:12]}"
         + (" (with uncommitted changes)" if res["commit"]["dirty"] else ""),
         "",
         f"Machine: {m['nproc']} CPUs ({m['cpu']}), {m['ram_gib']} GiB RAM, kernel "
         f"{m['kernel']}, {m['runsc']} (platform {m['runsc_platform']})",
-        "",
-        "| latency, ms (p50 / p90 / p99) | withruntime | raw `runsc run` | host subprocess "
-        "| p50 vs runsc | p50 vs host |",
-        "|---|---|---|---|---|---|",
     ]
-    lat = res["results"]["create_to_first_exec"]
-    for mode, d in lat.items():
-        # beside the baselines (which include their teardown): through DELETE
-        w, rr, h = d["withruntime_through_delete"], d["runsc_run"], d["host_subprocess"]
-        lines.append(f"| create → first exec → delete, {mode.replace('_', ' ')} (n={w['n']}) | "
-                     f"{fmt3(w)} | {fmt3(rr)} | {fmt3(h)} | {ratio(w['p50_ms'], rr['p50_ms'])} "
-                     f"| {ratio(w['p50_ms'], h['p50_ms'])} |")
-    for mode, d in lat.items():
-        w = d["withruntime"]
-        lines.append(f"| create → first exec (no teardown), {mode.replace('_', ' ')} "
-                     f"(n={w['n']}) | {fmt3(w)} | — | — | — | — |")
-    ex = res["results"]["exec_roundtrip"]
-    w, h = ex["withruntime"], ex["host_subprocess"]
-    lines.append(f"| exec `true` round trip (n={w['n']}) | {fmt3(w)} | — | {fmt3(h)} | — | "
-                 f"{ratio(w['p50_ms'], h['p50_ms'])} |")
-    d = lat["sequential"].get("withruntime_delete")
-    if d:
-        lines.append(f"| delete (n={d['n']}) | {fmt3(d)} | — | — | — | — |")
-    f = res["results"]["files_throughput_mib_s"]
-    lines += [
-        "",
-        f"| {f['size_mib']} MiB, MiB/s (median of {f['repetitions']}) | withruntime files API "
-        "| host `dd` | withruntime / host |",
-        "|---|---|---|---|",
-    ]
-    for op in ("write", "read"):
-        a, b = f[op]["withruntime"], f[op]["host_dd"]
-        lines.append(f"| {op} | {a} | {b} | {a / b:.2f} |")
+    lat = r.get("create_to_first_exec")
+    if lat:
+        lines += [
+            "",
+            "| latency, ms (p50 / p90 / p99) | withruntime | raw `runsc run` | host subprocess "
+            "| p50 vs runsc | p50 vs host |",
+            "|---|---|---|---|---|---|",
+        ]
+        for mode, d in lat.items():
+            # beside the baselines (which include their teardown): through DELETE
+            w, rr, h = d["withruntime_through_delete"], d["runsc_run"], d["host_subprocess"]
+            lines.append(f"| create → first exec → delete, {mode.replace('_', ' ')} "
+                         f"(n={w['n']}) | {fmt3(w)} | {fmt3(rr)} | {fmt3(h)} | "
+                         f"{ratio(w['p50_ms'], rr['p50_ms'])} | {ratio(w['p50_ms'], h['p50_ms'])} |")
+        for mode, d in lat.items():
+            w = d["withruntime"]
+            lines.append(f"| create → first exec (no teardown), {mode.replace('_', ' ')} "
+                         f"(n={w['n']}) | {fmt3(w)} | — | — | — | — |")
+        d = lat["sequential"].get("withruntime_delete")
+        if d:
+            lines.append(f"| delete (n={d['n']}) | {fmt3(d)} | — | — | — | — |")
+    ex = r.get("exec_roundtrip")
+    if ex:
+        w, fl, h = ex["withruntime"], ex["spawn_floor"], ex["host_subprocess"]
+        lines += [
+            "",
+            "| exec `true`, ms (p50 / p90 / p99) | withruntime (API round trip) | "
+            "`posix_spawn` + wait in the sandbox | host subprocess | p50 vs spawn floor |",
+            "|---|---|---|---|---|",
+            f"| n={w['n']} | {fmt3(w)} | {fmt3(fl)} | {fmt3(h)} | {ex['p50_vs_floor']:.2f}× |",
+        ]
+        e2a = ex.get("exit_to_answer_us")
+        if e2a:
+            lines.append(f"| command exit → API answer, µs (agent + daemon; n={e2a['n']}) | "
+                         f"{e2a['p50_us']} / {e2a['p90_us']} / {e2a['p99_us']} | — | — | — |")
+    f = r.get("files_throughput_mib_s")
+    if f:
+        lines += [
+            "",
+            f"| {f['size_mib']} MiB, MiB/s (median of {f['repetitions']}) | withruntime files "
+            "API | `dd` in the same sandbox | withruntime / dd |",
+            "|---|---|---|---|",
+            f"| write (dd: `conv=fsync`) | {f['write']['withruntime']} | "
+            f"{f['write']['sandbox_dd_fsync']} | {f['write']['ratio']:.2f} |",
+            f"| read, python http.client (dd: from the page cache) | "
+            f"{f['read']['withruntime']} | {f['read']['sandbox_dd_page_cache']} | "
+            f"{f['read']['ratio']:.2f} |",
+        ]
+        if "withruntime_curl" in f["read"]:
+            lines.append(f"| read, curl to /dev/null | {f['read']['withruntime_curl']} | "
+                         f"{f['read']['sandbox_dd_page_cache']} | {f['read']['ratio_curl']:.2f} |")
     return "\n".join(lines)
 
 
@@ -497,21 +659,25 @@ def chart(res, path):
     r = res["results"]
     fig, axes = plt.subplots(2, 2, figsize=(13, 9))
     colors = {"withruntime": "#9db7db", "withruntime_through_delete": "#3b6fb6",
-              "runsc_run": "#e08a2c", "host_subprocess": "#6a9f4a", "host_dd": "#6a9f4a"}
+              "runsc_run": "#e08a2c", "host_subprocess": "#6a9f4a", "spawn_floor": "#c9a227",
+              "sandbox_dd": "#c9a227"}
     labels = {"withruntime": "withruntime (to first exec)",
               "withruntime_through_delete": "withruntime (through delete)",
               "runsc_run": "raw runsc run (through teardown)",
-              "host_subprocess": "host subprocess", "host_dd": "host dd"}
+              "host_subprocess": "host subprocess",
+              "spawn_floor": "posix_spawn + wait in the sandbox",
+              "sandbox_dd": "dd in the sandbox (write: conv=fsync; read: page cache)"}
 
-    def bars(ax, groups, title):
+    def bars(ax, groups, title, names=None):
+        names = dict(labels, **(names or {}))
         qs = ["p50_ms", "p90_ms", "p99_ms"]
         systems = [s for s in ("withruntime", "withruntime_through_delete", "runsc_run",
-                               "host_subprocess") if s in groups]
+                               "spawn_floor", "host_subprocess") if s in groups]
         width = 0.8 / len(systems)
         for k, s in enumerate(systems):
             xs = [i + k * width for i in range(len(qs))]
             vals = [groups[s][q] for q in qs]
-            ax.bar(xs, vals, width, label=labels[s], color=colors[s])
+            ax.bar(xs, vals, width, label=names[s], color=colors[s])
             for x, v in zip(xs, vals):
                 ax.text(x, v, f"{v:.0f}" if v >= 10 else f"{v:.1f}", ha="center",
                         va="bottom", fontsize=7)
@@ -522,25 +688,34 @@ def chart(res, path):
         ax.set_title(title)
         ax.legend(fontsize=8)
 
-    lat = r["create_to_first_exec"]
-    modes = list(lat)
-    bars(axes[0][0], lat[modes[0]], "create → first exec (→ delete), one at a time")
-    bars(axes[0][1], lat[modes[1]],
-         f"create → first exec (→ delete), {modes[1].split('_')[1]} at once")
-    bars(axes[1][0], r["exec_roundtrip"], "exec `true` round trip")
+    lat = r.get("create_to_first_exec")
+    if lat:
+        modes = list(lat)
+        bars(axes[0][0], lat[modes[0]], "create → first exec (→ delete), one at a time")
+        bars(axes[0][1], lat[modes[1]],
+             f"create → first exec (→ delete), {modes[1].split('_')[1]} at once")
+    if "exec_roundtrip" in r:
+        bars(axes[1][0], r["exec_roundtrip"], "exec `true` round trip vs the spawn floor",
+             {"withruntime": "withruntime (API round trip)"})
+    f = r.get("files_throughput_mib_s")
     ax = axes[1][1]
-    f = r["files_throughput_mib_s"]
-    for k, s in enumerate(("withruntime", "host_dd")):
-        xs = [i + k * 0.4 for i in range(2)]
-        vals = [f["write"][s], f["read"][s]]
-        ax.bar(xs, vals, 0.4, label=labels[s], color=colors[s])
-        for x, v in zip(xs, vals):
+    series = [("files API, python client", "#9db7db", "withruntime", "withruntime"),
+              ("files API, curl to /dev/null (read)", "#3b6fb6", None, "withruntime_curl"),
+              (labels["sandbox_dd"], colors["sandbox_dd"], "sandbox_dd_fsync",
+               "sandbox_dd_page_cache")]
+    for k, (name, color, wkey, rkey) in enumerate(series if f else ()):
+        pts = [(i + k * 0.27, f[op].get(key)) for i, (op, key) in
+               enumerate((("write", wkey), ("read", rkey))) if key and f[op].get(key)]
+        if not pts:
+            continue
+        ax.bar([x for x, _ in pts], [v for _, v in pts], 0.27, label=name, color=color)
+        for x, v in pts:
             ax.text(x, v, f"{v:.0f}", ha="center", va="bottom", fontsize=7)
-    ax.set_xticks([0.2, 1.2])
+    ax.set_xticks([0.27, 1.27])
     ax.set_xticklabels(["write", "read"])
     ax.set_yscale("log")
     ax.set_ylabel("MiB/s (log)")
-    ax.set_title(f"{f['size_mib']} MiB through the files API vs dd")
+    ax.set_title(f"{f['size_mib'] if f else '-'} MiB through the files API vs dd in the sandbox")
     ax.legend(fontsize=8)
     m = res["machine"]
     fig.suptitle(f"withruntime bench — {m['nproc']} CPUs, {m['ram_gib']} GiB, kernel "
@@ -573,6 +748,8 @@ def main():
     ap.add_argument("--memory-mib", type=int, default=512)
     ap.add_argument("--platform", default="systrap", help="runsc platform for the baseline")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results"))
+    ap.add_argument("--only", default="latency,exec,files",
+                    help="comma-separated parts to run: latency, exec, files (default: all)")
     args = ap.parse_args()
 
     if os.geteuid() != 0:
@@ -599,15 +776,18 @@ def main():
         if not rootfs:
             raise SystemExit(f"bench: no image rootfs found under {state_dir}; pass --rootfs")
         log(f"daemon {url}, rootfs {rootfs}")
-        api = Api(url, os.environ.get("RUNTIME_API_KEY"))
+        api = Api(url, daemon.key if daemon else os.environ.get("RUNTIME_API_KEY"))
         bench = Bench(api, rootfs, args, workdir)
 
-        results = {
-            "create_to_first_exec": measure_latency(bench, args.n, args.parallel),
-            "exec_roundtrip": measure_exec(bench, args.exec_n),
-            "files_throughput_mib_s": measure_files(bench, args.file_mib, args.file_reps,
-                                                    workdir),
-        }
+        parts = set(args.only.split(","))
+        results = {}
+        if "latency" in parts:
+            results["create_to_first_exec"] = measure_latency(bench, args.n, args.parallel)
+        if "exec" in parts:
+            results["exec_roundtrip"] = measure_exec(bench, args.exec_n)
+        if "files" in parts:
+            results["files_throughput_mib_s"] = measure_files(bench, args.file_mib,
+                                                              args.file_reps)
         res = {
             "started_at": started,
             "commit": git_commit(),
@@ -616,6 +796,7 @@ def main():
                        "health": api.json("GET", "/v1/health")},
             "config": {"n": args.n, "parallel": args.parallel, "exec_n": args.exec_n,
                        "file_mib": args.file_mib, "file_reps": args.file_reps,
+                       "only": args.only,
                        "memory_mib": args.memory_mib, "rootfs": rootfs},
             "results": results,
         }

@@ -424,7 +424,7 @@ static int read_step(struct read_job *j)
             chan_ok(j->r.id);
             return 1;
         }
-        size_t want = j->left < PROTO_CHUNK ? (size_t)j->left : PROTO_CHUNK;
+        size_t want = j->left < PROTO_FILE_CHUNK ? (size_t)j->left : PROTO_FILE_CHUNK;
         if ((uint64_t)INT64_MAX - j->off < want)
             want = (size_t)((uint64_t)INT64_MAX - j->off);
         want = req_room(&j->r, want);

@@ -248,7 +248,8 @@ static void dispatch(const struct proto_header *h, const uint8_t *payload, const
  * the daemon is gone), else 0. */
 static int read_channel(struct proto_reader *rd)
 {
-    static uint8_t buf[65536];
+    /* An upload's DATA frames are 256 KiB: reads this big take several at once */
+    static uint8_t buf[1u << 20];
     size_t total = 0;
     while (total < READ_BUDGET && chan_pending() < AGENT_OUT_HARD) {
         ssize_t n = read(ag.in_fd, buf, sizeof(buf));
@@ -268,6 +269,18 @@ static int read_channel(struct proto_reader *rd)
         total += (size_t)n;
         size_t off = 0;
         while (off < (size_t)n) {
+            /* A whole frame in buf is handled from there: the reader copies only frames split
+             * between two reads. */
+            struct proto_header h;
+            if (proto_reader_idle(rd) && (size_t)n - off >= PROTO_HEADER_LEN) {
+                if (proto_header_decode(buf + off, &h) < 0)
+                    protocol_fatal("malformed frame header", buf + off);
+                if ((size_t)n - off - PROTO_HEADER_LEN >= h.len) {
+                    dispatch(&h, buf + off + PROTO_HEADER_LEN, buf + off);
+                    off += PROTO_HEADER_LEN + h.len;
+                    continue;
+                }
+            }
             int done;
             size_t used = proto_reader_feed(rd, buf + off, (size_t)n - off, &done);
             if (used == (size_t)-1)

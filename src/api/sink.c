@@ -120,6 +120,13 @@ static void s_begin(struct sink *s, const char *content_type)
     http_stream_start(a->req, 200, content_type ? content_type : "application/x-ndjson");
 }
 
+static void s_begin_sized(struct sink *s, const char *content_type, uint64_t length)
+{
+    struct api_sink *a = (struct api_sink *)s;
+    a->streaming = 1;
+    http_stream_start_sized(a->req, 200, content_type, length);
+}
+
 static void s_write(struct sink *s, const void *data, size_t len)
 {
     http_stream_write(((struct api_sink *)s)->req, data, len);
@@ -162,10 +169,16 @@ static size_t s_input_read(struct sink *s, void *buf, size_t n)
     return http_req_body_read(((struct api_sink *)s)->req, buf, n);
 }
 
+static size_t s_input_move(struct sink *s, struct evbuffer *dst, size_t n)
+{
+    return http_req_body_move(((struct api_sink *)s)->req, dst, n);
+}
+
 static const struct sink_ops api_sink_ops = {
     .reply = s_reply,
     .fail = s_fail,
     .begin = s_begin,
+    .begin_sized = s_begin_sized,
     .write = s_write,
     .record = s_record,
     .end = s_end,
@@ -174,6 +187,7 @@ static const struct sink_ops api_sink_ops = {
     .on_drain = s_on_drain,
     .input_len = s_input_len,
     .input_read = s_input_read,
+    .input_move = s_input_move,
 };
 
 struct sink *api_sink_new(struct http_req *req)

@@ -111,13 +111,18 @@ void log_event(enum wr_log_level level, const char *sandbox, const char *event, 
                 (int)(tv.tv_usec / 1000), rate_dropped);
         rate_dropped = 0;
     }
-    fprintf(stderr, "ts=%s.%03dZ level=%s event=%s", ts, (int)(tv.tv_usec / 1000),
-            level_name(level), event);
-    if (sandbox)
-        fprintf(stderr, " sandbox=%s", sandbox);
-    if (safe[0])
-        fprintf(stderr, " %s", safe);
-    fputc('\n', stderr);
+    /* One write per line (stderr is unbuffered: piece by piece it was four), so lines from
+     * two processes sharing a file never interleave either. */
+    static char line[sizeof(safe) + 512];
+    int n = snprintf(line, sizeof(line), "ts=%s.%03dZ level=%s event=%s%s%s%s%s\n", ts,
+                     (int)(tv.tv_usec / 1000), level_name(level), event, sandbox ? " sandbox=" : "",
+                     sandbox ? sandbox : "", safe[0] ? " " : "", safe);
+    if (n >= (int)sizeof(line)) {
+        line[sizeof(line) - 2] = '\n';
+        n = (int)sizeof(line) - 1;
+    }
+    if (n > 0)
+        fwrite(line, 1, (size_t)n, stderr);
     fflush(stderr);
     pthread_mutex_unlock(&log_lock);
 }

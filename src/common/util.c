@@ -79,6 +79,13 @@ ssize_t read_full(int fd, void *buf, size_t len)
     return (ssize_t)got;
 }
 
+uint64_t now_us_monotonic(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
 uint64_t now_ms_monotonic(void)
 {
     struct timespec ts;

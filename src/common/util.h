@@ -59,6 +59,9 @@ ssize_t read_full(int fd, void *buf, size_t len);
 /** Monotonic clock in milliseconds. */
 uint64_t now_ms_monotonic(void);
 
+/** CLOCK_MONOTONIC in microseconds. */
+uint64_t now_us_monotonic(void);
+
 /** Wall clock in milliseconds since the epoch. */
 int64_t now_ms_wall(void);
 

@@ -1,13 +1,22 @@
 /*
- * Daemon side of the agent protocol: framing over a bufferevent and a table
- * of open requests. See agentconn.h and docs/protocol.md.
+ * Daemon side of the agent protocol: framing over one socket and a table of
+ * open requests. See agentconn.h and docs/protocol.md.
+ *
+ * Frames out go through a bufferevent. Frames in do not: libevent 2.1 reads a
+ * socket 4 KiB at a time (EVBUFFER_MAX_READ), and pulls a frame that spans its
+ * chains up into one piece, which made the channel, not the sandbox, the limit
+ * of a download. The connection reads into a flat buffer of its own instead,
+ * up to IN_READ at a time, and hands each frame's payload from there.
  */
 #include "daemon/agentconn.h"
 
+#include <errno.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/fault.h"
 #include "common/log.h"
@@ -19,6 +28,15 @@
 #define DEADLINE_CHECK_MS 1000
 /* The channel's output is "writable" again for waiting uploads below this many bytes. */
 #define WRITABLE_LOW (256u * 1024)
+/* Largest write to the channel in one go (libevent's default is 16 KiB). */
+#define OUT_MAX_WRITE (1u << 20)
+/* The input buffer: room for the largest frame plus one read. Its pages are touched only as
+ * far as reads reach, and an empty buffer is freed by the deadline check, so an idle sandbox
+ * holds none. */
+#define IN_READ (1u << 20)
+#define IN_CAP (PROTO_HEADER_LEN + PROTO_MAX_PAYLOAD + IN_READ)
+/* Bytes read in one turn of the loop before other connections get theirs. */
+#define IN_TURN (4u << 20)
 
 struct req {
     uint32_t id;
@@ -36,7 +54,10 @@ struct req {
 
 struct agentconn {
     struct event_base *base;
-    struct bufferevent *bev;
+    struct bufferevent *bev; /* output and its events; input is read_ev */
+    struct event *read_ev;
+    uint8_t *in; /* IN_CAP bytes, or NULL while there is nothing to hold */
+    size_t in_off, in_len;
     struct event *hello_timer;
     struct event *deadline_timer;
     int deadline_ms;   /* without progress for this long, a request means the agent is stuck */
@@ -82,8 +103,11 @@ static void gone(struct agentconn *c, const struct req *r)
 
 static void destroy(struct agentconn *c)
 {
+    if (c->read_ev)
+        event_free(c->read_ev);
     if (c->bev)
-        bufferevent_free(c->bev);
+        bufferevent_free(c->bev); /* closes the channel */
+    free(c->in);
     if (c->hello_timer)
         event_free(c->hello_timer);
     if (c->deadline_timer)
@@ -108,6 +132,8 @@ static void die(struct agentconn *c, const char *reason)
     snprintf(c->reason, sizeof(c->reason), "%s", reason);
     if (c->bev)
         bufferevent_disable(c->bev, EV_READ | EV_WRITE);
+    if (c->read_ev)
+        event_del(c->read_ev);
     if (c->hello_timer)
         event_del(c->hello_timer);
     if (c->deadline_timer)
@@ -246,17 +272,14 @@ static void dispatch(struct agentconn *c, const struct proto_header *h, const ui
     }
 }
 
-static void on_read(struct bufferevent *bev, void *p)
+/* Handles every whole frame in the input buffer. */
+static void handle_frames(struct agentconn *c)
 {
-    struct agentconn *c = p;
-    struct evbuffer *in = bufferevent_get_input(bev);
-    c->in_callback++;
-    while (!c->dead) {
-        size_t avail = evbuffer_get_length(in);
+    while (!c->dead && !c->free_pending) {
+        size_t avail = c->in_len - c->in_off;
         if (avail < PROTO_HEADER_LEN)
             break;
-        uint8_t hb[PROTO_HEADER_LEN];
-        evbuffer_copyout(in, hb, sizeof(hb));
+        const uint8_t *hb = c->in + c->in_off;
         struct proto_header h;
         if (proto_header_decode(hb, &h) < 0) {
             die(c, "agent sent a malformed frame header");
@@ -271,14 +294,47 @@ static void on_read(struct bufferevent *bev, void *p)
         }
         if (avail < PROTO_HEADER_LEN + (size_t)h.len)
             break;
-        evbuffer_drain(in, PROTO_HEADER_LEN);
-        const uint8_t *payload = h.len ? evbuffer_pullup(in, h.len) : (const uint8_t *)"";
-        if (!payload) {
-            die(c, "out of memory reading an agent frame");
+        c->in_off += PROTO_HEADER_LEN + (size_t)h.len;
+        dispatch(c, &h, hb + PROTO_HEADER_LEN);
+    }
+    if (c->in_off == c->in_len)
+        c->in_off = c->in_len = 0;
+}
+
+static void on_readable(evutil_socket_t fd, short what, void *p)
+{
+    struct agentconn *c = p;
+    c->in_callback++;
+    size_t turn = 0;
+    while (!c->dead && !c->free_pending && turn < IN_TURN) {
+        if (!c->in)
+            c->in = xmalloc(IN_CAP);
+        /* A frame that began in an earlier read moves to the front (decode checked its length,
+         * so it and one more read fit). */
+        if (c->in_off && IN_CAP - c->in_len < IN_READ) {
+            memmove(c->in, c->in + c->in_off, c->in_len - c->in_off);
+            c->in_len -= c->in_off;
+            c->in_off = 0;
+        }
+        size_t room = IN_CAP - c->in_len;
+        ssize_t n = read(fd, c->in + c->in_len, room < IN_READ ? room : IN_READ);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            break;
+        if (n < 0) {
+            die(c, "control channel error");
             break;
         }
-        dispatch(c, &h, payload);
-        evbuffer_drain(in, h.len);
+        if (n == 0) {
+            die(c, "agent closed the control channel (the sandbox stopped or its agent died)");
+            break;
+        }
+        c->in_len += (size_t)n;
+        turn += (size_t)n;
+        handle_frames(c);
+        if ((size_t)n < (room < IN_READ ? room : IN_READ))
+            break; /* the socket is empty for now */
     }
     c->in_callback--;
     if (c->free_pending && c->in_callback == 0)
@@ -291,7 +347,7 @@ static void on_event(struct bufferevent *bev, short what, void *p)
     c->in_callback++;
     if (what & BEV_EVENT_EOF)
         die(c, "agent closed the control channel (the sandbox stopped or its agent died)");
-    else if (what & BEV_EVENT_ERROR)
+    else if (what & BEV_EVENT_ERROR) /* a write failed */
         die(c, "control channel error");
     c->in_callback--;
     if (c->free_pending && c->in_callback == 0)
@@ -335,6 +391,10 @@ static void on_deadline_check(evutil_socket_t fd, short what, void *p)
 {
     struct agentconn *c = p;
     uint64_t now = now_ms_monotonic();
+    if (c->in && c->in_len == 0) {
+        free(c->in);
+        c->in = NULL;
+    }
     for (int i = 0; i < NBUCKETS && !c->dead; i++) {
         for (struct req *r = c->buckets[i]; r; r = r->next) {
             if (waits_on_agent(r) && now - r->last_ms > (uint64_t)c->deadline_ms) {
@@ -391,9 +451,12 @@ struct agentconn *agentconn_new(struct event_base *base, int fd, int hello_timeo
     c->next_id = 1;
     evutil_make_socket_nonblocking(fd);
     c->bev = bufferevent_socket_new(base, fd, BEV_OPT_CLOSE_ON_FREE);
-    bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
+    bufferevent_setcb(c->bev, NULL, on_write, on_event, c);
     bufferevent_setwatermark(c->bev, EV_WRITE, WRITABLE_LOW, 0);
-    bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+    bufferevent_set_max_single_write(c->bev, OUT_MAX_WRITE);
+    bufferevent_enable(c->bev, EV_WRITE);
+    c->read_ev = event_new(base, fd, EV_READ | EV_PERSIST, on_readable, c);
+    event_add(c->read_ev, NULL);
     c->hello_timer = evtimer_new(base, on_hello_timeout, c);
     struct timeval tv = {hello_timeout_ms / 1000, (hello_timeout_ms % 1000) * 1000};
     evtimer_add(c->hello_timer, &tv);
@@ -403,8 +466,8 @@ struct agentconn *agentconn_new(struct event_base *base, int fd, int hello_timeo
     return c;
 }
 
-static int send_frame(struct agentconn *c, uint32_t id, uint16_t type, uint16_t flags,
-                      const void *payload, size_t len)
+/* Sends a frame's header: the payload must follow at once. */
+static int send_header(struct agentconn *c, uint32_t id, uint16_t type, uint16_t flags, size_t len)
 {
     if (c->dead || len > PROTO_MAX_PAYLOAD)
         return -1;
@@ -419,8 +482,16 @@ static int send_frame(struct agentconn *c, uint32_t id, uint16_t type, uint16_t 
     uint8_t hb[PROTO_HEADER_LEN];
     struct proto_header h = {.len = (uint32_t)len, .id = id, .type = type, .flags = flags};
     proto_header_encode(&h, hb);
-    struct evbuffer *out = bufferevent_get_output(c->bev);
-    if (evbuffer_add(out, hb, sizeof(hb)) < 0 || (len && evbuffer_add(out, payload, len) < 0))
+    return evbuffer_add(bufferevent_get_output(c->bev), hb, sizeof(hb));
+}
+
+static int send_frame(struct agentconn *c, uint32_t id, uint16_t type, uint16_t flags,
+                      const void *payload, size_t len)
+{
+    if (send_header(c, id, type, flags, len) < 0)
+        return -1;
+    /* (a failure here leaves a header without its payload: the stream is broken anyway) */
+    if (len && evbuffer_add(bufferevent_get_output(c->bev), payload, len) < 0)
         return -1;
     return 0;
 }
@@ -511,6 +582,20 @@ int agentconn_send(struct agentconn *c, uint32_t id, uint16_t type, uint16_t fla
     if (r) /* the daemon's own progress on the request (upload data) restarts its clock */
         r->last_ms = now_ms_monotonic();
     return send_frame(c, id, type, flags, payload, len);
+}
+
+int agentconn_send_buffer(struct agentconn *c, uint32_t id, uint16_t type, uint16_t flags,
+                          struct evbuffer *payload)
+{
+    struct req *r = *slot(c, id);
+    if (r)
+        r->last_ms = now_ms_monotonic();
+    size_t len = evbuffer_get_length(payload);
+    if (send_header(c, id, type, flags, len) < 0)
+        return -1;
+    if (len && evbuffer_add_buffer(bufferevent_get_output(c->bev), payload) < 0)
+        return -1;
+    return 0;
 }
 
 int agentconn_send_stdin(struct agentconn *c, uint32_t id, const void *data, size_t len)

@@ -77,6 +77,16 @@ void agentconn_on_writable(struct agentconn *c, uint32_t id, void (*cb)(void *ar
 int agentconn_send(struct agentconn *c, uint32_t id, uint16_t type, uint16_t flags,
                    const void *payload, size_t len);
 
+struct evbuffer;
+
+/**
+ * Like agentconn_send with all of payload (at most PROTO_MAX_PAYLOAD bytes) as the frame's
+ * payload, moved onto the channel without copying; payload is left empty. Returns 0 or -1 if
+ * dead (payload then keeps its bytes).
+ */
+int agentconn_send_buffer(struct agentconn *c, uint32_t id, uint16_t type, uint16_t flags,
+                          struct evbuffer *payload);
+
 /**
  * Sends len bytes as a request's whole stdin: STDIN frames of PROTO_CHUNK, then FIN.
  * Returns 0, or -1 if the connection is dead.

@@ -332,8 +332,11 @@ int daemon_open(struct daemon *d, struct wr_err *err)
     struct daemon_config *cfg = &d->cfg;
     d->lock_fd = -1;
     /* Big buffers (a transfer's chunks) are mapped and unmapped on their own, never left in
-     * the heap; and at most two arenas, whatever the number of worker threads. */
+     * the heap; and at most two arenas, whatever the number of worker threads. Free memory at
+     * the heap's top is not handed back at every free (each upload would fault its pages in
+     * afresh) but by the periodic malloc_trim (TRIM_EVERY_MS). */
     mallopt(M_MMAP_THRESHOLD, 256 * 1024);
+    mallopt(M_TRIM_THRESHOLD, 64 << 20);
     mallopt(M_ARENA_MAX, 2);
     if (geteuid() != 0)
         return wr_err_set(err, EPERM, "must run as root (it runs runsc and mounts)");

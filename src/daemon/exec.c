@@ -72,6 +72,8 @@ struct exec_op {
     int waiting_drain; /* stream: credit waits for the caller to catch up */
     int exit_code, exit_signal;
     uint64_t start_ms;
+    uint64_t exit_wait_us;     /* the agent's part of exit_to_answer_us, UINT64_MAX: not told */
+    uint64_t exit_rx_us;       /* when EXIT came */
     uint64_t oom_kills_before; /* the sandbox's OOM-kill count when the command started */
     size_t reserved;           /* of the daemon's output budget */
 };
@@ -202,14 +204,34 @@ static void on_output(struct exec_op *op, int which, const uint8_t *b, size_t n)
         on_whole_output(op, which, b, n);
 }
 
+/* The agent's word on how long EXIT waited after the command was reaped: no more than the
+ * command has run (it is untrusted), UINT64_MAX when it said nothing. */
+static uint64_t exit_wait(const struct exec_op *op, const uint8_t *payload, size_t len)
+{
+    struct proto_field f;
+    uint64_t us;
+    if (proto_find(payload, len, PT_EXIT_WAIT, &f) != 1 || proto_field_u64(&f, &us) < 0)
+        return UINT64_MAX;
+    uint64_t ran = (now_ms_monotonic() - op->start_ms + 1) * 1000;
+    return us < ran ? us : ran;
+}
+
 static json_t *result_json(struct exec_op *op, int oom)
 {
     int code = op->exit_code, sig = op->exit_signal;
-    return json_pack("{s:i, s:o, s:b, s:b, s:b, s:b, s:I}", "exit_code", code, "signal",
-                     sig ? json_integer(sig) : json_null(), "stdout_truncated",
-                     op->out[0].truncated, "stderr_truncated", op->out[1].truncated, "timed_out",
-                     op->timed_out, "oom_killed", oom, "duration_ms",
-                     (json_int_t)(now_ms_monotonic() - op->start_ms));
+    json_t *o = json_pack("{s:i, s:o, s:b, s:b, s:b, s:b, s:I}", "exit_code", code, "signal",
+                          sig ? json_integer(sig) : json_null(), "stdout_truncated",
+                          op->out[0].truncated, "stderr_truncated", op->out[1].truncated,
+                          "timed_out", op->timed_out, "oom_killed", oom, "duration_ms",
+                          (json_int_t)(now_ms_monotonic() - op->start_ms));
+    /* From the command's exit, as the agent saw it, to this answer: the agent's wait for the
+     * pipes plus the daemon's own time since EXIT came (the channel's transit between them,
+     * tens of microseconds, is not in it). */
+    if (op->exit_wait_us != UINT64_MAX)
+        json_object_set_new(
+            o, "exit_to_answer_us",
+            json_integer((json_int_t)(op->exit_wait_us + now_us_monotonic() - op->exit_rx_us)));
+    return o;
 }
 
 static void finish_exit(struct exec_op *op, int oom)
@@ -275,6 +297,8 @@ static void on_frame(void *arg, const struct proto_header *h, const uint8_t *pay
     case PROTO_STDOUT:
     case PROTO_STDERR: on_output(op, h->type == PROTO_STDERR, payload, h->len); return;
     case PROTO_EXIT:
+        op->exit_rx_us = now_us_monotonic();
+        op->exit_wait_us = exit_wait(op, payload, h->len);
         agentconn_exit_status(payload, h->len, &op->exit_code, &op->exit_signal);
         op->id = 0;
         event_del(op->timer);
@@ -460,6 +484,7 @@ void svc_exec(struct daemon *d, const char *id, const struct exec_request *r, st
         return;
     }
     struct exec_op *op = xcalloc(1, sizeof(*op));
+    op->exit_wait_us = UINT64_MAX;
     op->reserved = reserve;
     op->d = d;
     op->sb = sb;

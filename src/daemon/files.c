@@ -5,6 +5,7 @@
  * and a byte stream that the agent ends early is cut short, never padded.
  */
 #include <errno.h>
+#include <event2/buffer.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,7 +25,7 @@
  * and the daemon gives it more only while the caller's connection holds less than this
  * unsent. A slow reader costs at most about twice this here, however big the file.
  */
-#define READ_WINDOW (1024 * 1024)
+#define READ_WINDOW (2 * 1024 * 1024)
 
 /*
  * A listing is built in memory (sorted, one JSON body): at most this many entries. A directory
@@ -42,10 +43,12 @@ struct file_op {
     uint32_t id;
     enum fop_kind kind;
     int started;       /* FOP_READ: the stream has begun */
+    int sized;         /* FOP_READ: the caller was promised exactly length bytes */
     int waiting_drain; /* FOP_READ: credit waits for the caller to catch up */
     uint64_t bytes;
     uint64_t sent, total;           /* FOP_WRITE: upload bytes handed to the agent, and in all */
     size_t reserved;                /* FOP_READ: of the daemon's output budget */
+    uint64_t offset;                /* FOP_READ: where the caller asked to start */
     uint64_t length;                /* FOP_READ: at most this many bytes go to the caller */
     int truncated;                  /* FOP_LIST: the agent had more than LIST_MAX_ENTRIES */
     json_t *result;                 /* stat entry or entries array */
@@ -221,8 +224,15 @@ static void on_ok(struct file_op *op)
 {
     switch (op->kind) {
     case FOP_READ:
-        if (!op->started) /* an empty answer without a stat: still a valid empty body */
+        if (!op->started) { /* an empty answer without a stat: still a valid empty body */
             sink_begin(op->sink, "application/octet-stream");
+        } else if (op->sized && op->bytes < op->length) {
+            /* fewer bytes than the stat promised (the file shrank, or the agent lies) */
+            log_warn(op->sb->id, "files.read_short", "path=\"%s\" bytes=%llu promised=%llu",
+                     op->path, (unsigned long long)op->bytes, (unsigned long long)op->length);
+            fop_fail(op, WR_E_FILE, EIO, "the file ended before the size it had when opened");
+            return;
+        }
         sink_end(op->sink);
         break;
     case FOP_LIST: {
@@ -280,6 +290,30 @@ static void read_topup(struct file_op *op)
     sink_on_drain(op->sink, read_drained, op);
 }
 
+/* The caller has every byte it was promised: the answer ends, and the agent, which may have
+ * more (a file that grew since it was opened), stops. Frees op. */
+static void read_done(struct file_op *op)
+{
+    if (op->id && op->sb->conn)
+        agentconn_abort(op->sb->conn, op->id);
+    op->id = 0;
+    sink_end(op->sink);
+    fop_free(op);
+}
+
+/* The size of the answer to a read, from the agent's STAT_RESULT of the opened file: its
+ * bytes from the offset on, at most the length asked for. Returns -1 for a malformed stat. */
+static int read_size(const struct file_op *op, const uint8_t *payload, size_t len, uint64_t *out)
+{
+    struct proto_field f;
+    uint64_t size;
+    if (proto_find(payload, len, PT_SIZE, &f) != 1 || proto_field_u64(&f, &size) < 0)
+        return -1;
+    uint64_t left = size > op->offset ? size - op->offset : 0;
+    *out = left < op->length ? left : op->length;
+    return 0;
+}
+
 /* The caller went away: the agent stops reading at once and the answer ends. */
 static void read_cancelled(void *arg)
 {
@@ -311,8 +345,19 @@ static void on_frame(void *arg, const struct proto_header *h, const uint8_t *pay
     switch (h->type) {
     case PROTO_STAT_RESULT:
         if (op->kind == FOP_READ && !op->started) {
+            /* The answer's size is known from here: the caller is told it (a Content-Length),
+             * and gets exactly that many bytes or a body visibly cut short. */
+            uint64_t size;
             op->started = 1;
-            sink_begin(op->sink, "application/octet-stream");
+            if (read_size(op, payload, h->len, &size) < 0) {
+                sink_begin(op->sink, "application/octet-stream");
+                return;
+            }
+            op->length = size;
+            op->sized = 1;
+            sink_begin_sized(op->sink, "application/octet-stream", size);
+            if (size == 0)
+                read_done(op);
         } else if (!op->result) {
             op->result = entry_from_fields(payload, h->len, "", op->path);
         }
@@ -325,7 +370,10 @@ static void on_frame(void *arg, const struct proto_header *h, const uint8_t *pay
             op->bytes += n;
             if (n)
                 sink_write(op->sink, payload, n);
-            read_topup(op);
+            if (op->bytes >= op->length)
+                read_done(op);
+            else
+                read_topup(op);
         }
         return;
     case PROTO_DIR_ENTRIES:
@@ -420,14 +468,16 @@ void svc_file_read(struct daemon *d, const char *id, const char *path, uint64_t 
         return;
     }
     op->reserved = 2 * (size_t)READ_WINDOW;
+    op->offset = offset;
     op->length = length;
     struct proto_buf b = {0};
     proto_put_str(&b, PT_PATH, op->path);
     proto_put_u64(&b, PT_OFFSET, offset);
     if (length != UINT64_MAX)
         proto_put_u64(&b, PT_LENGTH, length);
-    op->id =
-        agentconn_request_windowed(op->sb->conn, PROTO_FILE_READ, &b, READ_WINDOW, on_frame, op);
+    /* never credit for more than was asked: a byte past it is a lie the channel catches */
+    op->id = agentconn_request_windowed(op->sb->conn, PROTO_FILE_READ, &b,
+                                        length < READ_WINDOW ? length : READ_WINDOW, on_frame, op);
     proto_buf_free(&b);
     if (!op->id) {
         fop_fail(op, WR_E_CONFLICT, 0, "the sandbox's agent is not reachable");
@@ -449,17 +499,28 @@ static void upload_pump(void *arg)
 {
     struct file_op *op = arg;
     struct agentconn *conn = op->sb->conn;
-    unsigned char *chunk = xmalloc(WRITE_CHUNK);
+    struct evbuffer *piece = evbuffer_new();
+    unsigned char *chunk = op->sink->ops->input_move ? NULL : xmalloc(WRITE_CHUNK);
     size_t n;
     int rc = 0;
-    while (op->id && agentconn_backlog(conn) < UPLOAD_HIGH &&
-           (n = op->sink->ops->input_read(op->sink, chunk, WRITE_CHUNK)) > 0) {
+    while (op->id && agentconn_backlog(conn) < UPLOAD_HIGH) {
+        /* the body's memory moves onto the channel as it is; copied only without input_move */
+        if (chunk) {
+            n = op->sink->ops->input_read(op->sink, chunk, WRITE_CHUNK);
+            evbuffer_add(piece, chunk, n);
+        } else {
+            n = op->sink->ops->input_move(op->sink, piece, WRITE_CHUNK);
+        }
+        if (!n)
+            break;
         op->sent += n;
-        rc = agentconn_send(conn, op->id, PROTO_DATA, 0, chunk, n);
+        rc = agentconn_send_buffer(conn, op->id, PROTO_DATA, 0, piece);
+        evbuffer_drain(piece, evbuffer_get_length(piece));
         if (rc < 0)
             break;
     }
     free(chunk);
+    evbuffer_free(piece);
     if (rc < 0) { /* the channel died: its death notice answers the request */
         log_warn(op->sb->id, "files.write_unsent", "path=\"%s\"", op->path);
         return;

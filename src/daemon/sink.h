@@ -11,6 +11,7 @@
 
 #include <jansson.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/err.h"
 
@@ -20,6 +21,7 @@ enum sink_status {
 };
 
 struct sink;
+struct evbuffer;
 
 struct sink_ops {
     /** A whole answer: obj (taken). Finishes the sink. */
@@ -31,6 +33,12 @@ struct sink_ops {
     void (*fail)(struct sink *s, const struct wr_err *err);
     /** Starts a stream of raw bytes of content_type (NULL: a stream of JSON records). */
     void (*begin)(struct sink *s, const char *content_type);
+    /**
+     * Optional: starts a byte stream that will be exactly length bytes, so the caller can be
+     * told its size up front (a stream ended short must then end with fail, never end).
+     * NULL: begin is used.
+     */
+    void (*begin_sized)(struct sink *s, const char *content_type, uint64_t length);
     /** Sends bytes of a byte stream. */
     void (*write)(struct sink *s, const void *data, size_t len);
     /** Sends one record (obj taken) of a record stream. */
@@ -57,6 +65,11 @@ struct sink_ops {
     size_t (*input_len)(struct sink *s);
     /** Moves up to n input bytes into buf; returns how many. */
     size_t (*input_read)(struct sink *s, void *buf, size_t n);
+    /**
+     * Optional: moves up to n input bytes onto the end of dst (a libevent buffer) without
+     * copying where it can; returns how many. NULL: the service uses input_read.
+     */
+    size_t (*input_move)(struct sink *s, struct evbuffer *dst, size_t n);
 };
 
 struct principal;
@@ -79,6 +92,14 @@ static inline void sink_fail(struct sink *s, const struct wr_err *err)
 static inline void sink_begin(struct sink *s, const char *content_type)
 {
     s->ops->begin(s, content_type);
+}
+
+static inline void sink_begin_sized(struct sink *s, const char *content_type, uint64_t length)
+{
+    if (s->ops->begin_sized)
+        s->ops->begin_sized(s, content_type, length);
+    else
+        s->ops->begin(s, content_type);
 }
 
 static inline void sink_write(struct sink *s, const void *data, size_t len)

@@ -242,6 +242,22 @@ static int undo_cgroup(struct gv_run *r, struct wr_err *err)
     return cgroup_destroy(r->spec->id, CGROUP_KILL_TIMEOUT_MS, err);
 }
 
+/*
+ * Each end of the channel may queue this much for the other. Linux's default (~208 KiB) made
+ * a download a string of small writes and wake-ups on both sides, gVisor's sentry's most of
+ * all. Kernel memory, used only while a transfer is in flight, and the daemon reads its end
+ * continuously.
+ */
+#define CHAN_SNDBUF (4 << 20)
+
+/* Raises a socket's send buffer past net.core.wmem_max (root may), else as far as allowed. */
+static void chan_sndbuf(int fd)
+{
+    int v = CHAN_SNDBUF;
+    if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &v, sizeof(v)) < 0)
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof(v));
+}
+
 /* `runsc run --detach` started, the agent's stdio one end of a socketpair. */
 static int step_spawn(struct gv_run *r, struct wr_err *err)
 {
@@ -249,6 +265,8 @@ static int step_spawn(struct gv_run *r, struct wr_err *err)
         return -1;
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, r->chan) < 0)
         return wr_err_sys(err, errno, "socketpair");
+    chan_sndbuf(r->chan[0]);
+    chan_sndbuf(r->chan[1]);
     r->logfd = open(r->sp.log, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0640);
     if (r->logfd < 0)
         return wr_err_sys(err, errno, "opening %s", r->sp.log);

@@ -43,6 +43,14 @@ enum cstate { C_IDLE, C_HEAD, C_HELD, C_BODY, C_BUSY, C_REFUSED };
  * the client, still sending, reads the answer instead of a reset. */
 #define LINGER_MS 2000
 #define LINGER_MAX ((size_t)16 << 20)
+/* Largest write to a connection's socket in one go. */
+#define CONN_MAX_WRITE ((size_t)1 << 20)
+/* A body of known length is pulled from the socket in reads of this size (libevent 2.1 reads
+ * 4 KiB at a time), at most PULL_TURN in one turn of the loop. With libevent's chain header
+ * a read's buffer is 128 KiB, below the daemon's mmap threshold (256 KiB): it comes from the
+ * heap, reused, instead of fresh pages that fault in and are unmapped again each time. */
+#define PULL_READ (((size_t)128 << 10) - 64)
+#define PULL_TURN ((size_t)8 << 20)
 
 struct conn {
     struct conns *cs;
@@ -58,6 +66,7 @@ struct conn {
     int pending;
     int kill; /* to be closed by the timer (a refusal that could not be sent, too much dropped) */
     int tls;  /* the bufferevent is OpenSSL's: its input holds what was decrypted */
+    int pulling; /* pull_body is reading into the input */
     size_t reserved;
     int64_t body_left; /* -1: chunked, until its handler has it */
     size_t need;       /* what a HELD body will reserve */
@@ -454,6 +463,37 @@ static size_t head_take(struct conn *c, struct evbuffer *buf, size_t pos, size_t
     return (size_t)got;
 }
 
+/*
+ * The rest of a body whose length is known, read straight into the connection's input in big
+ * reads (each one comes back through on_input, which counts it). All of it fits the budget
+ * already (C_BODY), and no byte past it is read: the next request's are libevent's to read.
+ * A socket with nothing more, at its end or failing is left to libevent's next read.
+ */
+static void pull_body(struct conn *c, struct evbuffer *buf)
+{
+    evutil_socket_t fd = bufferevent_getfd(c->bev);
+    if (fd < 0)
+        return;
+    c->pulling = 1;
+    size_t turn = 0;
+    while (c->state == C_BODY && c->body_left > 0 && !c->kill && turn < PULL_TURN) {
+        size_t want = (uint64_t)c->body_left < PULL_READ ? (size_t)c->body_left : PULL_READ;
+        struct evbuffer_iovec v;
+        if (evbuffer_reserve_space(buf, (ev_ssize_t)want, &v, 1) != 1)
+            break;
+        ssize_t n = recv(fd, v.iov_base, want, MSG_DONTWAIT);
+        if (n <= 0)
+            break;
+        v.iov_len = (size_t)n;
+        if (evbuffer_commit_space(buf, &v, 1) < 0)
+            break;
+        turn += (size_t)n;
+        if ((size_t)n < want)
+            break;
+    }
+    c->pulling = 0;
+}
+
 /* Bytes were added to a connection's input (read from its socket), evhttp has not seen them. */
 static void on_input(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
 {
@@ -520,6 +560,8 @@ static void on_input(struct evbuffer *buf, const struct evbuffer_cb_info *info, 
                 break; /* the rest is the next request's, seen when this one is let in */
         }
     }
+    if (c->state == C_BODY && c->body_left > 0 && !c->tls && !c->pulling && !c->kill)
+        pull_body(c, buf);
     touch(c);
 }
 
@@ -599,6 +641,8 @@ static void evict_idle(struct conns *cs)
 /* Takes bev (a connection evhttp is accepting) into the layer; returns it. */
 static struct bufferevent *conn_add(struct conns *cs, struct bufferevent *bev, int tls)
 {
+    /* A download goes out in writes this big, not libevent's default of 16 KiB. */
+    bufferevent_set_max_single_write(bev, CONN_MAX_WRITE);
     struct conn *c = xcalloc(1, sizeof(*c));
     c->cs = cs;
     c->bev = bev;

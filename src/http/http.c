@@ -14,6 +14,7 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 #include <event2/listener.h>
+#include <inttypes.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdarg.h>
@@ -478,6 +479,12 @@ size_t http_req_body_read(struct http_req *r, void *buf, size_t n)
     return got > 0 ? (size_t)got : 0;
 }
 
+size_t http_req_body_move(struct http_req *r, struct evbuffer *dst, size_t n)
+{
+    int got = evbuffer_remove_buffer(evhttp_request_get_input_buffer(r->req), dst, n);
+    return got > 0 ? (size_t)got : 0;
+}
+
 char *http_req_body_string(struct http_req *r)
 {
     struct evbuffer *in = evhttp_request_get_input_buffer(r->req);
@@ -663,6 +670,15 @@ void http_stream_start(struct http_req *r, int status, const char *content_type)
     evhttp_send_reply_start(r->req, status, reason_phrase(status));
 }
 
+void http_stream_start_sized(struct http_req *r, int status, const char *content_type,
+                             uint64_t length)
+{
+    char v[24];
+    snprintf(v, sizeof(v), "%" PRIu64, length);
+    http_reply_header(r, "Content-Length", v); /* evhttp then sends the body as it is */
+    http_stream_start(r, status, content_type);
+}
+
 /* evhttp calls this when the connection's output buffer has been written out. It is set
  * again with every chunk, and replaced by evhttp's own when the reply ends, so r is alive. */
 static void on_chunk_sent(struct evhttp_connection *evcon, void *arg)
@@ -674,12 +690,19 @@ static void on_chunk_sent(struct evhttp_connection *evcon, void *arg)
         cb(r->drain_arg);
 }
 
+/* A stream's bytes are copied into pieces this big: with libevent's chain header each is a
+ * 64 KiB block from the heap, reused, where one chain for a whole 256 KiB write would be mapped
+ * afresh (the daemon's mmap threshold) and fault its pages in every time. */
+#define STREAM_PIECE ((size_t)65536 - 64)
+
 void http_stream_write(struct http_req *r, const void *data, size_t len)
 {
     if (r->gone || len == 0)
         return;
     struct evbuffer *buf = evbuffer_new();
-    evbuffer_add(buf, data, len);
+    const char *p = data;
+    for (size_t off = 0; off < len; off += STREAM_PIECE)
+        evbuffer_add(buf, p + off, len - off < STREAM_PIECE ? len - off : STREAM_PIECE);
     evhttp_send_reply_chunk_with_cb(r->req, buf, on_chunk_sent, r);
     evbuffer_free(buf);
 }
@@ -706,7 +729,14 @@ void http_stream_abort(struct http_req *r)
         return;
     }
     req_free(r);
-    /* Closing mid-stream (no last chunk): the client sees its answer was cut short. */
+    /* What is queued (the status, the bytes so far) goes out first if the socket takes it now,
+     * so the client sees which answer was cut short; on TLS it is dropped with the rest. */
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(evcon);
+    evutil_socket_t fd = bev && !bufferevent_openssl_get_ssl(bev) ? bufferevent_getfd(bev) : -1;
+    if (fd >= 0)
+        evbuffer_write(bufferevent_get_output(bev), fd);
+    /* Closing mid-stream (no last chunk, or short of the Content-Length): the client sees its
+     * answer was cut short. */
     evhttp_connection_free(evcon);
 }
 

@@ -10,6 +10,7 @@
 #include <event2/event.h>
 #include <jansson.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/err.h"
 
@@ -136,6 +137,12 @@ size_t http_req_body_len(struct http_req *r);
 /** Moves up to n body bytes into buf; returns how many. */
 size_t http_req_body_read(struct http_req *r, void *buf, size_t n);
 
+struct evbuffer;
+
+/** Moves up to n body bytes onto the end of dst, handing over whole pieces of memory rather
+ * than copying where it can; returns how many. */
+size_t http_req_body_move(struct http_req *r, struct evbuffer *dst, size_t n);
+
 /** The whole body as a NUL-terminated string (caller frees); NULL if it has a NUL byte. */
 char *http_req_body_string(struct http_req *r);
 
@@ -159,6 +166,11 @@ void http_reply_error_extra(struct http_req *r, int status, const char *code, js
 
 /** Starts a chunked reply. */
 void http_stream_start(struct http_req *r, int status, const char *content_type);
+
+/** Like http_stream_start for a body of exactly length bytes: sent with a Content-Length, not
+ * in chunks (cheaper for a client to read). One that ends short must be aborted. */
+void http_stream_start_sized(struct http_req *r, int status, const char *content_type,
+                             uint64_t length);
 
 /** Sends one chunk of a stream (nothing happens if the client has gone). */
 void http_stream_write(struct http_req *r, const void *data, size_t len);

@@ -282,6 +282,12 @@ void proto_reader_free(struct proto_reader *r)
     memset(r, 0, sizeof(*r));
 }
 
+int proto_reader_idle(const struct proto_reader *r)
+{
+    return !r->bad &&
+           (r->hdr_got == 0 || (r->hdr_got == PROTO_HEADER_LEN && r->payload_got == r->h.len));
+}
+
 size_t proto_reader_feed(struct proto_reader *r, const uint8_t *buf, size_t len, int *done)
 {
     size_t used = 0;

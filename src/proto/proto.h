@@ -24,8 +24,9 @@
 
 #define PROTO_VERSION 2
 #define PROTO_HEADER_LEN 12
-#define PROTO_MAX_PAYLOAD (1u << 20) /* 1 MiB */
-#define PROTO_CHUNK 65536            /* preferred size of a data frame */
+#define PROTO_MAX_PAYLOAD (1u << 20)  /* 1 MiB */
+#define PROTO_CHUNK 65536             /* preferred size of a data frame */
+#define PROTO_FILE_CHUNK (256u << 10) /* largest DATA frame of a FILE_READ answer */
 #define PROTO_MAX_PATH 4096
 #define PROTO_MAX_ARGS 4096 /* ARG fields per EXEC */
 #define PROTO_MAX_ENVS 4096 /* ENV fields per EXEC */
@@ -134,6 +135,9 @@ enum proto_tag {
      * means unknown, so never. The agent's word only decides whether its own sandbox may
      * sleep: a lie costs the liar CPU or latency, no one else. */
     PT_PROCS = 23,
+    /* u64, on EXIT (optional): microseconds from the agent reaping the command's main process
+     * to its sending EXIT (waiting for the pipes to close, sending the last output). */
+    PT_EXIT_WAIT = 24,
 };
 
 enum proto_wflags {
@@ -286,5 +290,11 @@ void proto_reader_free(struct proto_reader *r);
  * closed). The header is checked as soon as its 12 bytes are in, before any payload.
  */
 size_t proto_reader_feed(struct proto_reader *r, const uint8_t *buf, size_t len, int *done);
+
+/**
+ * Whether the reader is between frames (nothing of a next frame fed yet): a caller holding a
+ * whole frame in its own buffer may then handle it from there instead of feeding it.
+ */
+int proto_reader_idle(const struct proto_reader *r);
 
 #endif

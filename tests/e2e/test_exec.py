@@ -19,6 +19,19 @@ def test_exit_codes(client, sandbox):
     assert client.exec(sandbox, "exit 255")["exit_code"] == 255
 
 
+def test_exit_to_answer_is_reported(client, sandbox):
+    """exit_to_answer_us: from the command's exit (the agent reaped it) to the answer, in
+    microseconds: within the command's whole duration, and short for a command whose pipes
+    close with it."""
+    for _ in range(3):
+        r = client.exec(sandbox, "true")
+        us = r["exit_to_answer_us"]
+        assert isinstance(us, int) and 0 <= us <= (r["duration_ms"] + 1) * 1000, r
+    # a background child that keeps the pipes open: EXIT waits its 100 ms for them
+    r = client.exec(sandbox, "sleep 2 & true")
+    assert r["exit_to_answer_us"] >= 90_000, r
+
+
 def test_command_not_found_in_shell_is_127(client, sandbox):
     r = client.exec(sandbox, "no-such-command-xyz")
     assert r["exit_code"] == 127

@@ -21,7 +21,7 @@ def d(client, sandbox):
 
 
 def test_big_binary_roundtrip(client, sandbox, d):
-    data = os.urandom(50 * 1024 * 1024)
+    data = os.urandom(100 * 1024 * 1024)
     # in pieces of the upload limit: the first creates the file, the rest go at their offsets
     piece = 8 << 20
     for off in range(0, len(data), piece):
@@ -31,7 +31,13 @@ def test_big_binary_roundtrip(client, sandbox, d):
     assert st["size"] == len(data)
     assert st["path"] == f"/workspace/{d}/blob.bin"
     assert st["name"] == "blob.bin"
-    back = client.read_file(sandbox, f"/workspace/{d}/blob.bin")
+    r = client.request("GET", f"/v1/sandboxes/{sandbox}/files/content",
+                       query={"path": f"/workspace/{d}/blob.bin"})
+    assert r.status == 200
+    # the answer says its size up front (not chunked) and keeps every byte
+    assert r.headers.get("content-length") == str(len(data)), r.headers
+    assert "transfer-encoding" not in r.headers
+    back = r.body
     assert len(back) == len(data)
     assert back == data
     # and it is really there for programs inside
@@ -40,12 +46,32 @@ def test_big_binary_roundtrip(client, sandbox, d):
     # ranges
     assert client.read_file(sandbox, f"{d}/blob.bin", offset=1000, length=5000) == \
         data[1000:6000]
+    r = client.request("GET", f"/v1/sandboxes/{sandbox}/files/content",
+                       query={"path": f"{d}/blob.bin", "offset": len(data) - 10, "length": 100})
+    assert r.headers.get("content-length") == "10" and r.body == data[-10:]
     assert client.read_file(sandbox, f"{d}/blob.bin", offset=len(data) - 10) == data[-10:]
     assert client.read_file(sandbox, f"{d}/blob.bin", offset=len(data) - 10, length=100) == \
         data[-10:]
     assert client.read_file(sandbox, f"{d}/blob.bin", length=0) == b""
     assert client.read_file(sandbox, f"{d}/blob.bin", offset=len(data)) == b""
     assert client.read_file(sandbox, f"{d}/blob.bin", offset=len(data) + 12345) == b""
+
+
+def test_read_of_a_growing_file_is_its_size_when_opened(client, sandbox, d):
+    """A file that grows while it is read: the answer is the size it had when opened, whole
+    (its Content-Length and its body agree), never a body cut short or run long."""
+    client.write_file(sandbox, f"{d}/grow", b"g" * (8 << 20))
+    r = client.exec(sandbox, f"nohup sh -c 'for i in $(seq 400); do "
+                             f"head -c 262144 /dev/zero >> {d}/grow; done' >/dev/null 2>&1 &")
+    assert r["exit_code"] == 0
+    for _ in range(3):
+        r = client.request("GET", f"/v1/sandboxes/{sandbox}/files/content",
+                           query={"path": f"{d}/grow"})
+        assert r.status == 200
+        n = int(r.headers["content-length"])
+        assert n >= 8 << 20 and len(r.body) == n
+        assert r.body[:8 << 20] == b"g" * (8 << 20)
+    client.exec(sandbox, f"pkill -f 'head -c 262144' ; pkill -f 'seq 400'; true")
 
 
 def test_read_what_a_command_wrote(client, sandbox, d):

@@ -16,8 +16,8 @@ from test_connections import ShortIdleDaemon, serve_own
 from test_output import RssWatch, rss
 
 MIB = 1024 * 1024
-# What one slow download may add to the daemon's memory: its windows (1 MiB towards the agent,
-# 1 MiB queued for the caller) and the allocator's slack. Without flow control the daemon grew
+# What one slow download may add to the daemon's memory: its windows (2 MiB towards the agent,
+# 2 MiB queued for the caller), the channel's input buffer (2 MiB) and the allocator's slack. Without flow control the daemon grew
 # by ~400 MiB a second here.
 SLOW_READER_GROWTH = 48 * MIB
 
@@ -220,10 +220,10 @@ def test_background_output_memory_is_bounded(daemon, client, make_sandbox):
 
 
 class SmallBudgetDaemon(ShortIdleDaemon):
-    """A daemon of its own (sharing the session's image) with an 8 MiB output budget."""
+    """A daemon of its own (sharing the session's image) with a 16 MiB output budget."""
 
     def serve_argv(self):
-        return conftest.Daemon.serve_argv(self) + ["--output-memory-mib", "8"]
+        return conftest.Daemon.serve_argv(self) + ["--output-memory-mib", "16"]
 
 
 @pytest.fixture(scope="module")
@@ -232,9 +232,9 @@ def budget_daemon(daemon):
 
 
 def test_output_budget_refuses_what_does_not_fit(budget_daemon):
-    """With 8 MiB for output in all: an exec that could keep 2 x 16 MiB is refused with 503
-    saying why; four slow downloads (2 MiB each) fit, a fifth does not, nor an exec; once they
-    end the budget is free again."""
+    """With 16 MiB for output in all: an exec that could keep 2 x 16 MiB is refused with 503
+    saying why; four slow downloads (two 2 MiB windows each) fit, a fifth does not, nor an
+    exec; once they end the budget is free again."""
     d = budget_daemon
     c = d.client
     sid = c.request("POST", "/v1/sandboxes", {"memory_mib": 512}).json()["id"]
@@ -245,7 +245,7 @@ def test_output_budget_refuses_what_does_not_fit(budget_daemon):
         assert "max_output_bytes" in r.error[1], r
         make_huge_file(c, sid)
         held = []
-        for _ in range(4):  # 4 x 2 MiB: exactly the budget
+        for _ in range(4):  # 4 x 4 MiB: exactly the budget
             s, status, _ = raw_request(d, "GET", f"/v1/sandboxes/{sid}/files/content",
                                        {"path": "/workspace/huge"})
             held.append((s, status))

@@ -22,6 +22,7 @@ def test_stream_basic(client, sandbox):
     assert collect(events, "stderr") == b"err1\n"
     ex = events[-1]
     assert ex["exit_code"] == 4 and ex["signal"] is None and ex["timed_out"] is False
+    assert 0 <= ex["exit_to_answer_us"] <= (ex["duration_ms"] + 1) * 1000, ex
     assert ex["stdout_truncated"] is False and ex["stderr_truncated"] is False
 
 

@@ -106,6 +106,36 @@ static void test_exec_basic(struct agent *a)
        "not executable: ERROR EACCES (\"%s\")", r.msg);
     result_free(&r);
 
+    /* execvp's search, though missing entries are skipped before the child starts: a match
+     * that is not executable is passed over for a later one, and is the answer (EACCES) only
+     * when nothing else is found */
+    char bin2[PATH_MAX], script2[PATH_MAX + 16], penv2[2 * PATH_MAX + 32];
+    tpath(bin2, sizeof(bin2), "bin2");
+    mkdir(bin2, 0755);
+    snprintf(script2, sizeof(script2), "%s/hello-wr", bin2);
+    fp = fopen(script2, "w");
+    fputs("echo from the second\n", fp);
+    fclose(fp);
+    chmod(script2, 0755);
+    snprintf(penv2, sizeof(penv2), "PATH=/nonexistent:/nonexistent2/x:%s:%s", bin, bin2);
+    const char *senv2[] = {penv2, NULL};
+    id = exec_req(a, sargv, senv2, NULL, 0);
+    ok(collect(a, id, &r) == 0 && r.exit_code == 0 && r.out.len &&
+           !strcmp((char *)r.out.data, "from the second\n"),
+       "a match that is not executable is passed over for a later one");
+    result_free(&r);
+    snprintf(penv2, sizeof(penv2), "PATH=/nonexistent:%s:/nonexistent2", bin);
+    id = exec_req(a, sargv, senv2, NULL, 0);
+    ok(collect(a, id, &r) == 0 && r.error && r.err_no == EACCES,
+       "only a match that is not executable: ERROR EACCES (\"%s\")", r.msg);
+    result_free(&r);
+    snprintf(penv2, sizeof(penv2), "PATH=/nonexistent:/nonexistent2");
+    id = exec_req(a, sargv, senv2, NULL, 0);
+    ok(collect(a, id, &r) == 0 && r.error && r.err_no == ENOENT &&
+           !strcmp(r.msg, "command not found: hello-wr"),
+       "no match in any entry: command not found (\"%s\")", r.msg);
+    result_free(&r);
+
     id = exec_req(a, echo, base_env, "/nonexistent-dir-xyz", 0);
     ok(collect(a, id, &r) == 0 && r.error && r.err_no == ENOENT &&
            !strcmp(r.msg, "cwd /nonexistent-dir-xyz: No such file or directory"),
