@@ -3,9 +3,12 @@
 import datetime
 import hashlib
 import os
+import socket
 import uuid
 
 import pytest
+
+import conftest
 
 from wrclient import output
 
@@ -55,6 +58,38 @@ def test_big_binary_roundtrip(client, sandbox, d):
     assert client.read_file(sandbox, f"{d}/blob.bin", length=0) == b""
     assert client.read_file(sandbox, f"{d}/blob.bin", offset=len(data)) == b""
     assert client.read_file(sandbox, f"{d}/blob.bin", offset=len(data) + 12345) == b""
+
+
+def read_response(f):
+    """One response with a Content-Length from a socket's file: (status, body)."""
+    status = int(f.readline().split()[1])
+    length = 0
+    while True:
+        line = f.readline().strip()
+        if not line:
+            break
+        k, _, v = line.partition(b":")
+        if k.strip().lower() == b"content-length":
+            length = int(v)
+    return status, f.read(length)
+
+
+def test_pipelined_request_after_a_big_upload(daemon, client, sandbox, d):
+    """An upload's body is pulled from the socket in big reads, never past its end: a request
+    sent right behind it on the same connection is answered, and both are right."""
+    data = os.urandom(8 << 20)
+    auth = conftest.auth_header(daemon.port)
+    path = f"/v1/sandboxes/{sandbox}/files/content?path={d}/piped.bin"
+    head = (f"PUT {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}"
+            f"Content-Type: application/octet-stream\r\nContent-Length: {len(data)}\r\n\r\n")
+    get = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}\r\n"
+    with socket.create_connection(("127.0.0.1", daemon.port), timeout=60) as s:
+        s.sendall(head.encode() + data + get.encode())
+        f = s.makefile("rb")
+        st1, body1 = read_response(f)
+        st2, body2 = read_response(f)
+    assert st1 == 200 and b'"size":8388608' in body1, body1
+    assert st2 == 200 and body2 == data
 
 
 def test_read_of_a_growing_file_is_its_size_when_opened(client, sandbox, d):

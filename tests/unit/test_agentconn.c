@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/fault.h"
@@ -530,6 +531,99 @@ static void test_active_and_on_send(void)
     close_pair(&p);
 }
 
+/* A burst of DATA frames, each filled from its sequence number, checked as it arrives. */
+struct burst {
+    int frames, bad, ended, deaths;
+    uint64_t bytes;
+};
+
+static uint8_t burst_byte(int seq, size_t i)
+{
+    return (uint8_t)(seq * 31 + i * 7);
+}
+
+static void on_burst(void *arg, const struct proto_header *h, const uint8_t *payload)
+{
+    struct burst *b = arg;
+    if (!h) {
+        b->deaths++;
+        return;
+    }
+    if (h->type == PROTO_OK) {
+        b->ended = 1;
+        return;
+    }
+    if (h->type != PROTO_DATA)
+        return;
+    for (size_t i = 0; i < h->len; i++)
+        if (payload[i] != burst_byte(b->frames, i)) {
+            b->bad++;
+            break;
+        }
+    b->frames++;
+    b->bytes += h->len;
+}
+
+/* The channel is read in big pieces into a buffer of its own: frames of every size up to the
+ * largest, split across reads and across the buffer's refills, arrive whole and in order. */
+static void test_big_frames(void)
+{
+    static const size_t sizes[] = {PROTO_MAX_PAYLOAD,
+                                   7,
+                                   256 << 10,
+                                   0,
+                                   PROTO_MAX_PAYLOAD - 1,
+                                   65536,
+                                   1,
+                                   PROTO_MAX_PAYLOAD,
+                                   300000,
+                                   12,
+                                   PROTO_MAX_PAYLOAD};
+    enum { ROUNDS = 3 };
+    struct pair p;
+    open_ready(&p);
+    struct burst b = {0};
+    struct proto_buf f = {0};
+    proto_put_str(&f, PT_PATH, "/x");
+    uint32_t id = agentconn_request_windowed(p.c, PROTO_FILE_READ, &f, 64 << 20, on_burst, &b);
+    proto_buf_free(&f);
+    pump();
+    struct proto_header h = take_frame(p.agent);
+    uint64_t total = 0;
+    int nframes = 0;
+    for (int r = 0; r < ROUNDS; r++)
+        for (size_t k = 0; k < WR_ARRAY_LEN(sizes); k++, nframes++)
+            total += sizes[k];
+    pid_t pid = fork();
+    if (pid == 0) { /* the agent: writes it all, blocking, in pieces of odd sizes */
+        uint8_t *buf = xmalloc(PROTO_MAX_PAYLOAD);
+        int seq = 0;
+        for (int r = 0; r < ROUNDS; r++)
+            for (size_t k = 0; k < WR_ARRAY_LEN(sizes); k++, seq++) {
+                for (size_t i = 0; i < sizes[k]; i++)
+                    buf[i] = burst_byte(seq, i);
+                struct proto_buf fr = {0};
+                proto_frame_build(&fr, id, PROTO_DATA, 0, buf, sizes[k]);
+                for (size_t off = 0; off < fr.len; off += 77777)
+                    (void)!write_all(p.agent, fr.data + off,
+                                     fr.len - off < 77777 ? fr.len - off : 77777);
+                proto_buf_free(&fr);
+            }
+        put_frame(p.agent, id, PROTO_OK, 0, NULL, 0);
+        _exit(0);
+    }
+    for (int i = 0; i < 20000 && !b.ended && !b.deaths; i++) {
+        usleep(500);
+        event_base_loop(base, EVLOOP_NONBLOCK);
+    }
+    waitpid(pid, NULL, 0);
+    ok(id && h.type == PROTO_FILE_READ && b.ended && !b.deaths && p.st.dead == 0,
+       "a burst of %d frames (%llu bytes) is taken whole", nframes, (unsigned long long)total);
+    ok(b.frames == nframes && b.bytes == total && b.bad == 0,
+       "every frame arrives in order with its bytes (%d frames, %d bad)", b.frames, b.bad);
+    close_pair(&p);
+}
+
 int main(void)
 {
     unsetenv("WR_FAULTS");
@@ -545,6 +639,7 @@ int main(void)
     test_send_fault();
     test_wrong_answer_type();
     test_credit();
+    test_big_frames();
     test_deadline();
     event_base_free(base);
     return tap_done();
