@@ -452,11 +452,26 @@ void daemon_tick(struct daemon *d)
     }
 }
 
+/* How long a shutdown waits for creates and starts in flight (a pool refill, most often) to
+ * settle, so what they made is stopped or destroyed like the rest, not left mounted. */
+#define SHUTDOWN_SETTLE_MS 60000
+
+static int any_starting(const struct daemon *d)
+{
+    for (const struct sandbox *sb = d->sandboxes; sb; sb = sb->next)
+        if (sb->state == SB_CREATING || sb->state == SB_STARTING)
+            return 1;
+    return 0;
+}
+
 void daemon_shutdown(struct daemon *d)
 {
     d->shutting_down = 1;
     if (!d->base || !d->wq)
         return; /* never opened that far, or already shut down (the queues are gone) */
+    uint64_t until = now_ms_monotonic() + SHUTDOWN_SETTLE_MS;
+    while (any_starting(d) && now_ms_monotonic() < until)
+        event_base_loop(d->base, EVLOOP_ONCE);
     /* Close channels (answering in-flight requests), flush, stop sandboxes. */
     sandbox_stop_all(d);
     event_base_loop(d->base, EVLOOP_NONBLOCK);

@@ -156,3 +156,19 @@ def test_a_restart_discards_the_entries(pd):
     assert pd.req("GET", "/v1/sandboxes").json()["sandboxes"] == []
     pd.wait_ready(2)
     assert not old & set(os.listdir(os.path.join(pd.state_dir, "sandboxes")))
+
+
+def test_a_shutdown_while_the_pool_fills_leaves_nothing(pd):
+    """SIGTERM while a refill is being created: the daemon waits for it, then destroys it."""
+    pd.proc.terminate()
+    assert pd.proc.wait(timeout=60) == 0
+    pd.start(clean=False)
+    boxes = os.path.join(pd.state_dir, "sandboxes")
+    deadline = time.monotonic() + T
+    while not (os.listdir(boxes) and pd.ready() == 0):  # the first entry is being made
+        assert time.monotonic() < deadline, "no refill seen"
+        time.sleep(0.01)
+    pd.proc.terminate()
+    assert pd.proc.wait(timeout=120) == 0
+    assert os.listdir(boxes) == [] and pd.mounts() == []
+    pd.start(clean=False)
