@@ -309,6 +309,10 @@ static int read_size(const struct file_op *op, const uint8_t *payload, size_t le
     uint64_t size;
     if (proto_find(payload, len, PT_SIZE, &f) != 1 || proto_field_u64(&f, &size) < 0)
         return -1;
+    /* A size of 0 is no promise: /proc's files say 0 and have content. Such a read goes
+     * unsized (chunked) to the agent's end of file, within the length asked for. */
+    if (size == 0)
+        return -1;
     uint64_t left = size > op->offset ? size - op->offset : 0;
     *out = left < op->length ? left : op->length;
     return 0;
