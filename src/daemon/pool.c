@@ -140,7 +140,8 @@ void pool_tick(struct daemon *d)
     }
     d->pool_refilling = 1;
     sandbox_create(sb, refill_done, NULL);
-    /* Never on a lease: it has no user yet. */
-    sb->lease_ends_ms = INT64_MAX;
+    /* Never on a lease: it has no user yet (ten years; its claim sets the user's). Not
+     * INT64_MAX: the lease is rounded up to the second when shown. */
+    sb->lease_ends_ms = now_ms_wall() + 10LL * 365 * 86400 * 1000;
     sandbox_unref(sb);
 }
