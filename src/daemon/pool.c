@@ -75,11 +75,15 @@ int pool_claim(struct daemon *d, struct sandbox *tmp, struct sink *s)
     struct wr_err err = {0};
     sb->pooled = 0;
     if (meter_admit(sb, &err) < 0) {
-        sb->pooled = 1;
+        sb->pooled = 1; /* back to the pool; the next claim sets every field again */
+        sb->lease_ends_ms = now_ms_wall() + 10LL * 365 * 86400 * 1000;
         sink_fail(s, &err);
         return 1;
     }
     sandbox_claimed(sb);
+    /* Its cgroup counted its boot and its wait in the pool: the user's CPU is measured from
+     * the first reading after the claim (that first slice is billed at the floor). */
+    sb->meter_cpu_known = 0;
     if (d->pool_retry_ms < now_ms_monotonic() + REFILL_QUIET_MS)
         d->pool_retry_ms = now_ms_monotonic() + REFILL_QUIET_MS;
     log_info(sb->id, "pool.claimed", "key=%s", sb->key_id[0] ? sb->key_id : "-");
