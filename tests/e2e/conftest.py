@@ -246,6 +246,23 @@ class Daemon:
         return out
 
 
+class OwnStateDaemon(Daemon):
+    """A daemon with a state directory of its own, next to the session's, that shares the
+    session's built image (through an `images` symlink)."""
+
+    prefix = "wr-own-"
+
+    def __init__(self, session):
+        parent = os.path.dirname(os.path.abspath(session.state_dir))
+        state = tempfile.mkdtemp(prefix=self.prefix, dir=parent)
+        os.symlink(os.path.join(os.path.abspath(session.state_dir), "images"),
+                   os.path.join(state, "images"))
+        super().__init__(state_dir=state)
+
+    def build_image(self):
+        pass  # the session's, through the symlink
+
+
 _DAEMON = None
 
 # port -> the key of the daemon listening there (for tests that write requests by hand)

@@ -4,7 +4,6 @@ import os
 import resource
 import shutil
 import socket
-import tempfile
 import time
 
 import pytest
@@ -64,18 +63,10 @@ def test_idle_and_slow_connections_do_not_starve_others(daemon, client, make_san
 IDLE_TIMEOUT = 2
 
 
-class ShortIdleDaemon(conftest.Daemon):
+class ShortIdleDaemon(conftest.OwnStateDaemon):
     """A daemon of its own (sharing the session's image) with a short --idle-timeout."""
 
-    def __init__(self, session):
-        parent = os.path.dirname(os.path.abspath(session.state_dir))
-        state = tempfile.mkdtemp(prefix="wr-idle-", dir=parent)
-        os.symlink(os.path.join(os.path.abspath(session.state_dir), "images"),
-                   os.path.join(state, "images"))
-        super().__init__(state_dir=state)
-
-    def build_image(self):
-        pass  # the session's, through the symlink
+    prefix = "wr-idle-"
 
     def serve_argv(self):
         return super().serve_argv() + ["--idle-timeout", str(IDLE_TIMEOUT)]

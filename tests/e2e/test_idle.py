@@ -11,7 +11,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import time
 
 import pytest
@@ -25,19 +24,11 @@ FREEZER = "/sys/fs/cgroup/freezer/withruntime"
 T = 60  # seconds: the longest any wait here may take
 
 
-class FreezingDaemon(conftest.Daemon):
+class FreezingDaemon(conftest.OwnStateDaemon):
     """A gVisor daemon with a state directory of its own (sharing the session's image) that
     freezes sandboxes idle for FREEZE_AFTER seconds."""
 
-    def __init__(self, session):
-        parent = os.path.dirname(os.path.abspath(session.state_dir))
-        state = tempfile.mkdtemp(prefix="wr-freeze-", dir=parent)
-        os.symlink(os.path.join(os.path.abspath(session.state_dir), "images"),
-                   os.path.join(state, "images"))
-        super().__init__(state_dir=state)
-
-    def build_image(self):
-        pass  # the session's, through the symlink
+    prefix = "wr-freeze-"
 
     def serve_argv(self):
         return super().serve_argv() + ["--freeze-after", str(FREEZE_AFTER)]
