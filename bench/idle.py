@@ -44,6 +44,7 @@ log = base.log
 ROOT = base.ROOT
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 CPUACCT = "/sys/fs/cgroup/cpuacct/withruntime"
+MEMCG = "/sys/fs/cgroup/memory/withruntime"
 
 
 class IdleDaemon:
@@ -174,6 +175,61 @@ def host_busy():
     return sum(v) - idle, sum(v)
 
 
+def mem_available():
+    """The host's MemAvailable, bytes."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def cgroup_mem_bytes(ids):
+    """The sum of the sandboxes' memory cgroups' usage (their processes' memory plus the page
+    cache they brought in)."""
+    total = 0
+    for sid in ids:
+        try:
+            with open(f"{MEMCG}/{sid}/memory.usage_in_bytes") as f:
+                total += int(f.read())
+        except OSError:
+            pass
+    return total
+
+
+def pss_bytes(pids):
+    """The sum of the processes' proportional set sizes (shared pages split among sharers)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+        except OSError:
+            pass
+    return total
+
+
+def memory(ids, daemon_pid, mem_before):
+    """Density: host memory per idle sandbox, three ways."""
+    n = max(len(ids), 1)
+    used = mem_before - mem_available()
+    cg = cgroup_mem_bytes(ids)
+    rss = 0
+    try:
+        with open(f"/proc/{daemon_pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    rss = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return {"host_memavailable_drop_mib_per_sandbox": round(used / n / 2**20, 2),
+            "cgroup_usage_mib_per_sandbox": round(cg / n / 2**20, 2),
+            "daemon_rss_mib": round(rss / 2**20, 1)}
+
+
 def cpu_window(d, ids, seconds):
     """CPU over a window: the idle sandboxes' cgroups, the daemon, the host; % of one core."""
     c0, d0, (b0, t0) = cgroup_cpu_ns(ids), d.cpu_seconds(), host_busy()
@@ -226,6 +282,7 @@ def run_mode(args, freeze_after, counts):
     try:
         d.start()
         active = d.create()
+        mem_before = mem_available()
         out["exec_empty_host"] = exec_latency(d, active, args.exec_n)
         log(f"freeze-after {freeze_after}: exec on an empty host "
             f"p50 {out['exec_empty_host']['p50_ms']} ms")
@@ -237,10 +294,11 @@ def run_mode(args, freeze_after, counts):
                 f"({time.monotonic() - t:.0f} s)")
             frozen = settle(d, set(idle), freeze_after > 0, timeout=120)
             cpu = cpu_window(d, idle, args.window)
+            mem = memory(idle, d.proc.pid, mem_before)
             frozen_after = settle(d, set(idle), freeze_after > 0, timeout=0)
             lat = exec_latency(d, active, args.exec_n)
             out["by_count"][str(n)] = {"frozen_before": frozen, "frozen_after": frozen_after,
-                                       "cpu": cpu, "exec_beside": lat,
+                                       "cpu": cpu, "memory": mem, "exec_beside": lat,
                                        "exec_p50_ratio_to_empty": ratio(
                                            lat["p50_ms"], out["exec_empty_host"]["p50_ms"]),
                                        "exec_p99_ratio_to_empty": ratio(
@@ -248,7 +306,9 @@ def run_mode(args, freeze_after, counts):
             log(f"freeze-after {freeze_after}: {n} idle ({frozen} frozen): sandboxes "
                 f"{cpu['sandboxes_pct_of_core']} % of a core, daemon "
                 f"{cpu['daemon_pct_of_core']} %; exec beside p50 {lat['p50_ms']} ms "
-                f"p99 {lat['p99_ms']} ms")
+                f"p99 {lat['p99_ms']} ms; memory per sandbox "
+                f"{mem['cgroup_usage_mib_per_sandbox']} MiB (cgroups), "
+                f"{mem['host_memavailable_drop_mib_per_sandbox']} MiB (host)")
     finally:
         ids = list(d.live)
         lock = threading.Lock()
@@ -266,31 +326,79 @@ def run_mode(args, freeze_after, counts):
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--image-state-dir", default="/var/lib/withruntime",
-                    help="a state directory with the built image (withruntime image build)")
-    ap.add_argument("--bin", default=os.path.join(ROOT, "build/withruntime"))
-    ap.add_argument("--agent", default=os.path.join(ROOT, "build/withruntime-agent"))
-    ap.add_argument("--counts", default="20,50,200",
-                    help="idle sandbox counts, ascending (default 20,50,200)")
-    ap.add_argument("--awake-max", type=int, default=50,
-                    help="the awake baseline's largest count (default 50)")
-    ap.add_argument("--window", type=float, default=10.0, help="CPU window, s (default 10)")
-    ap.add_argument("--exec-n", type=int, default=50, help="execs per latency (default 50)")
-    ap.add_argument("--memory-mib", type=int, default=128)
-    ap.add_argument("--out", default=os.path.join(ROOT, "bench/results"))
-    args = ap.parse_args()
-    args.counts = sorted(int(x) for x in args.counts.split(","))
-    if os.geteuid() != 0:
-        raise SystemExit("bench: run as root (runsc and the daemon need it)")
-    if not os.path.isdir(os.path.join(args.image_state_dir, "images", "default")):
-        raise SystemExit(f"bench: no built image in {args.image_state_dir} "
-                         "(run withruntime --state-dir DIR image build)")
-    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+def tree_pids(marker):
+    """The processes whose command line holds marker, and all their descendants."""
+    parent, match = {}, set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                parent[int(name)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                if marker in f.read():
+                    match.add(int(name))
+        except (OSError, ValueError, IndexError):
+            pass
+    grew = True
+    while grew:
+        grew = False
+        for pid, pp in parent.items():
+            if pp in match and pid not in match:
+                match.add(pid)
+                grew = True
+    return match
+
+
+def pids_cpu_seconds(pids):
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / CLK_TCK
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
+
+
+def raw_runsc_idle(rootfs, n, window, platform="systrap"):
+    """The baseline: n raw `runsc run -detach sleep` containers of the same rootfs (no daemon,
+    no agent, no freezing): their CPU over the window and their memory (PSS)."""
+    import restore  # noqa: E402 - bench/restore.py: runsc with a bundle of its own
+    workdir = tempfile.mkdtemp(prefix="wr-bench-rawidle-")
+    raw = restore.Raw(rootfs, platform, workdir)
+    try:
+        mem_before = mem_available()
+        in_batches(n, lambda: raw.run_detached(f"wridle-{os.getpid()}-{time.monotonic_ns()}"),
+                   width=4)
+        time.sleep(5)
+        pids = tree_pids(f"--root={raw.root}".encode())
+        c0, w0 = pids_cpu_seconds(pids), time.monotonic()
+        time.sleep(window)
+        c1, wall = pids_cpu_seconds(pids), time.monotonic() - w0
+        pct = (c1 - c0) / wall * 100
+        out = {"n": n, "window_s": round(wall, 2), "processes": len(pids),
+               "together_pct_of_core": round(pct, 2),
+               "per_sandbox_pct_of_core": round(pct / n, 3),
+               "pss_mib_per_sandbox": round(pss_bytes(pids) / n / 2**20, 2),
+               "host_memavailable_drop_mib_per_sandbox":
+                   round((mem_before - mem_available()) / n / 2**20, 2)}
+        log(f"raw runsc: {n} idle `sleep` containers: {out['together_pct_of_core']} % of a core, "
+            f"{out['pss_mib_per_sandbox']} MiB PSS each")
+        return out
+    finally:
+        raw.cleanup()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def measure(args):
+    """Both daemons and the raw runsc baseline; returns the results (bench/run.py's `idle`)."""
     frozen = run_mode(args, 1, args.counts)
     awake = run_mode(args, 0, [n for n in args.counts if n <= args.awake_max])
+    raw = None
+    if args.rootfs:
+        raw = raw_runsc_idle(args.rootfs, min(args.counts), args.window)
     summary = {}
     for n in args.counts:
         f = frozen["by_count"][str(n)]
@@ -301,25 +409,62 @@ def main():
             "awake_per_sandbox_x_n_pct_of_core": round(
                 awake["by_count"][str(max(int(k) for k in awake["by_count"]))]["cpu"]
                 ["per_sandbox_pct_of_core"] * n, 2) if awake["by_count"] else None,
+            "raw_runsc_per_sandbox_x_n_pct_of_core":
+                round(raw["per_sandbox_pct_of_core"] * n, 2) if raw else None,
             "exec_p50_ratio_frozen_neighbours": f["exec_p50_ratio_to_empty"],
             "exec_p99_ratio_frozen_neighbours": f["exec_p99_ratio_to_empty"],
             "exec_p50_ratio_awake_neighbours": a["exec_p50_ratio_to_empty"] if a else None,
             "exec_p99_ratio_awake_neighbours": a["exec_p99_ratio_to_empty"] if a else None,
+            "memory_mib_per_sandbox_frozen": f["memory"]["cgroup_usage_mib_per_sandbox"],
+            "memory_mib_per_sandbox_awake":
+                a["memory"]["cgroup_usage_mib_per_sandbox"] if a else None,
             "target_cpu_under_5pct": f["cpu"]["together_pct_of_core"] < 5.0,
             "target_exec_within_1_5x": (f["exec_p50_ratio_to_empty"] or 99) <= 1.5,
         }
-    res = {
-        "started_at": started,
-        "commit": base.git_commit(),
-        "machine": base.machine_info("systrap"),
-        "config": {"counts": args.counts, "awake_max": args.awake_max, "window_s": args.window,
-                   "exec_n": args.exec_n, "memory_mib": args.memory_mib},
-        "frozen": frozen,
-        "awake": awake,
-        "summary": summary,
-    }
+    with open("/proc/meminfo") as f:
+        ram_mib = int(f.readline().split()[1]) // 1024  # MemTotal
+    return {"host_ram_mib": ram_mib, "config": {"counts": args.counts, "awake_max": args.awake_max,
+                       "window_s": args.window, "exec_n": args.exec_n,
+                       "memory_mib": args.memory_mib},
+            "frozen": frozen, "awake": awake, "raw_runsc": raw, "summary": summary}
+
+
+def add_args(ap, prefix=""):
+    """The idle bench's knobs (bench/run.py adds them with prefix "idle-")."""
+    ap.add_argument(f"--{prefix}counts", default="20,50,200",
+                    help="idle sandbox counts, ascending (default 20,50,200)")
+    ap.add_argument(f"--{prefix}awake-max", type=int, default=50,
+                    help="the awake baseline's largest count (default 50)")
+    ap.add_argument(f"--{prefix}window", type=float, default=10.0,
+                    help="CPU window, s (default 10)")
+    ap.add_argument(f"--{prefix}exec-n", type=int, default=50,
+                    help="execs per latency (default 50)")
+    ap.add_argument(f"--{prefix}memory-mib", type=int, default=128,
+                    help="idle sandboxes' memory_mib (default 128)")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--image-state-dir", default="/var/lib/withruntime",
+                    help="a state directory with the built image (withruntime image build)")
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build/withruntime"))
+    ap.add_argument("--agent", default=os.path.join(ROOT, "build/withruntime-agent"))
+    add_args(ap)
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench/results"))
+    args = ap.parse_args()
+    args.counts = sorted(int(x) for x in args.counts.split(","))
+    if os.geteuid() != 0:
+        raise SystemExit("bench: run as root (runsc and the daemon need it)")
+    if not os.path.isdir(os.path.join(args.image_state_dir, "images", "default")):
+        raise SystemExit(f"bench: no built image in {args.image_state_dir} "
+                         "(run withruntime --state-dir DIR image build)")
+    args.rootfs = base.find_rootfs(args.image_state_dir)
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    res = dict({"started_at": started, "commit": base.git_commit(),
+                "machine": base.machine_info("systrap")}, **measure(args))
     path = base.write_json(args.out, "idle.json", res)
-    print(json.dumps(summary, indent=2))
+    print(json.dumps(res["summary"], indent=2))
     print(f"wrote {path}")
 
 

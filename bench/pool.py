@@ -120,6 +120,44 @@ def burst(d, k, warm):
                 exec_burst_on_running=base.stats_ms(floor))
 
 
+def measure(args, images, rootfs, workdir):
+    """Cold and warm, single and burst, beside raw runsc; returns {results, ratios}
+    (bench/run.py's `pool`). args: bin, agent, n, burst, platform."""
+    raw = base.Bench(None, rootfs, argparse.Namespace(platform=args.platform), workdir)
+    base.log(f"raw runsc run /bin/true, {args.n} one at a time")
+    runsc = base.stats_ms([raw.runsc_run(i) for i in range(args.n)])
+    with PoolDaemon(args, images, 0) as cold_d:
+        base.log("cold creates (--pool 0)")
+        cold_d.create_first_exec()  # warm-up of the host's caches, not counted
+        cold_d.delete([s["id"] for s in cold_d.api.call("GET", "/v1/sandboxes")["sandboxes"]])
+        cold = singles(cold_d, args.n, False)
+        base.log(f"cold burst of {args.burst}")
+        cold_burst = burst(cold_d, args.burst, False)
+    with PoolDaemon(args, images, args.burst) as warm_d:
+        base.log(f"warm creates (--pool {args.burst})")
+        warm = singles(warm_d, args.n, True)
+        base.log(f"warm burst of {args.burst}")
+        warm_burst = burst(warm_d, args.burst, True)
+    return {
+        "config": {"n": args.n, "burst": args.burst},
+        "results": {
+            "runsc_run_true": runsc,
+            "cold_single": cold, "warm_single": warm,
+            "cold_burst": cold_burst, "warm_burst": warm_burst,
+        },
+        "ratios": {
+            "warm_single_p50_over_cold_p50": base.ratio(warm["p50_ms"], cold["p50_ms"]),
+            "warm_single_p50_over_runsc_p50": base.ratio(warm["p50_ms"], runsc["p50_ms"]),
+            "warm_burst_p99_over_warm_single_p50":
+                base.ratio(warm_burst["p99_ms"], warm["p50_ms"]),
+            "cold_burst_p99_over_cold_single_p50":
+                base.ratio(cold_burst["p99_ms"], cold["p50_ms"]),
+            "warm_burst_p99_over_exec_burst_p99 (the host's floor)":
+                base.ratio(warm_burst["p99_ms"], warm_burst["exec_burst_on_running"]["p99_ms"]),
+        },
+    }
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -141,41 +179,9 @@ def main():
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     workdir = tempfile.mkdtemp(prefix="wr-bench-pool-")
     try:
-        raw = base.Bench(None, rootfs, argparse.Namespace(platform=args.platform), workdir)
-        base.log(f"raw runsc run /bin/true, {args.n} one at a time")
-        runsc = base.stats_ms([raw.runsc_run(i) for i in range(args.n)])
-        with PoolDaemon(args, images, 0) as cold_d:
-            base.log("cold creates (--pool 0)")
-            cold_d.create_first_exec()  # warm-up of the host's caches, not counted
-            cold_d.delete([s["id"] for s in cold_d.api.call("GET", "/v1/sandboxes")["sandboxes"]])
-            cold = singles(cold_d, args.n, False)
-            cold_burst = burst(cold_d, args.burst, False)
-        with PoolDaemon(args, images, args.burst) as warm_d:
-            base.log(f"warm creates (--pool {args.burst})")
-            warm = singles(warm_d, args.n, True)
-            warm_burst = burst(warm_d, args.burst, True)
-        res = {
-            "started_at": started,
-            "commit": base.git_commit(),
-            "machine": base.machine_info(args.platform),
-            "config": {"n": args.n, "burst": args.burst, "rootfs": rootfs},
-            "results": {
-                "runsc_run_true": runsc,
-                "cold_single": cold, "warm_single": warm,
-                f"cold_burst_{args.burst}": cold_burst, f"warm_burst_{args.burst}": warm_burst,
-            },
-            "ratios": {
-                "warm_single_p50_over_cold_p50": base.ratio(warm["p50_ms"], cold["p50_ms"]),
-                "warm_single_p50_over_runsc_p50": base.ratio(warm["p50_ms"], runsc["p50_ms"]),
-                "warm_burst_p99_over_warm_single_p50":
-                    base.ratio(warm_burst["p99_ms"], warm["p50_ms"]),
-                "cold_burst_p99_over_cold_single_p50":
-                    base.ratio(cold_burst["p99_ms"], cold["p50_ms"]),
-                "warm_burst_p99_over_exec_burst_p99 (the host's floor)":
-                    base.ratio(warm_burst["p99_ms"],
-                               warm_burst["exec_burst_on_running"]["p99_ms"]),
-            },
-        }
+        res = dict({"started_at": started, "commit": base.git_commit(),
+                    "machine": base.machine_info(args.platform)},
+                   **measure(args, images, rootfs, workdir))
         path = base.write_json(args.out, "pool.json", res)
         for k, v in res["results"].items():
             line = f"{k:24s} p50 {v['p50_ms']:8.1f} ms   p99 {v['p99_ms']:8.1f} ms   (n={v['n']})"
@@ -184,7 +190,7 @@ def main():
                          f"{v['create_only']['p99_ms']:.1f} ms")
             if "exec_burst_on_running" in v:
                 e = v["exec_burst_on_running"]
-                line += f"   then {k.split('_')[-1]} execs at once p50 {e['p50_ms']:.1f} / p99 " \
+                line += f"   then {args.burst} execs at once p50 {e['p50_ms']:.1f} / p99 " \
                         f"{e['p99_ms']:.1f} ms"
             print(line)
         for k, v in res["ratios"].items():

@@ -41,6 +41,8 @@ import time
 import urllib.parse
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+PARTS = ("latency", "exec", "files", "pool", "idle", "restore")
 
 
 # ---------------------------------------------------------------- small helpers
@@ -645,7 +647,103 @@ def markdown(res):
         if "withruntime_curl" in f["read"]:
             lines.append(f"| read, curl to /dev/null | {f['read']['withruntime_curl']} | "
                          f"{f['read']['sandbox_dd_page_cache']} | {f['read']['ratio_curl']:.2f} |")
+    lines += markdown_pool(r.get("pool")) + markdown_idle(r.get("idle")) + \
+        markdown_restore(r.get("restore"))
     return "\n".join(lines)
+
+
+def p50_99(s):
+    return f"{s['p50_ms']:.1f} / {s['p99_ms']:.1f}"
+
+
+def markdown_pool(p):
+    if not p:
+        return []
+    r, k = p["results"], p["config"]["burst"]
+    cb, wb = r["cold_burst"], r["warm_burst"]
+    return [
+        "",
+        f"| create → first exec of the default shape, ms (p50 / p99) | `--pool 0` (cold) | "
+        f"`--pool {k}` (warm) | raw `runsc run /bin/true` | cold ÷ warm, p50 |",
+        "|---|---|---|---|---|",
+        f"| one at a time (n={r['warm_single']['n']}) | {p50_99(r['cold_single'])} | "
+        f"{p50_99(r['warm_single'])} (the create alone: "
+        f"{p50_99(r['warm_single']['create_only'])}) | {p50_99(r['runsc_run_true'])} | "
+        f"{ratio(r['cold_single']['p50_ms'], r['warm_single']['p50_ms'])} |",
+        f"| {k} at once | {p50_99(cb)} | {p50_99(wb)} (creates alone: "
+        f"{p50_99(wb['create_only'])}) | — | — |",
+        f"| then {k} `exec true` at once on those running sandboxes (the host's floor for a "
+        f"burst) | {p50_99(cb['exec_burst_on_running'])} | "
+        f"{p50_99(wb['exec_burst_on_running'])} | — | — |",
+        "",
+        f"Warm burst p99 ÷ one warm create p50: {ratio(wb['p99_ms'], r['warm_single']['p50_ms'])};"
+        f" ÷ the host's floor (p99 of {k} execs at once): "
+        f"{ratio(wb['p99_ms'], wb['exec_burst_on_running']['p99_ms'])}.",
+    ]
+
+
+def markdown_idle(d):
+    if not d:
+        return []
+    fz, aw, raw = d["frozen"], d["awake"], d.get("raw_runsc")
+    lines = [
+        "",
+        f"| idle sandboxes ({d['config']['memory_mib']} MiB, 1 vCPU) | CPU, frozen (sandboxes + "
+        "daemon), % of a core | CPU, awake | exec p50 / p99 beside them ÷ empty host, frozen | "
+        "awake | memory per sandbox, frozen / awake (cgroup), MiB |",
+        "|---|---|---|---|---|---|",
+    ]
+    for n, s in d["summary"].items():
+        f = fz["by_count"][n]
+        a = aw["by_count"].get(n)
+        awake_cpu = (f"{a['cpu']['together_pct_of_core']}" if a else
+                     f"(≈{s['awake_per_sandbox_x_n_pct_of_core']}, not run: per sandbox × {n})")
+        lines.append(
+            f"| {n} | {f['cpu']['together_pct_of_core']} (sandboxes "
+            f"{f['cpu']['sandboxes_pct_of_core']}) | {awake_cpu} | "
+            f"{f['exec_p50_ratio_to_empty']}× / {f['exec_p99_ratio_to_empty']}× | "
+            + (f"{a['exec_p50_ratio_to_empty']}× / {a['exec_p99_ratio_to_empty']}×" if a else "—")
+            + f" | {f['memory']['cgroup_usage_mib_per_sandbox']} / "
+            + (f"{a['memory']['cgroup_usage_mib_per_sandbox']}" if a else "—") + " |")
+    if raw:
+        lines.append(f"| raw `runsc run sleep`, {raw['n']} (no daemon) | — | "
+                     f"{raw['together_pct_of_core']} | — | — | — / {raw['pss_mib_per_sandbox']} "
+                     "(PSS) |")
+    top = max(fz["by_count"], key=int)
+    per = fz["by_count"][top]["memory"]["cgroup_usage_mib_per_sandbox"]
+    ram = d.get("host_ram_mib")
+    if per and ram:
+        lines += ["", f"Density: {top} frozen sandboxes took {per} MiB each (their cgroups; "
+                  f"the host's MemAvailable fell by "
+                  f"{fz['by_count'][top]['memory']['host_memavailable_drop_mib_per_sandbox']} MiB "
+                  f"each, other work included), so this host's {ram / 1024:.1f} GiB would hold "
+                  f"about {int(ram / per)} idle sandboxes by memory alone; the daemon's RSS with "
+                  f"them was {fz['by_count'][top]['memory']['daemon_rss_mib']} MiB."]
+    e = fz.get("exec_empty_host")
+    if e:
+        lines += ["", f"Exec `true` on an empty host (the frozen daemon's own): "
+                  f"{p50_99(e)} ms p50 / p99. Host busy during the largest frozen window: "
+                  f"{fz['by_count'][max(fz['by_count'], key=int)]['cpu']['host_busy_pct_of_core']}"
+                  " % of a core (everything on the machine)."]
+    return lines
+
+
+def markdown_restore(x):
+    if not x:
+        return []
+    return [
+        "",
+        "| start a sandbox (raw runsc, `sleep` as init), ms (p50 / p99) | to detached | then "
+        "`runsc exec /bin/true` |",
+        "|---|---|---|",
+        f"| boot: `runsc run -detach` | {p50_99(x['boot_run_detach'])} | "
+        f"{p50_99(x['boot_then_exec'])} |",
+        f"| restore: `runsc restore -detach` of a checkpoint ({x['checkpoint_image_bytes']} "
+        f"bytes, taken in {x['checkpoint_s']} s) | {p50_99(x['restore_detach'])} | "
+        f"{p50_99(x['restore_then_exec'])} |",
+        "",
+        f"Restore ÷ boot, p50: {x['restore_p50_over_boot_p50']}.",
+    ]
 
 
 def chart(res, path):
@@ -748,9 +846,18 @@ def main():
     ap.add_argument("--memory-mib", type=int, default=512)
     ap.add_argument("--platform", default="systrap", help="runsc platform for the baseline")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results"))
-    ap.add_argument("--only", default="latency,exec,files",
-                    help="comma-separated parts to run: latency, exec, files (default: all)")
+    ap.add_argument("--pool-n", type=int, default=20,
+                    help="pool: single creates of each kind (default 20); bursts are --parallel")
+    ap.add_argument("--restore-n", type=int, default=10,
+                    help="restore: boots and restores of each (default 10)")
+    import idle  # noqa: E402 - bench/idle.py (imports this module)
+    idle.add_args(ap, "idle-")
+    ap.add_argument("--only", default=",".join(PARTS),
+                    help=f"comma-separated parts to run: {', '.join(PARTS)} (default: all)")
     args = ap.parse_args()
+    parts = set(args.only.split(","))
+    if parts - set(PARTS):
+        ap.error(f"--only: unknown part(s) {', '.join(sorted(parts - set(PARTS)))}")
 
     if os.geteuid() != 0:
         raise SystemExit("bench: run as root (runsc and the daemon need it)")
@@ -779,7 +886,6 @@ def main():
         api = Api(url, daemon.key if daemon else os.environ.get("RUNTIME_API_KEY"))
         bench = Bench(api, rootfs, args, workdir)
 
-        parts = set(args.only.split(","))
         results = {}
         if "latency" in parts:
             results["create_to_first_exec"] = measure_latency(bench, args.n, args.parallel)
@@ -788,12 +894,36 @@ def main():
         if "files" in parts:
             results["files_throughput_mib_s"] = measure_files(bench, args.file_mib,
                                                               args.file_reps)
+        health = api.json("GET", "/v1/health")
+        # The parts below start daemons of their own (or none): ours goes quiet first.
+        bench.cleanup()
+        bench = None
+        if daemon:
+            daemon.stop()
+        images = os.path.realpath(os.path.join(state_dir, "images"))
+        if "pool" in parts:
+            import pool  # noqa: E402 - bench/pool.py
+            results["pool"] = pool.measure(
+                argparse.Namespace(bin=args.bin, agent=args.agent, n=args.pool_n,
+                                   burst=args.parallel, platform=args.platform),
+                images, rootfs, tempfile.mkdtemp(dir=workdir))
+        if "idle" in parts:
+            results["idle"] = idle.measure(argparse.Namespace(
+                bin=args.bin, agent=args.agent, image_state_dir=state_dir, rootfs=rootfs,
+                counts=sorted(int(x) for x in args.idle_counts.split(",")),
+                awake_max=args.idle_awake_max, window=args.idle_window,
+                exec_n=args.idle_exec_n, memory_mib=args.idle_memory_mib))
+        if "restore" in parts:
+            import restore  # noqa: E402 - bench/restore.py
+            log(f"runsc checkpoint/restore against run, {args.restore_n} each")
+            results["restore"] = restore.measure(rootfs, args.platform, args.restore_n,
+                                                 tempfile.mkdtemp(dir=workdir))
         res = {
             "started_at": started,
             "commit": git_commit(),
             "machine": machine_info(args.platform),
             "daemon": {"url": url, "started_here": daemon is not None,
-                       "health": api.json("GET", "/v1/health")},
+                       "health": health},
             "config": {"n": args.n, "parallel": args.parallel, "exec_n": args.exec_n,
                        "file_mib": args.file_mib, "file_reps": args.file_reps,
                        "only": args.only,

@@ -194,8 +194,6 @@ def test_stats_of_a_frozen_sandbox_leave_it_frozen(c):
     sid = create(c)
     wait_frozen(c, sid)
     r = c.request("GET", f"/v1/sandboxes/{sid}/stats")
-    if r.status == 404:
-        pytest.skip("no stats route")
     assert r.status == 200, r
     # reading the host's counters needs no agent: still frozen, and it costs no CPU meanwhile
     assert c.get(sid)["frozen"] is True
@@ -259,5 +257,50 @@ def test_a_restart_stops_frozen_sandboxes_cleanly(daemon):
         sb = d.client.get(sid)
         assert sb["state"] == "stopped" and sb["state_reason"] == "daemon_shutdown", sb
         d.client.delete(sid)
+    finally:
+        finish(d)
+
+
+def test_a_frozen_hour_is_billed_for_its_memory_only(daemon):
+    """Metering treats frozen time as costing no CPU: the meter's clock (`serve --meter-clock`,
+    moved by the test) passes an hour while the sandbox is frozen; the charge is that hour's
+    memory plus the CPU its cgroup measured (its boot), without the 2.5 %-per-vCPU floor an
+    awake hour pays (test_money: an idle awake hour of 2 vCPU / 4 GiB is 31,250)."""
+    hour = 3600 * 1000
+    base = 1_780_272_000_000  # 2026-06-01T00:00:00Z, far from the real clock's day
+    d = FreezingDaemon(daemon)
+    clock = os.path.join(d.state_dir, "meter-clock")
+
+    def set_clock(ms):
+        with open(clock + ".tmp", "w") as f:
+            f.write(f"{ms}\n")
+        os.rename(clock + ".tmp", clock)
+
+    set_clock(base)
+    argv = d.serve_argv
+    d.serve_argv = lambda: argv() + ["--meter-clock", clock]
+    d.start()
+    try:
+        c = d.client
+        sid = create(c, cpus=2, memory_mib=4096)
+        wait_frozen(c, sid)
+        set_clock(base + hour)
+        deadline = time.monotonic() + T
+        while True:  # the meter charges the hour on its next pass (~1 s)
+            r = c.request("GET", "/v1/usage", query={"from": "2026-06-01", "to": "2026-06-02"})
+            assert r.status == 200, r
+            rows = [row for row in r.json()["rows"] if row["sandbox_id"] == sid]
+            if rows and rows[0]["memory_mib_ms"] >= 4096 * hour:
+                break
+            assert time.monotonic() < deadline, f"the hour was never charged: {r.json()}"
+            time.sleep(0.2)
+        assert c.get(sid)["frozen"] is True, "still asleep: nothing but the meter ran"
+        row = rows[0]
+        assert row["memory_mib_ms"] == 4096 * hour, row
+        floor_usec = 2 * hour * 1000 * 25 // 1000  # what an awake hour pays at least
+        assert row["cpu_usec"] < floor_usec // 10, row  # its boot, measured: a second or so
+        price = row["cpu_usec"] * 25000 // 3_600_000_000 + 4096 * hour * 7500 // (1024 * 3_600_000)
+        assert row["cost_micros"] == price and 30_000 <= price < 31_250, row
+        c.delete(sid)
     finally:
         finish(d)
