@@ -14,6 +14,7 @@
 #include "common/util.h"
 #include "daemon/daemon.h"
 #include "daemon/keys.h"
+#include "daemon/metrics.h"
 #include "daemon/sandbox.h"
 #include "daemon/service.h"
 
@@ -57,6 +58,7 @@ enum {
     H_KEY_REVOKE,
     H_AUDIT,
     H_USAGE,
+    H_METRICS,
 };
 
 static const handler_fn handlers[] = {
@@ -97,10 +99,12 @@ static const handler_fn handlers[] = {
     [H_KEY_REVOKE] = api_keys_revoke,
     [H_AUDIT] = api_audit_list,
     [H_USAGE] = api_usage,
+    [H_METRICS] = api_metrics,
 };
 
-/* Who may call a route: anyone let in (reads), a key that is not read-only, or the admin. */
-enum access { A_READ, A_WRITE, A_ADMIN };
+/* Who may call a route: anyone let in (reads), a key that is not read-only, the admin, or (for
+ * /metrics) the admin or a metrics key. */
+enum access { A_READ, A_WRITE, A_ADMIN, A_METRICS };
 
 static enum access access_of(int handler, const char *method)
 {
@@ -115,6 +119,7 @@ static enum access access_of(int handler, const char *method)
     case H_KEY_UPDATE:
     case H_KEY_REVOKE:
     case H_AUDIT: return A_ADMIN;
+    case H_METRICS: return A_METRICS;
     default: return strcmp(method, "GET") == 0 ? A_READ : A_WRITE;
     }
 }
@@ -125,10 +130,13 @@ struct api_call {
     int let_in;         /* the door let it in */
     const char *method; /* static strings */
     const char *route;  /* the matched route's pattern; NULL if none matched */
+    int handler;        /* the matched route's; -1 if none */
+    uint64_t start_us;  /* monotonic: when it came in */
     char sandbox_id[40];
 };
 
 static const struct route routes[] = {
+    {"GET", "/metrics", H_METRICS, NULL},
     {"GET", "/v1/health", H_HEALTH, NULL},
     {"GET", "/v1/images", H_IMAGES, NULL},
     {"POST", "/v1/keys", H_KEYS_CREATE, NULL},
@@ -181,6 +189,18 @@ static const char *pattern_of(int handler)
 static int route_allows(struct http_req *req, const struct api_call *c, int handler)
 {
     enum access a = access_of(handler, c->method);
+    if (c->who.metrics_only && a != A_METRICS) {
+        http_reply_error(req, 403, "forbidden",
+                         "key %s is a metrics key: it may GET /metrics and nothing else",
+                         c->who.key_id);
+        return -1;
+    }
+    if (a == A_METRICS && !c->who.admin && !c->who.metrics_only) {
+        http_reply_error(req, 403, "forbidden",
+                         "GET /metrics is the admin's or a metrics key's (`withruntime keys create "
+                         "NAME --metrics`)");
+        return -1;
+    }
     if (a == A_ADMIN && !c->who.admin) {
         http_reply_error(req, 403, "forbidden",
                          "%s %s is the admin's (root on the daemon's Unix socket, without a key)",
@@ -208,6 +228,8 @@ void api_handle(struct http_req *req, void *ctx)
     const char *path = http_req_path(req);
     struct api_call *c = xcalloc(1, sizeof(*c));
     c->method = method;
+    c->handler = -1;
+    c->start_us = now_us_monotonic();
     http_req_set_data(req, c, free);
     if (d->shutting_down) {
         http_reply_error(req, 503, "unavailable", "the daemon is shutting down");
@@ -229,6 +251,7 @@ void api_handle(struct http_req *req, void *ctx)
     switch (route_find(routes, WR_ARRAY_LEN(routes), method, path, &m)) {
     case ROUTE_OK: {
         c->route = pattern_of(m.handler);
+        c->handler = m.handler;
         /* The audit names a sandbox only by a well-formed id. */
         if (c->route && strncmp(c->route, "/v1/sandboxes/{id}", 18) == 0 &&
             sandbox_id_valid(m.params[0]))
@@ -273,6 +296,14 @@ void api_req_note_sandbox(struct http_req *req, const char *id)
 void api_reply_hook(struct http_req *req, int status, void *ctx)
 {
     const struct api_call *c = http_req_data(req);
+    if (c && c->let_in && c->handler == H_SB_CREATE) {
+        if (status == 201) {
+            metrics_add(MC_CREATES_OK, 1);
+            metrics_observe_us(MH_CREATE, now_us_monotonic() - c->start_us);
+        } else {
+            metrics_add(status >= 500 ? MC_CREATES_FAILED : MC_CREATES_REFUSED, 1);
+        }
+    }
     if (!c || !c->let_in || !c->route || !strcmp(c->method, "GET") || !strcmp(c->method, "HEAD"))
         return;
     svc_audit_record(ctx, &c->who, c->method, c->route, c->sandbox_id, status);

@@ -103,5 +103,6 @@ void api_keys_update(struct daemon *d, struct http_req *req, struct route_match 
 void api_keys_revoke(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_audit_list(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_usage(struct daemon *d, struct http_req *req, struct route_match *m);
+void api_metrics(struct daemon *d, struct http_req *req, struct route_match *m);
 
 #endif

@@ -278,6 +278,7 @@ int door_check(struct daemon *d, struct http_req *req, struct principal *who)
         return -1;
     }
     who->read_only = key->read_only;
+    who->metrics_only = key->metrics;
     snprintf(who->key_id, sizeof(who->key_id), "%s", key->id);
     snprintf(who->owner_id, sizeof(who->owner_id), "%s", key->owner_id);
     return 0;

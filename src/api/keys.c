@@ -30,7 +30,7 @@ static int limit_field(json_t *o, const char *name, long long max, int *has, lon
 static int key_opts_parse(json_t *o, int create, struct key_opts *k, struct wr_err *err)
 {
     static const char *const create_fields[] = {
-        "name", "owner_id", "read_only", "daily_limit_micros", "max_sandboxes", NULL};
+        "name", "owner_id", "read_only", "metrics", "daily_limit_micros", "max_sandboxes", NULL};
     static const char *const update_fields[] = {"read_only", "daily_limit_micros", "max_sandboxes",
                                                 NULL};
     long long limit = -1, maxsb = -1;
@@ -39,6 +39,7 @@ static int key_opts_parse(json_t *o, int create, struct key_opts *k, struct wr_e
         (create && jv_string(o, "name", 64, &k->name, err) < 0) ||
         (create && jv_string(o, "owner_id", 31, &k->owner_id, err) < 0) ||
         jv_bool(o, "read_only", 0, &k->read_only, err) < 0 ||
+        (create && jv_bool(o, "metrics", 0, &k->metrics, err) < 0) ||
         limit_field(o, "daily_limit_micros", DAILY_LIMIT_MAX, &k->has_daily_limit, &limit, err) <
             0 ||
         limit_field(o, "max_sandboxes", MAX_SANDBOXES_MAX, &k->has_max_sandboxes, &maxsb, err) < 0)

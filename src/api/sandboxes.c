@@ -2,12 +2,14 @@
  * /v1/sandboxes: create, list, get, delete, stop, start, timeout, events,
  * stats; and the small system routes (health, images).
  */
+#include <event2/buffer.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "api/api.h"
 #include "api/jsonv.h"
 #include "daemon/daemon.h"
+#include "daemon/metrics.h"
 #include "daemon/service.h"
 #include "net/netpolicy.h"
 
@@ -173,4 +175,14 @@ void api_health(struct daemon *d, struct http_req *req, struct route_match *m)
 void api_images_list(struct daemon *d, struct http_req *req, struct route_match *m)
 {
     svc_images(d, api_sink_new(req));
+}
+
+void api_metrics(struct daemon *d, struct http_req *req, struct route_match *m)
+{
+    (void)m;
+    struct evbuffer *out = evbuffer_new();
+    metrics_render(d, out);
+    size_t n = evbuffer_get_length(out);
+    http_reply(req, 200, "text/plain; version=0.0.4; charset=utf-8", evbuffer_pullup(out, -1), n);
+    evbuffer_free(out);
 }

@@ -26,6 +26,7 @@
 #include "daemon/agentconn.h"
 #include "daemon/idle.h"
 #include "daemon/keys.h"
+#include "daemon/metrics.h"
 #include "daemon/netlog.h"
 #include "daemon/pool.h"
 #include "daemon/sandbox.h"
@@ -102,6 +103,7 @@ static void gw_denied(void *ctx, const char *id, const char *via, const char *ho
 {
     struct sandbox *sb = id && id[0] ? sandbox_find(ctx, id) : NULL;
     int to_log = sb ? netlog_add(&sb->netlog, via, host, port, reason, now_ms_wall()) : 1;
+    metrics_denied(via, reason);
     if (to_log)
         log_info(sb ? sb->id : NULL, "network.denied", "via=%s host=\"%.256s\" port=%d reason=%s",
                  via, host ? host : "", port, reason ? reason : "");

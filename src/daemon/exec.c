@@ -20,6 +20,7 @@
 #include "daemon/command.h"
 #include "daemon/daemon.h"
 #include "daemon/meter.h"
+#include "daemon/metrics.h"
 #include "daemon/sandbox.h"
 #include "daemon/service.h"
 
@@ -236,6 +237,8 @@ static json_t *result_json(struct exec_op *op, int oom)
 
 static void finish_exit(struct exec_op *op, int oom)
 {
+    metrics_add(MC_EXECS, 1);
+    metrics_observe_us(MH_EXEC, (now_ms_monotonic() - op->start_ms) * 1000);
     log_info(op->sb->id, "exec.exit", "code=%d signal=%d timed_out=%d ms=%llu", op->exit_code,
              op->exit_signal, op->timed_out,
              (unsigned long long)(now_ms_monotonic() - op->start_ms));

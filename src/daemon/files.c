@@ -15,6 +15,7 @@
 #include "common/util.h"
 #include "daemon/agentconn.h"
 #include "daemon/daemon.h"
+#include "daemon/metrics.h"
 #include "daemon/sandbox.h"
 #include "daemon/service.h"
 
@@ -372,8 +373,10 @@ static void on_frame(void *arg, const struct proto_header *h, const uint8_t *pay
             uint64_t room = op->length - op->bytes;
             size_t n = h->len < room ? h->len : (size_t)room;
             op->bytes += n;
-            if (n)
+            if (n) {
                 sink_write(op->sink, payload, n);
+                metrics_add(MC_FILES_READ_BYTES, n);
+            }
             if (op->bytes >= op->length)
                 read_done(op);
             else
@@ -518,6 +521,7 @@ static void upload_pump(void *arg)
         if (!n)
             break;
         op->sent += n;
+        metrics_add(MC_FILES_WRITE_BYTES, n);
         rc = agentconn_send_buffer(conn, op->id, PROTO_DATA, 0, piece);
         evbuffer_drain(piece, evbuffer_get_length(piece));
         if (rc < 0)

@@ -122,6 +122,7 @@ static int load_one(void *arg, const char *id, const char *doc)
     snprintf(key->name, sizeof(key->name), "%s", name);
     key->daily_limit_micros = json_is_integer(limit) ? json_integer_value(limit) : -1;
     key->max_sandboxes = json_is_integer(maxsb) ? (int)json_integer_value(maxsb) : -1;
+    key->metrics = json_is_true(json_object_get(o, "metrics")); /* absent in older rows */
     key->created_at = created;
     key->revoked_at = revoked;
     append(k, key);
@@ -275,6 +276,7 @@ const struct api_key *keys_create(struct keys *k, const struct key_opts *o,
     snprintf(key->owner_id, sizeof(key->owner_id), "%s", owner ? owner->id : key->id);
     snprintf(key->name, sizeof(key->name), "%s", o->name);
     key->read_only = o->has_read_only && o->read_only;
+    key->metrics = o->metrics;
     key->daily_limit_micros = o->has_daily_limit ? o->daily_limit_micros : -1;
     key->max_sandboxes = o->has_max_sandboxes ? o->max_sandboxes : -1;
     key->created_at = now_unix();
@@ -284,8 +286,8 @@ const struct api_key *keys_create(struct keys *k, const struct key_opts *o,
         return NULL;
     }
     append(k, key);
-    log_info(NULL, "keys.created", "key=%s name=\"%s\" read_only=%d", key->id, key->name,
-             key->read_only);
+    log_info(NULL, "keys.created", "key=%s name=\"%s\" read_only=%d metrics=%d", key->id, key->name,
+             key->read_only, key->metrics);
     return key;
 }
 
@@ -349,10 +351,10 @@ json_t *key_to_json(const struct api_key *k)
     format_rfc3339(k->revoked_at, revoked, sizeof(revoked));
     json_t *limit = k->daily_limit_micros >= 0 ? json_integer(k->daily_limit_micros) : json_null();
     json_t *maxsb = k->max_sandboxes >= 0 ? json_integer(k->max_sandboxes) : json_null();
-    return json_pack("{s:s, s:s, s:s, s:b, s:o, s:I, s:o, s:s, s:o}", "id", k->id, "owner_id",
-                     k->owner_id, "name", k->name, "read_only", k->read_only, "daily_limit_micros",
-                     limit, "spent_today_micros", (json_int_t)k->spent_micros, "max_sandboxes",
-                     maxsb, "created_at", created, "revoked_at",
+    return json_pack("{s:s, s:s, s:s, s:b, s:b, s:o, s:I, s:o, s:s, s:o}", "id", k->id, "owner_id",
+                     k->owner_id, "name", k->name, "read_only", k->read_only, "metrics", k->metrics,
+                     "daily_limit_micros", limit, "spent_today_micros", (json_int_t)k->spent_micros,
+                     "max_sandboxes", maxsb, "created_at", created, "revoked_at",
                      k->revoked_at ? json_string(revoked) : json_null());
 }
 

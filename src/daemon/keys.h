@@ -28,6 +28,7 @@ struct store;
 struct principal {
     int admin;         /* root on the Unix socket, without a key */
     int read_only;     /* a read-only key: reads, nothing else */
+    int metrics_only;  /* a metrics key: GET /metrics, nothing else */
     char key_id[32];   /* the key's id; "" for the admin */
     char owner_id[32]; /* whose sandboxes it sees and makes: its own id, or its owner's */
 };
@@ -38,6 +39,7 @@ struct api_key {
     char name[65];     /* the admin's label */
     unsigned char hash[32];
     int read_only;
+    int metrics;                /* a metrics key: may GET /metrics and nothing else */
     int64_t daily_limit_micros; /* spend per UTC day; -1: none */
     int max_sandboxes;          /* sandboxes it may keep at once; -1: none */
     int64_t created_at;         /* unix seconds */
@@ -79,6 +81,7 @@ struct key_opts {
     const char *name;
     const char *owner_id; /* create: the key whose sandboxes it sees (NULL: its own) */
     int read_only, has_read_only;
+    int metrics;                /* create: a metrics key */
     int64_t daily_limit_micros; /* -1: none */
     int has_daily_limit;
     int max_sandboxes; /* -1: none */

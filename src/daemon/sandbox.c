@@ -19,6 +19,7 @@
 #include "daemon/idle.h"
 #include "daemon/keys.h"
 #include "daemon/meter.h"
+#include "daemon/metrics.h"
 #include "daemon/netlog.h"
 #include "daemon/work.h"
 #include "driver/logcap.h"
@@ -148,8 +149,10 @@ static void sandbox_forget(struct sandbox *sb, const char *reason)
     struct wr_err err = {0};
     if (store_sandbox_delete(sb->d->store, sb->id, &err) < 0)
         log_error(sb->id, "store.failed", "error=\"%s\"", err.msg);
-    if (!sb->pooled)
+    if (!sb->pooled) {
         store_event_add(sb->d->store, sb->id, "deleted", "deleted", reason, NULL);
+        metrics_add(MC_DELETES, 1);
+    }
     unlink_sandbox(sb);
 }
 
@@ -265,10 +268,12 @@ static void change_state(struct sandbox *sb, enum sb_state st, const char *reaso
     if (!sb->pooled && store_event_add(sb->d->store, sb->id, "state", sandbox_state_name(st),
                                        sb->reason, &err) < 0)
         log_error(sb->id, "store.failed", "error=\"%s\"", err.msg);
-    if (st == SB_FAILED)
+    if (st == SB_FAILED) {
         log_error(sb->id, "sandbox.state", "state=failed reason=%s detail=\"%s\"", sb->reason,
                   sb->detail);
-    else
+        if (!sb->pooled)
+            metrics_failed(sb->reason);
+    } else
         log_info(sb->id, "sandbox.state", "state=%s reason=\"%s\"", sandbox_state_name(st),
                  sb->reason);
 }

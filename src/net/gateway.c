@@ -430,6 +430,13 @@ void gateway_stats(const struct gateway *g, struct gateway_stats *out)
     if (!g)
         return;
     out->slots_used = g->used;
+    if (g->proxy) {
+        struct proxy_stats ps;
+        proxy_stats(g->proxy, &ps);
+        out->proxy_bytes_up = ps.bytes_up;
+        out->proxy_bytes_down = ps.bytes_down;
+        out->proxy_connections = ps.accepted;
+    }
     for (int i = 0; i < GATEWAY_SLOTS; i++)
         if (g->slots[i].resolver)
             out->resolvers++;

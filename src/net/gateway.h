@@ -23,6 +23,7 @@
 #include <event2/event.h>
 #include <jansson.h>
 #include <netinet/in.h>
+#include <stdint.h>
 
 #include "common/err.h"
 #include "net/addr.h"
@@ -96,6 +97,9 @@ int gateway_unplumb(struct gateway *g, int slot, struct wr_err *err);
 struct gateway_stats {
     unsigned slots_used;
     unsigned resolvers;
+    uint64_t proxy_bytes_up;   /* sandboxes to upstream, through the proxy */
+    uint64_t proxy_bytes_down; /* upstream to sandboxes */
+    uint64_t proxy_connections;
 };
 void gateway_stats(const struct gateway *g, struct gateway_stats *out);
 
