@@ -37,7 +37,7 @@ struct server {
 #define MAX_CONNS 4096
 #define BODY_MEMORY_MIB 256
 
-static void usage(FILE *out)
+void api_serve_usage(FILE *out)
 {
     fprintf(out,
             "usage: withruntime serve [--state-dir DIR] [--listen HOST:PORT|none] [--socket PATH]\n"
@@ -147,7 +147,10 @@ static void usage(FILE *out)
             "  --cpu-floor-permille N CPU is billed at no less than this share of each vCPU\n"
             "                         (default 25: 2.5 %%, gVisor's own idle work)\n"
             "  --meter-clock FILE     for tests: the meter's clock is the unix time in ms\n"
-            "                         written in FILE, and moves only when it does\n");
+            "                         written in FILE, and moves only when it does\n"
+            "\n"
+            "Example:\n"
+            "  withruntime serve --listen 127.0.0.1:7070 --max-running 20 --pool 4\n");
 }
 
 /* The states and reasons the API can report, for the tests that check the spec against them. */
@@ -463,8 +466,8 @@ static int parse_args(int argc, char **argv, struct server *srv)
                 return -1;
             }
             break;
-        case 'h': usage(stdout); exit(0);
-        default: usage(stderr); return -1;
+        case 'h': api_serve_usage(stdout); exit(0);
+        default: api_serve_usage(stderr); return -1;
         }
     }
     if (optind < argc) {

@@ -179,8 +179,9 @@ int cli_exec_stream(const struct cli_endpoint *ep, const char *id, json_t *exec)
     } else if (err.code == EPIPE && !st.got_end && resp.status == 200) {
         code = 128 + SIGPIPE; /* our stdout went away (`| head`): quietly, as a shell would */
     } else {
-        cli_fail(&err);
-        code = strcmp(resp.error_code, "exec_failed") == 0 ? 127 : CLI_EXIT_ERR;
+        code = cli_fail(&err);
+        if (strcmp(resp.error_code, "exec_failed") == 0)
+            code = 127;
     }
     cli_response_free(&resp);
     cli_ndjson_free(&st.nd);
