@@ -128,8 +128,8 @@ static int run_command(struct run *run, const struct cli_endpoint *ep)
     return cli_exec_stream(ep, run->id, run->exec);
 }
 
-/* Deletes the sandbox, or says it is kept. Returns code, or CLI_EXIT_ERR when the command
- * succeeded but the delete failed. */
+/* Deletes the sandbox, or says it is kept. Returns code, or the delete's exit code when the
+ * command succeeded but the delete failed. */
 static int run_finish(struct run *run, const struct cli_endpoint *ep, int code)
 {
     struct wr_err err = {0};
@@ -138,7 +138,7 @@ static int run_finish(struct run *run, const struct cli_endpoint *ep, int code)
     } else if (cli_sandbox_delete(ep, run->id, &err) < 0) {
         cli_errorf("could not delete sandbox %s: %s", run->id, err.msg);
         if (code == 0)
-            code = CLI_EXIT_ERR;
+            code = cli_exit_code(&err);
     }
     return code;
 }

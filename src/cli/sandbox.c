@@ -263,7 +263,7 @@ int cli_sandbox_prune(struct cli_ctx *c, int argc, char **argv)
     json_array_foreach(json_object_get(res, "errors"), i, v)
     {
         cli_errorf("%s: %s", cli_str_or(v, "id", "?"), cli_str_or(v, "message", "?"));
-        code = CLI_EXIT_ERR;
+        code = CLI_EXIT_DAEMON; /* the daemon failed to delete it */
     }
     json_decref(res);
     return code;

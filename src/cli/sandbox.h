@@ -177,6 +177,10 @@ int cli_sandbox_timeout(struct cli_ctx *c, int argc, char **argv);
 int cli_sandbox_stats(struct cli_ctx *c, int argc, char **argv);
 int cli_sandbox_events(struct cli_ctx *c, int argc, char **argv);
 
+/** `sandbox network` (show or set the egress policy) and `sandbox network-log` (manage.c). */
+int cli_sandbox_network(struct cli_ctx *c, int argc, char **argv);
+int cli_sandbox_network_log(struct cli_ctx *c, int argc, char **argv);
+
 /** `sandbox commands`, `logs`, `kill`: background commands (background.c). */
 int cli_sandbox_commands(struct cli_ctx *c, int argc, char **argv);
 int cli_sandbox_logs(struct cli_ctx *c, int argc, char **argv);

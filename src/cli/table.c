@@ -221,6 +221,41 @@ const struct cli_command cli_commands[] = {
             "  withruntime sandbox events sb-...\n",
     },
     {
+        .group = "sandbox", .name = "network", .fn = cli_sandbox_network,
+        .args = "[--json] [--internet|--no-internet] [--allow HOST]... [--deny HOST]... ID",
+        .summary = "show or set what a sandbox may reach",
+        .options = "--internet --no-internet --allow= --deny= --json",
+        .help =
+            "Without options, shows the sandbox's egress policy: internet yes or no, and its\n"
+            "allow and deny lists. With them, replaces it (in any state; new connections\n"
+            "follow it at once) and shows the new one. --json prints the policy object.\n"
+            "\n"
+            "Options:\n"
+            "  --internet       let it reach any public host\n"
+            "  --allow HOST     let it reach only HOST: a name, '*.name', optionally :PORT\n"
+            "                   (repeatable; implies --internet)\n"
+            "  --deny HOST      never HOST, even if allowed (repeatable; implies --internet)\n"
+            "  --no-internet    let it reach nothing\n"
+            "  --json           print the policy object\n"
+            "  -h, --help       this help\n"
+            "\n"
+            "Example:\n"
+            "  withruntime sandbox network --allow pypi.org --allow '*.pythonhosted.org' sb-...\n",
+    },
+    {
+        .group = "sandbox", .name = "network-log", .fn = cli_sandbox_network_log,
+        .args = "[--json] ID",
+        .summary = "show the lookups and connections a sandbox was denied",
+        .options = "--json",
+        .help =
+            "Shows the sandbox's latest denied lookups and connections (200 at most, oldest\n"
+            "first): TIME VIA HOST PORT REASON, and how many there were since the daemon\n"
+            "started. --json prints the API's answer.\n"
+            "\n"
+            "Example:\n"
+            "  withruntime sandbox network-log sb-...\n",
+    },
+    {
         .group = "sandbox", .name = "commands", .fn = cli_sandbox_commands,
         .args = "[--json] ID [CMD_ID]",
         .summary = "list a sandbox's background commands, or show one",

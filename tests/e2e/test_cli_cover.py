@@ -322,3 +322,28 @@ def test_admin_reads_print_the_apis_json(daemon, client):
                               "--json")))
     api = client.expect(200, "GET", "/v1/images").json()
     assert [i["name"] for i in images["images"]] == [i["name"] for i in api["images"]]
+
+
+def test_network_policy_and_log(daemon, client, sandbox):
+    out = ok(wr(daemon, "sandbox", "network", sandbox))
+    assert out.split() == ["internet", "no"], out
+    out = ok(wr(daemon, "sandbox", "network", "--allow", "PyPI.org", "--deny", "evil.test",
+                sandbox))
+    assert out.splitlines() == ["internet  yes", "allow     pypi.org", "deny      evil.test"]
+    assert client.get(sandbox)["network"] == {"internet": True, "allow": ["pypi.org"],
+                                              "deny": ["evil.test"]}
+    net = json.loads(ok(wr(daemon, "sandbox", "network", "--json", sandbox)))
+    assert net == client.get(sandbox)["network"]
+    # a bad entry: the daemon names it, nothing changes
+    r = wr(daemon, "sandbox", "network", "--allow", "127.0.0.1", sandbox)
+    assert r.returncode == EXIT_REFUSED and b"127.0.0.1" in r.stderr, r
+    assert client.get(sandbox)["network"] == net
+    net = json.loads(ok(wr(daemon, "sandbox", "network", "--no-internet", "--json", sandbox)))
+    assert net == {"internet": False} == client.get(sandbox)["network"]
+
+    out = ok(wr(daemon, "sandbox", "network-log", sandbox))
+    assert out.splitlines()[0].split() == ["TIME", "VIA", "HOST", "PORT", "REASON"], out
+    log = json.loads(ok(wr(daemon, "sandbox", "network-log", "--json", sandbox)))
+    api = client.expect(200, "GET", f"/v1/sandboxes/{sandbox}/network/log").json()
+    assert log == api
+    assert f"({api['total']} denied since the daemon started)" in out
