@@ -5,6 +5,7 @@
  * stdout to stdout and stderr to stderr, until the command ends; it then exits with the
  * command's status as `sandbox exec` would.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -273,9 +274,13 @@ int cli_sandbox_kill(struct cli_ctx *c, int argc, char **argv)
     }
     long num = 0;
     bool numeric = cli_parse_long(sig, 1, 64, &num) == 0;
-    if (!numeric &&
-        (!sig[0] || strlen(sig) > 16 || strspn(sig, "ABCDEFGHIJKLMNOPQRSTUVWXYZ12") != strlen(sig)))
+    char name[17]; /* the name in capitals: `-s kill` is KILL */
+    size_t len = strlen(sig);
+    if (!numeric && (len == 0 || len >= sizeof(name) ||
+                     strspn(sig, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz12") != len))
         return cli_usage_error(cmd, "--signal wants a name like TERM or a number, got '%s'", sig);
+    for (size_t i = 0; !numeric && i <= len; i++)
+        name[i] = (char)toupper((unsigned char)sig[i]);
     const char *id, *cid;
     int r = two_ids(cmd, argc, argv, &id, &cid);
     if (r != 0)
@@ -283,7 +288,7 @@ int cli_sandbox_kill(struct cli_ctx *c, int argc, char **argv)
     char path[200];
     snprintf(path, sizeof(path), "/v1/sandboxes/%s/commands/%s/signal", id, cid);
     json_t *body =
-        numeric ? json_pack("{s:i}", "signal", (int)num) : json_pack("{s:s}", "signal", sig);
+        numeric ? json_pack("{s:i}", "signal", (int)num) : json_pack("{s:s}", "signal", name);
     r = cli_call(c, "POST", path, body, NULL);
     json_decref(body);
     if (r == CLI_EXIT_OK)

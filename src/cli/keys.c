@@ -75,6 +75,7 @@ static int key_options(const char *cmd, int argc, char **argv, int create, json_
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     optind = 1;
+    opterr = 0;
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (o) {
@@ -107,7 +108,7 @@ static int key_options(const char *cmd, int argc, char **argv, int create, json_
             break;
         }
         case 'h': return cli_print_help();
-        default: return cli_usage_error(cmd, "see --help");
+        default: return cli_bad_option(cmd, argc, argv);
         }
     }
     return CLI_GO_ON;
@@ -226,6 +227,7 @@ int cli_cmd_audit(struct cli_ctx *c, int argc, char **argv)
     const char *limit = "50", *before = NULL;
     bool as_json = false;
     optind = 1;
+    opterr = 0;
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (o) {
@@ -233,7 +235,7 @@ int cli_cmd_audit(struct cli_ctx *c, int argc, char **argv)
         case 'b': before = optarg; break;
         case 'j': as_json = true; break;
         case 'h': return cli_print_help();
-        default: return cli_usage_error("audit", "see --help");
+        default: return cli_bad_option("audit", argc, argv);
         }
     }
     if (optind < argc)
@@ -281,6 +283,7 @@ int cli_cmd_usage(struct cli_ctx *c, int argc, char **argv)
     const char *from = NULL, *to = NULL, *by = "sandbox";
     bool as_json = false;
     optind = 1;
+    opterr = 0;
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (o) {
@@ -289,7 +292,7 @@ int cli_cmd_usage(struct cli_ctx *c, int argc, char **argv)
         case 'b': by = optarg; break;
         case 'j': as_json = true; break;
         case 'h': return cli_print_help();
-        default: return cli_usage_error("usage", "see --help");
+        default: return cli_bad_option("usage", argc, argv);
         }
     }
     if (optind < argc)

@@ -61,13 +61,14 @@ int cli_secrets_set(struct cli_ctx *c, int argc, char **argv)
                                          {0, 0, 0, 0}};
     const char *hosts = NULL, *file = NULL;
     optind = 1;
+    opterr = 0;
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (o) {
         case 'H': hosts = optarg; break;
         case 'f': file = optarg; break;
         case 'h': return cli_print_help();
-        default: return cli_usage_error("secrets set", "see --help");
+        default: return cli_bad_option("secrets set", argc, argv);
         }
     }
     if (optind != argc - 1)

@@ -299,7 +299,8 @@ const struct cli_command cli_commands[] = {
         .help =
             "Sends a signal (default TERM) to a background command's whole process tree.\n"
             "SIG is a name (TERM, KILL, INT, HUP, QUIT, USR1, USR2, STOP, CONT, with or\n"
-            "without SIG) or a number. Refused (exit 4) when the command is not running.\n"
+            "without SIG, in any case) or a number. Refused (exit 4) when the command is not\n"
+            "running.\n"
             "\n"
             "Options:\n"
             "  -s, --signal SIG  the signal (default TERM)\n"

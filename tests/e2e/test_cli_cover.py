@@ -288,7 +288,7 @@ def test_kill_ends_a_background_command_with_its_signal(daemon, client, sandbox)
     wait_for(lambda: client.expect(200, "GET", f"/v1/sandboxes/{sandbox}/commands/{cid}")
              .json()["stdout_bytes"] > 0, "its first line")
 
-    assert ok(wr(daemon, "sandbox", "kill", "--signal", "KILL", sandbox, cid)).split() == [cid]
+    assert ok(wr(daemon, "sandbox", "kill", "-s", "sigkill", sandbox, cid)).split() == [cid]
     r = wr(daemon, "sandbox", "logs", "-f", sandbox, cid)
     assert r.returncode == 128 + 9 and r.stdout == b"started\n", r
     one = client.expect(200, "GET", f"/v1/sandboxes/{sandbox}/commands/{cid}").json()
