@@ -7,6 +7,7 @@
 #ifndef WR_API_H
 #define WR_API_H
 
+#include <getopt.h>
 #include <jansson.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -30,6 +31,9 @@ int api_serve_main(int argc, char **argv);
 
 /** Prints `withruntime serve --help` to out. */
 void api_serve_usage(FILE *out);
+
+/** serve's long options (getopt_long's table, ending with a zeroed entry). */
+extern const struct option api_serve_options[];
 
 /**
  * A sink (daemon/sink.h) answering req: the service's replies become JSON bodies, its

@@ -212,49 +212,51 @@ static int host_name_add(struct daemon_config *cfg, const char *name)
     return 0;
 }
 
+/* serve's options: also what `withruntime completion` offers after `serve`. */
+const struct option api_serve_options[] = {{"state-dir", required_argument, NULL, 's'},
+                                           {"listen", required_argument, NULL, 'l'},
+                                           {"socket", required_argument, NULL, 'u'},
+                                           {"agent", required_argument, NULL, 'a'},
+                                           {"platform", required_argument, NULL, 'p'},
+                                           {"driver", required_argument, NULL, 'D'},
+                                           {"debug", no_argument, NULL, 'd'},
+                                           {"print-enums", no_argument, NULL, 'E'},
+                                           {"output-memory-mib", required_argument, NULL, 'O'},
+                                           {"idle-timeout", required_argument, NULL, 'I'},
+                                           {"agent-deadline", required_argument, NULL, 'X'},
+                                           {"max-connections", required_argument, NULL, 'C'},
+                                           {"header-timeout", required_argument, NULL, 'H'},
+                                           {"body-memory-mib", required_argument, NULL, 'B'},
+                                           {"max-running", required_argument, NULL, 'R'},
+                                           {"max-sandboxes", required_argument, NULL, 'S'},
+                                           {"memory-overcommit", required_argument, NULL, 'M'},
+                                           {"disk-overcommit", required_argument, NULL, 'K'},
+                                           {"disk-reserve-mib", required_argument, NULL, 'V'},
+                                           {"max-loop-devices", required_argument, NULL, 'L'},
+                                           {"max-agent-log-kib", required_argument, NULL, 'G'},
+                                           {"stopped-retention", required_argument, NULL, 'T'},
+                                           {"egress", required_argument, NULL, 'N'},
+                                           {"dns-upstream", required_argument, NULL, 'U'},
+                                           {"public-ranges", required_argument, NULL, 'P'},
+                                           {"extra-ca-file", required_argument, NULL, 'A'},
+                                           {"host-name", required_argument, NULL, 'W'},
+                                           {"price-vcpu-hour", required_argument, NULL, 1001},
+                                           {"price-gib-hour", required_argument, NULL, 1002},
+                                           {"cpu-floor-permille", required_argument, NULL, 1003},
+                                           {"meter-clock", required_argument, NULL, 1004},
+                                           {"pool", required_argument, NULL, 1005},
+                                           {"freeze-after", required_argument, NULL, 1006},
+                                           {"tls-cert", required_argument, NULL, 'c'},
+                                           {"tls-key", required_argument, NULL, 'k'},
+                                           {"help", no_argument, NULL, 'h'},
+                                           {NULL, 0, NULL, 0}};
+
 static int parse_args(int argc, char **argv, struct server *srv)
 {
     struct daemon_config *cfg = &srv->d.cfg;
-    static const struct option opts[] = {{"state-dir", required_argument, NULL, 's'},
-                                         {"listen", required_argument, NULL, 'l'},
-                                         {"socket", required_argument, NULL, 'u'},
-                                         {"agent", required_argument, NULL, 'a'},
-                                         {"platform", required_argument, NULL, 'p'},
-                                         {"driver", required_argument, NULL, 'D'},
-                                         {"debug", no_argument, NULL, 'd'},
-                                         {"print-enums", no_argument, NULL, 'E'},
-                                         {"output-memory-mib", required_argument, NULL, 'O'},
-                                         {"idle-timeout", required_argument, NULL, 'I'},
-                                         {"agent-deadline", required_argument, NULL, 'X'},
-                                         {"max-connections", required_argument, NULL, 'C'},
-                                         {"header-timeout", required_argument, NULL, 'H'},
-                                         {"body-memory-mib", required_argument, NULL, 'B'},
-                                         {"max-running", required_argument, NULL, 'R'},
-                                         {"max-sandboxes", required_argument, NULL, 'S'},
-                                         {"memory-overcommit", required_argument, NULL, 'M'},
-                                         {"disk-overcommit", required_argument, NULL, 'K'},
-                                         {"disk-reserve-mib", required_argument, NULL, 'V'},
-                                         {"max-loop-devices", required_argument, NULL, 'L'},
-                                         {"max-agent-log-kib", required_argument, NULL, 'G'},
-                                         {"stopped-retention", required_argument, NULL, 'T'},
-                                         {"egress", required_argument, NULL, 'N'},
-                                         {"dns-upstream", required_argument, NULL, 'U'},
-                                         {"public-ranges", required_argument, NULL, 'P'},
-                                         {"extra-ca-file", required_argument, NULL, 'A'},
-                                         {"host-name", required_argument, NULL, 'W'},
-                                         {"price-vcpu-hour", required_argument, NULL, 1001},
-                                         {"price-gib-hour", required_argument, NULL, 1002},
-                                         {"cpu-floor-permille", required_argument, NULL, 1003},
-                                         {"meter-clock", required_argument, NULL, 1004},
-                                         {"pool", required_argument, NULL, 1005},
-                                         {"freeze-after", required_argument, NULL, 1006},
-                                         {"tls-cert", required_argument, NULL, 'c'},
-                                         {"tls-key", required_argument, NULL, 'k'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
     optind = 1;
     int c;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "h", api_serve_options, NULL)) != -1) {
         switch (c) {
         case 's': snprintf(cfg->state_dir, sizeof(cfg->state_dir), "%s", optarg); break;
         case 'l': {

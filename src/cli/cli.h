@@ -6,6 +6,7 @@
 #ifndef WR_CLI_CLI_H
 #define WR_CLI_CLI_H
 
+#include <getopt.h>
 #include <jansson.h>
 #include <limits.h>
 #include <stdbool.h>
@@ -41,16 +42,18 @@ typedef int (*cli_fn)(struct cli_ctx *c, int argc, char **argv);
  * are the rows whose group is its name.
  */
 struct cli_command {
-    const char *group;           /* NULL: a top-level command */
-    const char *name;            /* the word that runs it */
-    const char *aliases;         /* other words for it, space-separated; NULL: none */
-    cli_fn fn;                   /* NULL: a group */
-    void (*print_help)(FILE *f); /* the command prints its own help (serve); NULL: .help */
-    const char *args;            /* what follows the name in its synopsis */
-    const char *summary;         /* one line, for the lists */
-    const char *options;         /* for completion: "--json --image= --by=sandbox|key|day" */
-    const char *operands;        /* for completion: words offered as operands; NULL: none */
-    const char *help;            /* --help after its Usage line; has an example */
+    const char *group;                 /* NULL: a top-level command */
+    const char *name;                  /* the word that runs it */
+    const char *aliases;               /* other words for it, space-separated; NULL: none */
+    cli_fn fn;                         /* NULL: a group */
+    void (*print_help)(FILE *f);       /* the command prints its own help (serve); NULL: .help */
+    const char *args;                  /* what follows the name in its synopsis */
+    const char *summary;               /* one line, for the lists */
+    const char *options;               /* for completion: "--json --image= --by=sandbox|key|day" */
+    const struct option *long_options; /* or, for a command with a getopt table elsewhere
+                                          (serve), that table */
+    const char *operands;              /* for completion: words offered as operands; NULL: none */
+    const char *help;                  /* --help after its Usage line; has an example */
 };
 
 extern const struct cli_command cli_commands[];

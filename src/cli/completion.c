@@ -56,6 +56,13 @@ static void each_option(const struct cli_command *cmd, FILE *f, opt_fn fn, void 
         }
         fn(f, word, eq != NULL, choices[0] ? choices : NULL, arg);
     }
+    for (const struct option *o = cmd->long_options; o && o->name; o++) {
+        if (strcmp(o->name, "help") == 0)
+            continue;
+        char word[160];
+        snprintf(word, sizeof(word), "--%s", o->name);
+        fn(f, word, o->has_arg != no_argument, NULL, arg);
+    }
     fn(f, "--help", false, NULL, arg);
 }
 

@@ -217,6 +217,8 @@ int cli_cmd_help(struct cli_ctx *c, int argc, char **argv)
         cli_usage(stdout);
         return CLI_EXIT_OK;
     }
+    if (argv[1][0] == '-' && cli_wants_help(argc, argv))
+        return cli_print_help();
     if (argc == 2 && strcmp(argv[1], "--markdown") == 0) {
         print_markdown();
         return CLI_EXIT_OK;

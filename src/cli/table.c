@@ -420,15 +420,7 @@ const struct cli_command cli_commands[] = {
         .name = "serve", .fn = cli_cmd_serve, .print_help = api_serve_usage,
         .args = "[OPTIONS]",
         .summary = "run the daemon (see 'withruntime serve --help')",
-        .options = "--state-dir= --listen= --socket= --agent= --driver=gvisor|fake "
-                   "--platform=systrap|ptrace|kvm --debug --print-enums --output-memory-mib= "
-                   "--idle-timeout= --agent-deadline= --max-connections= --header-timeout= "
-                   "--body-memory-mib= --max-running= --max-sandboxes= --memory-overcommit= "
-                   "--disk-overcommit= --disk-reserve-mib= --max-loop-devices= "
-                   "--max-agent-log-kib= --stopped-retention= --freeze-after= "
-                   "--egress=auto|on|off --dns-upstream= --public-ranges= --extra-ca-file= "
-                   "--host-name= --tls-cert= --tls-key= --pool= --price-vcpu-hour= "
-                   "--price-gib-hour= --cpu-floor-permille= --meter-clock=",
+        .long_options = api_serve_options,
     },
     {
         .name = "doctor", .fn = cli_cmd_doctor,

@@ -4,6 +4,7 @@ of exit codes, --help with an example on every command, shell completion and doc
 made from the one command table (src/cli/table.c)."""
 
 import datetime
+import functools
 import json
 import os
 import re
@@ -112,10 +113,15 @@ def test_docs_cli_md_is_the_table():
     assert "3    not found" in doc and "5    the daemon could not be reached" in doc
 
 
+@functools.lru_cache(maxsize=1)
+def bash_script():
+    return subprocess.run([WR_BIN, "completion", "bash"], capture_output=True, text=True,
+                          check=True).stdout
+
+
 def bash_complete(*words):
     """What the bash completion offers for the words typed (the last one being completed)."""
-    script = subprocess.run([WR_BIN, "completion", "bash"], capture_output=True, text=True,
-                            check=True).stdout
+    script = bash_script()
     arr = " ".join("'" + w + "'" for w in ["withruntime", *words])
     prog = (script + f"\nCOMP_WORDS=({arr}); COMP_CWORD=$(( ${{#COMP_WORDS[@]}} - 1 ));"
             "_withruntime; printf '%s\\n' \"${COMPREPLY[@]}\"\n")
@@ -135,6 +141,29 @@ def test_bash_completion():
     assert bash_complete("sandbox", "exec", "--b") == ["--background"]
     # after `--` the words are the sandbox command's: nothing of ours is offered
     assert bash_complete("sandbox", "run", "--", "--") == []
+
+
+def test_the_options_completion_offers_are_the_commands_own():
+    """Each option the table offers for a command is one the command takes: given (with a
+    value if it wants one) before --help, the command prints its help or complains about the
+    value, never that the option is unknown. Nothing reaches a daemon."""
+    env = dict(os.environ, RUNTIME_URL="http://127.0.0.1:1")
+    checked = 0
+    for path in every_command():
+        offered = [w for w in bash_complete(*path, "--") if w.startswith("--") and w != "--help"]
+        for opt in offered:
+            after = bash_complete(*path, opt, "")
+            if after and all(w.startswith("-") for w in after):
+                args = [opt]  # a flag: what follows it is more options
+            else:
+                args = [opt, after[0] if after else "1"]  # a value: one of its words, or any
+            r = subprocess.run([WR_BIN, *path, *args, "--help"], capture_output=True, env=env,
+                               timeout=30)
+            assert b"unknown option" not in r.stderr and b"unrecognized" not in r.stderr, \
+                (path, args, r)
+            assert r.returncode in (0, EXIT_USAGE), (path, args, r)
+            checked += 1
+    assert checked > 80, checked
 
 
 def test_zsh_completion_loads(tmp_path):
