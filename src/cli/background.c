@@ -68,7 +68,8 @@ static void print_argv(json_t *argv)
 {
     size_t i;
     json_t *a;
-    json_array_foreach(argv, i, a) printf("%s%s", i ? " " : "", json_string_value(a) ?: "?");
+    json_array_foreach(argv, i, a)
+        printf("%s%s", i ? " " : "", json_is_string(a) ? json_string_value(a) : "?");
 }
 
 int cli_sandbox_commands(struct cli_ctx *c, int argc, char **argv)

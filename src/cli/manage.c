@@ -190,7 +190,8 @@ static void print_policy(json_t *net)
         printf("%-9s ", lists[k]);
         size_t i;
         json_t *h;
-        json_array_foreach(a, i, h) printf("%s%s", i ? " " : "", json_string_value(h) ?: "?");
+        json_array_foreach(a, i, h)
+            printf("%s%s", i ? " " : "", json_is_string(h) ? json_string_value(h) : "?");
         printf("%s\n", json_array_size(a) ? "" : "(nothing)");
     }
 }
