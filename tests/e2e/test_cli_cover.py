@@ -309,6 +309,28 @@ def test_background_logs_follow_prints_each_byte_once(daemon, client, sandbox):
     assert re.search(r"^exit_code\s+3$", out, re.M), out
 
 
+def test_logs_say_what_was_dropped_and_follow_with_a_read_only_key(daemon, client, sandbox):
+    # 3 MB at once: a background command keeps the last MiB of it
+    cid = ok(wr(daemon, "sandbox", "exec", "--background", sandbox, "--", "sh", "-c",
+                "head -c 3000000 /dev/zero | tr '\\0' x; echo done >&2")).strip()
+    client.expect(200, "POST", f"/v1/sandboxes/{sandbox}/commands/{cid}/wait",
+                  {"timeout_seconds": 60})
+    api = client.expect(200, "GET", f"/v1/sandboxes/{sandbox}/commands/{cid}/output").json()
+    assert api["state"] == "exited" and api["stdout_offset"] > 0, api
+    r = wr(daemon, "sandbox", "logs", sandbox, cid)
+    assert r.returncode == 0, r
+    assert r.stdout == b"x" * (3000000 - api["stdout_offset"])
+    assert r.stderr == b"withruntime: %d bytes of stdout were dropped before they were read " \
+        b"(a background command keeps its last MiB)\ndone\n" % api["stdout_offset"], r.stderr
+
+    # a read-only key (seeing the tests' key's sandboxes) may not POST /wait: it follows anyway
+    ro = daemon.make_key(read_only=True, owner_id=client.get(sandbox)["key_id"])
+    cid = ok(wr(daemon, "sandbox", "exec", "--background", sandbox, "--", "sh", "-c",
+                "for i in 1 2 3; do echo $i; sleep 0.5; done; exit 4")).strip()
+    r = wr(daemon, "sandbox", "logs", "--follow", sandbox, cid, RUNTIME_API_KEY=ro["key"])
+    assert r.returncode == 4 and r.stdout == b"1\n2\n3\n" and r.stderr == b"", r
+
+
 def test_kill_ends_a_background_command_with_its_signal(daemon, client, sandbox):
     r = wr(daemon, "sandbox", "exec", "--background", "--json", sandbox, "--",
            "sh", "-c", "echo started; exec sleep 300")
