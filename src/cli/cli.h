@@ -1,7 +1,8 @@
 /*
- * What the CLI's subcommands share: the global options, finding the daemon, exit codes and
- * the way errors are printed. main.c parses the global options and dispatches to the
- * cli_cmd_* entry points, one file per group of subcommands.
+ * What the CLI's subcommands share: the global options, the command table, finding the
+ * daemon, exit codes and the way errors are printed. main.c parses the global options and
+ * hands the rest to cli_dispatch (dispatch.c), which runs the row of the command table
+ * (table.c) the words name: a new command is a row there and its function in a file.
  */
 #ifndef WR_CLI_CLI_H
 #define WR_CLI_CLI_H

@@ -1,8 +1,8 @@
 /*
- * What the `withruntime sandbox ...` subcommands share, and nothing else includes: the option
- * codes, the limits on what they accept, parsing and printing helpers, and the entry point of
- * each subcommand. sandbox.c dispatches to them; each lives in a file of its own (run.c,
- * create.c, exec.c, files.c) or, for the small ones, in sandbox.c.
+ * What the `withruntime sandbox ...` subcommands share: the option codes, the limits on what
+ * they accept, parsing and printing helpers, and the entry point of each subcommand. The
+ * command table (table.c) says which runs which; each lives in a file of its own (run.c,
+ * create.c, exec.c, files.c, manage.c, background.c) or, for the small ones, in sandbox.c.
  */
 #ifndef WR_CLI_SANDBOX_H
 #define WR_CLI_SANDBOX_H

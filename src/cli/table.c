@@ -280,7 +280,7 @@ const struct cli_command cli_commands[] = {
             "printing as it comes until the command ends, each byte once, and then exits with\n"
             "the command's status as 'sandbox exec' does (128+N for signal N). Bytes the\n"
             "command wrote faster than they were read, beyond what it keeps, are said to be\n"
-            "skipped on stderr. --json prints the API's answer (with --follow, one answer a\n"
+            "dropped on stderr. --json prints the API's answer (with --follow, one answer a\n"
             "line). Following waits on the command with POST .../wait, a second at a time; a\n"
             "read-only key, which may not, reads the output every second instead.\n"
             "\n"
