@@ -42,7 +42,8 @@ SRC
 PKGS="build-essential pkg-config libevent-dev libjansson-dev libsqlite3-dev libssl-dev \
 nftables libnftables-dev \
 mmdebstrap iproute2 procps ca-certificates \
-python3 python3-venv clang-format e2fsprogs"
+python3 python3-venv clang-format e2fsprogs \
+zsh"  # zsh: the tests load `withruntime completion zsh` in it
 
 need=""
 for p in $PKGS; do
