@@ -70,6 +70,7 @@ static int key_options(const char *cmd, int argc, char **argv, int create, json_
                                          {"of", required_argument, 0, 'o'},
                                          {"read-only", no_argument, 0, 'r'},
                                          {"read-write", no_argument, 0, 'w'},
+                                         {"metrics", no_argument, 0, 'M'},
                                          {"daily-limit-usd", required_argument, 0, 'd'},
                                          {"max-sandboxes", required_argument, 0, 'm'},
                                          {"help", no_argument, 0, 'h'},
@@ -91,6 +92,11 @@ static int key_options(const char *cmd, int argc, char **argv, int create, json_
             break;
         case 'r':
         case 'w': json_object_set_new(body, "read_only", json_boolean(o == 'r')); break;
+        case 'M':
+            if (!create)
+                return cli_usage_error(cmd, "a metrics key is made as one (keys create --metrics)");
+            json_object_set_new(body, "metrics", json_true());
+            break;
         case 'd': {
             long long v = parse_usd(optarg);
             if (v < -1 || (create && v < 0))
@@ -182,7 +188,9 @@ int cli_keys_list(struct cli_ctx *c, int argc, char **argv)
         json_t *limit = json_object_get(k, "daily_limit_micros");
         json_t *maxsb = json_object_get(k, "max_sandboxes");
         printf("%-22s  %-20.20s  %-9s  ", cli_str_or(k, "id", "?"), cli_str_or(k, "name", "?"),
-               json_is_true(json_object_get(k, "read_only")) ? "read-only" : "read-write");
+               json_is_true(json_object_get(k, "metrics"))     ? "metrics"
+               : json_is_true(json_object_get(k, "read_only")) ? "read-only"
+                                                               : "read-write");
         char lim[32] = "-", spent[32], msb[16] = "-";
         if (json_is_integer(limit))
             format_usd(json_integer_value(limit), lim, sizeof(lim));

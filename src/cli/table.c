@@ -504,19 +504,22 @@ const struct cli_command cli_commands[] = {
     },
     {
         .group = "keys", .name = "create", .fn = cli_keys_create,
-        .args = "--name NAME [--read-only] [--of KEY_ID] [--daily-limit-usd X] [--max-sandboxes N]",
+        .args = "--name NAME [--read-only|--metrics] [--of KEY_ID] [--daily-limit-usd X] "
+                "[--max-sandboxes N]",
         .summary = "make a key and print it (once)",
-        .options = "--name= --read-only --of= --daily-limit-usd= --max-sandboxes=",
+        .options = "--name= --read-only --metrics --of= --daily-limit-usd= --max-sandboxes=",
         .help =
             "Makes a key and prints it on stdout, once: the daemon stores only its hash.\n"
             "--daily-limit-usd caps what the key's sandboxes may cost per UTC day (dollars, up\n"
             "to six decimals); --max-sandboxes how many it may keep at once; --read-only lets it\n"
-            "list and inspect, nothing else; --of KEY_ID makes it see (and make) that key's\n"
+            "list and inspect, nothing else; --metrics makes a key for a Prometheus scraper, which\n"
+            "may GET /metrics and nothing else; --of KEY_ID makes it see (and make) that key's\n"
             "sandboxes instead of its own.\n"
             "\n"
             "Examples:\n"
             "  withruntime keys create --name my-agent --daily-limit-usd 5 > agent.key\n"
-            "  withruntime keys create --name dashboard --read-only --of key_... > dash.key\n",
+            "  withruntime keys create --name dashboard --read-only --of key_... > dash.key\n"
+            "  withruntime keys create --name prometheus --metrics > metrics.key\n",
     },
     {
         .group = "keys", .name = "list", .aliases = "ls", .fn = cli_keys_list,
