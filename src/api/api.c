@@ -305,8 +305,8 @@ void api_reply_hook(struct http_req *req, int status, void *ctx)
             metrics_add(status >= 500 ? MC_CREATES_FAILED : MC_CREATES_REFUSED, 1);
         }
     }
-    if (!c || !c->let_in || !c->route || !strcmp(c->method, "GET") ||
-        !strcmp(c->method, "HEAD") || c->handler == H_CMD_WAIT)
+    if (!c || !c->let_in || !c->route || !strcmp(c->method, "GET") || !strcmp(c->method, "HEAD") ||
+        c->handler == H_CMD_WAIT)
         return; /* the audit keeps what changes things */
     svc_audit_record(ctx, &c->who, c->method, c->route, c->sandbox_id, status);
 }
