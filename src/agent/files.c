@@ -168,18 +168,7 @@ static void send_stat(uint32_t id, const struct stat *st, int dirfd, const char 
 
 /* ---- paths in the commands' view ---- */
 
-#define R_FOLLOW 1  /* follow a symlink in the last component too */
-#define R_PARENTS 2 /* create missing directories on the way (mode 0755), like mkdir -p */
-
-/* Where a path ends: its last component, name, in the directory open (O_PATH) at dir. The
- * name may not exist yet; it is "." for the root and may be "." or "..". */
-struct rpath {
-    int dir;
-    char name[NAME_MAX + 1];
-    int slash; /* the path ended in '/': the last component must be a directory */
-};
-
-static void rpath_close(struct rpath *rp)
+void rpath_close(struct rpath *rp)
 {
     if (rp->dir >= 0)
         close(rp->dir);
@@ -216,8 +205,8 @@ static int is_root(int fd, const struct stat *root)
  * only with R_FOLLOW or a trailing '/'. `what` and path make the messages. Returns 0, or -1
  * with err set and rp->dir -1.
  */
-static int resolve(const char *path, int flags, const char *what, struct rpath *rp,
-                   struct wr_err *err)
+int agent_resolve(const char *path, int flags, const char *what, struct rpath *rp,
+                  struct wr_err *err)
 {
     char buf[RESOLVE_BUF], link[PROTO_MAX_PATH + 1], name[NAME_MAX + 1];
     struct stat rst, st;
@@ -377,7 +366,7 @@ void file_read_start(uint32_t id, const uint8_t *payload, size_t len)
         wr_err_set(&err, EINVAL, "OFFSET past the largest file offset");
         goto fail;
     }
-    if (resolve(path, R_FOLLOW, "read", &rp, &err) < 0)
+    if (agent_resolve(path, R_FOLLOW, "read", &rp, &err) < 0)
         goto fail;
     /* O_NONBLOCK: opening a FIFO must not hang the loop (it is refused below anyway). */
     fd = openat(rp.dir, rp.name, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | O_NOFOLLOW);
@@ -478,10 +467,10 @@ void file_write_start(uint32_t id, const uint8_t *payload, size_t len)
         goto fail;
     }
     /* O_EXCL fails on an existing symlink rather than following it, as open(2) does. */
-    if (resolve(path,
-                ((wflags & PROTO_W_PARENTS) ? R_PARENTS : 0) |
-                    ((wflags & PROTO_W_EXCL) ? 0 : R_FOLLOW),
-                "write", &rp, &err) < 0)
+    if (agent_resolve(path,
+                      ((wflags & PROTO_W_PARENTS) ? R_PARENTS : 0) |
+                          ((wflags & PROTO_W_EXCL) ? 0 : R_FOLLOW),
+                      "write", &rp, &err) < 0)
         goto fail;
     if (rp.slash) {
         wr_err_sys(&err, EISDIR, "write %s", path);
@@ -587,7 +576,7 @@ void file_list_start(uint32_t id, const uint8_t *payload, size_t len)
         return;
     }
     struct rpath rp;
-    if (resolve(path, R_FOLLOW, "list", &rp, &err) < 0) {
+    if (agent_resolve(path, R_FOLLOW, "list", &rp, &err) < 0) {
         chan_error(id, err.code, "%s", err.msg);
         return;
     }
@@ -698,7 +687,7 @@ void file_stat(uint32_t id, const uint8_t *payload, size_t len)
         return;
     }
     struct rpath rp;
-    if (resolve(path, 0, "stat", &rp, &err) < 0) {
+    if (agent_resolve(path, 0, "stat", &rp, &err) < 0) {
         chan_error(id, err.code, "%s", err.msg);
         return;
     }
@@ -718,7 +707,7 @@ static int is_dir(const char *path)
 {
     struct rpath rp;
     struct stat st;
-    if (resolve(path, R_FOLLOW, "mkdir", &rp, NULL) < 0)
+    if (agent_resolve(path, R_FOLLOW, "mkdir", &rp, NULL) < 0)
         return 0;
     int r = fstatat(rp.dir, rp.name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode);
     rpath_close(&rp);
@@ -736,7 +725,7 @@ void file_mkdir(uint32_t id, const uint8_t *payload, size_t len)
     if (req_path(payload, len, "FILE_MKDIR", path, &err) < 0 ||
         (have_mode = get_mode(payload, len, &mode, &err)) < 0 ||
         get_wflags(payload, len, &wflags, &err) < 0 ||
-        resolve(path, (wflags & PROTO_W_PARENTS) ? R_PARENTS : 0, "mkdir", &rp, &err) < 0)
+        agent_resolve(path, (wflags & PROTO_W_PARENTS) ? R_PARENTS : 0, "mkdir", &rp, &err) < 0)
         goto fail;
     if (mkdirat(rp.dir, rp.name, (mode_t)mode) < 0) {
         int e = errno;
@@ -851,7 +840,7 @@ void file_remove(uint32_t id, const uint8_t *payload, size_t len)
     size_t n = strlen(path);
     while (n > 1 && path[n - 1] == '/')
         path[--n] = '\0';
-    if (resolve(path, 0, "remove", &rp, &err) < 0)
+    if (agent_resolve(path, 0, "remove", &rp, &err) < 0)
         goto fail;
     if (fstatat(rp.dir, rp.name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
         wr_err_sys(&err, errno, "remove %s", path);

@@ -22,6 +22,32 @@
 /* Room for a pax header (its block and records, padded) and the ustar block behind it. */
 #define PEND_CAP (3 * TAR_BLOCK + 2 * TAR_MAX_NAME + 4 * TAR_BLOCK)
 
+/*
+ * Opens the directory `name` in dirfd for reading, never through a symlink. Not with
+ * O_RDONLY | O_DIRECTORY | O_NOFOLLOW: gVisor (20240729) follows a final symlink for that
+ * combination (O_PATH | O_DIRECTORY | O_NOFOLLOW refuses it, as Linux does for both). So the
+ * directory is first pinned with O_PATH, then "." in it opened.
+ */
+int tar_open_dir(int dirfd, const char *name)
+{
+    int p = openat(dirfd, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (p < 0) {
+        if (errno == ENOTDIR) { /* a symlink says ENOTDIR here; tell it apart */
+            struct stat st;
+            if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode))
+                errno = ELOOP;
+            else
+                errno = ENOTDIR;
+        }
+        return -1;
+    }
+    int fd = openat(p, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int e = errno;
+    close(p);
+    errno = e;
+    return fd;
+}
+
 /* ---- numbers and headers ---- */
 
 /* Reads a numeric field: octal digits (leading spaces, ended by NUL or space), or GNU base-256
@@ -337,7 +363,7 @@ static int add_entry(struct tarw *w, int dirfd, const char *name, struct wr_err 
         if (w->depth >= TAR_MAX_DEPTH)
             return wr_err_set(err, ELOOP, "archive %.200s: more than %d levels deep", w->rel,
                               TAR_MAX_DEPTH);
-        int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        int fd = tar_open_dir(dirfd, name);
         DIR *d = fd < 0 ? NULL : fdopendir(fd);
         if (!d) {
             int e = errno;
@@ -661,13 +687,13 @@ static int walk_parent(struct untar *u, const char *shown, char *comps, int n, c
     int cur = u->root;
     char *c = comps;
     for (int i = 0; i < n - 1; i++, c += strlen(c) + 1) {
-        int next = openat(cur, c, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        int next = tar_open_dir(cur, c);
         if (next < 0 && errno == ENOENT) {
             if (mkdirat(cur, c, 0755) < 0 && errno != EEXIST) {
                 wr_err_sys(err, errno, "archive entry '%.200s': mkdir %.100s", shown, c);
                 goto fail;
             }
-            next = openat(cur, c, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            next = tar_open_dir(cur, c);
         }
         if (next < 0) {
             int e = errno;
@@ -989,7 +1015,7 @@ int untar_finish(struct untar *u, struct wr_err *err)
         int dir = walk_parent(u, u->fix[i].path, comps, n, &leaf, &e2);
         if (dir < 0)
             continue;
-        int fd = openat(dir, leaf, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        int fd = tar_open_dir(dir, leaf);
         if (fd >= 0) {
             struct timespec ts[2] = {{0, UTIME_OMIT}, {u->fix[i].mtime, 0}};
             fchmod(fd, u->fix[i].mode);

@@ -32,6 +32,13 @@
 /* Largest pax extended header or GNU long name the extractor reads. */
 #define TAR_MAX_EXT (64u << 10)
 
+/**
+ * Opens the directory `name` in dirfd for reading, never through a symlink (ELOOP for one,
+ * ENOTDIR for another non-directory), in a way that holds under gVisor too (see tar.c).
+ * Returns the fd or -1 with errno set.
+ */
+int tar_open_dir(int dirfd, const char *name);
+
 /* ---- headers (exposed for the tests) ---- */
 
 /** What one header says, after pax and GNU long-name records are applied. */
