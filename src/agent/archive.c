@@ -46,8 +46,8 @@ struct extract_job {
     char *path;
 };
 
-static int field_path(const uint8_t *payload, size_t len, uint16_t tag, const char *what,
-                      char *out, struct wr_err *err)
+static int field_path(const uint8_t *payload, size_t len, uint16_t tag, const char *what, char *out,
+                      struct wr_err *err)
 {
     struct proto_field f;
     int r = proto_find(payload, len, tag, &f);
@@ -222,8 +222,7 @@ static int extract_step(struct extract_job *j)
         return 0;
     }
     if (r < 0) {
-        chan_error(j->r.id, err.code ? err.code : EINVAL, "extract into %s: %s", j->path,
-                   err.msg);
+        chan_error(j->r.id, err.code ? err.code : EINVAL, "extract into %s: %s", j->path, err.msg);
     } else {
         send_extracted(j);
         chan_ok(j->r.id);

@@ -25,6 +25,7 @@ static const char usage_sandbox[] =
     "  cat ID PATH                        write a file's bytes to stdout\n"
     "  write [--mode MODE] ID PATH [FILE|-]  write a file from FILE or stdin\n"
     "  ls ID [PATH]                       list a directory (default /workspace)\n"
+    "  cp SRC DEST                        copy a file or directory in or out (ID:PATH)\n"
     "  rm ID [ID...]                      delete sandboxes\n"
     "  prune [--older-than DURATION]      delete stopped and failed sandboxes\n"
     "\n"
@@ -291,7 +292,7 @@ int cli_cmd_sandbox(struct cli_ctx *c, int argc, char **argv)
         {"run", cli_sandbox_run},     {"create", cli_sandbox_create}, {"list", cli_sandbox_list},
         {"get", cli_sandbox_get},     {"exec", cli_sandbox_exec},     {"cat", cli_sandbox_cat},
         {"write", cli_sandbox_write}, {"ls", cli_sandbox_ls},         {"rm", cli_sandbox_rm},
-        {"delete", cli_sandbox_rm},   {"prune", cli_sandbox_prune},
+        {"delete", cli_sandbox_rm},   {"prune", cli_sandbox_prune},   {"cp", cli_sandbox_cp},
     };
     if (argc < 2)
         return cli_usage_error("sandbox", "missing command");

@@ -2,12 +2,14 @@
 the agent (byte-exact, modes, symlinks as symlinks, mtimes, empty directories, long names),
 flow-controlled like a read; POST files/extract unpacks a tar put in the sandbox in pieces, and
 refuses entries that would land outside the target ('..', absolute names, a path through a
-symlink, even one the archive made itself)."""
+symlink, even one the archive made itself). `withruntime sandbox cp` moves trees both ways."""
 
 import hashlib
 import io
 import os
+import subprocess
 import tarfile
+import tempfile
 import time
 import uuid
 
@@ -319,3 +321,40 @@ def test_download_of_a_9_gib_file_has_a_pax_size(daemon, client, sandbox, d):
     start = rest[:int(size, 16)]
     assert b"size=9663676416\n" in start[:2048]
     assert b"path=" not in start[:1024]
+
+
+def wr(daemon, *args, timeout=120):
+    return subprocess.run([daemon.bin, *args], capture_output=True, env=daemon.cli_env(),
+                          timeout=timeout)
+
+
+def test_cli_cp_both_ways(daemon, client, sandbox, d, tmp_path):
+    src = tmp_path / "src"
+    (src / "sub" / "empty").mkdir(parents=True)
+    (src / "big.bin").write_bytes(os.urandom(9 * MIB + 1))
+    (src / "big.bin").chmod(0o600)
+    (src / "sub" / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (src / "sub" / "run.sh").chmod(0o755)
+    os.symlink("sub/run.sh", src / "link")
+    os.utime(src / "sub" / "run.sh", (1000000000, 1000000000))
+    r = wr(daemon, "sandbox", "cp", str(src), f"{sandbox}:{d}/up")
+    assert r.returncode == 0, r
+    assert sh(client, sandbox, f"sh {d}/up/sub/run.sh; readlink {d}/up/link; "
+                               f"stat -c %a {d}/up/big.bin") == "hi\nsub/run.sh\n600\n"
+    # and back, to a new local directory
+    back = tmp_path / "back"
+    r = wr(daemon, "sandbox", "cp", f"{sandbox}:{d}/up", str(back))
+    assert r.returncode == 0, r
+    assert local_manifest(back) == local_manifest(src)
+    # single files both ways
+    r = wr(daemon, "sandbox", "cp", str(src / "big.bin"), f"{sandbox}:{d}/one.bin")
+    assert r.returncode == 0, r
+    r = wr(daemon, "sandbox", "cp", f"{sandbox}:{d}/one.bin", str(tmp_path / "one.bin"))
+    assert r.returncode == 0, r
+    assert (tmp_path / "one.bin").read_bytes() == (src / "big.bin").read_bytes()
+    # errors: a missing path, a bad operand
+    r = wr(daemon, "sandbox", "cp", f"{sandbox}:{d}/nope", str(tmp_path / "nope"))
+    assert r.returncode != 0 and b"nope" in r.stderr, r
+    assert not (tmp_path / "nope").exists()
+    r = wr(daemon, "sandbox", "cp", str(src), str(tmp_path / "x"))
+    assert r.returncode == 2 and b"ID:PATH" in r.stderr, r
