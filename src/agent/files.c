@@ -23,6 +23,7 @@
 
 #include "agent/agent.h"
 #include "common/err.h"
+#include "common/tar.h"
 #include "common/util.h"
 
 /* A DIR_ENTRIES frame is sent once its payload passes this; one entry adds at most ~4.4 KiB. */
@@ -580,7 +581,7 @@ void file_list_start(uint32_t id, const uint8_t *payload, size_t len)
         chan_error(id, err.code, "%s", err.msg);
         return;
     }
-    int dfd = openat(rp.dir, rp.name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    int dfd = tar_open_dir(rp.dir, rp.name);
     rpath_close(&rp);
     DIR *d = dfd < 0 ? NULL : fdopendir(dfd);
     if (!d) {
@@ -739,7 +740,7 @@ void file_mkdir(uint32_t id, const uint8_t *payload, size_t len)
     }
     /* mkdir's mode passes through the umask; an explicit MODE is meant exactly. */
     if (have_mode) {
-        int fd = openat(rp.dir, rp.name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        int fd = tar_open_dir(rp.dir, rp.name);
         if (fd < 0 || fchmod(fd, (mode_t)mode) < 0) {
             wr_err_sys(&err, errno, "mkdir %s", path);
             if (fd >= 0)
@@ -799,8 +800,7 @@ static int remove_tree(int dfd, char *shown, size_t shown_len, int depth, struct
                     ret = wr_err_set(err, ELOOP, "remove %s: more than %d levels deep", shown,
                                      AGENT_REMOVE_DEPTH);
                 } else {
-                    int cfd =
-                        openat(dirfd(d), name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                    int cfd = tar_open_dir(dirfd(d), name);
                     if (cfd < 0)
                         ret = errno == ENOENT ? 0 : wr_err_sys(err, errno, "remove %s", shown);
                     else
@@ -853,7 +853,7 @@ void file_remove(uint32_t id, const uint8_t *payload, size_t len)
         }
     } else {
         if (wflags & PROTO_W_RECURSIVE) {
-            int dfd = openat(rp.dir, rp.name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            int dfd = tar_open_dir(rp.dir, rp.name);
             if (dfd < 0) {
                 wr_err_sys(&err, errno, "remove %s", path);
                 goto fail;
