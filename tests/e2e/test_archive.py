@@ -270,7 +270,7 @@ def test_extract_errors(client, sandbox, d):
         assert r.status == 400, (body, r)
 
 
-def test_read_only_key_may_download_not_extract(daemon, client, sandbox, d):
+def test_another_keys_sandbox_is_not_found_and_read_only_keys_cannot_extract(daemon, client, sandbox, d):
     ro = client.with_key(daemon.make_key(read_only=True)["key"])
     # another key's sandbox is not found; a read-only key may not extract
     r = ro.request("GET", f"/v1/sandboxes/{sandbox}/files/archive", query={"path": d})
