@@ -9,7 +9,6 @@ import io
 import os
 import subprocess
 import tarfile
-import tempfile
 import time
 import uuid
 
@@ -358,3 +357,84 @@ def test_cli_cp_both_ways(daemon, client, sandbox, d, tmp_path):
     assert not (tmp_path / "nope").exists()
     r = wr(daemon, "sandbox", "cp", str(src), str(tmp_path / "x"))
     assert r.returncode == 2 and b"ID:PATH" in r.stderr, r
+
+
+class HostileDaemon:
+    """A stand-in daemon on loopback that says every path is a directory and serves a fixed
+    archive for it: what a compromised sandbox (or agent) could send the CLI."""
+
+    def __init__(self, archive):
+        import http.server
+        import threading
+        body = archive
+
+        class H(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                if "/files/stat" in self.path:
+                    data, ctype = b'{"type": "directory", "mode": "0755"}', "application/json"
+                else:
+                    data, ctype = body, "application/x-tar"
+                self.send_response(200)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+@pytest.mark.parametrize("members,why", [
+    ([("ok.txt", "file", b"fine"), ("../escaped.txt", "file", b"x")], "'..'"),
+    ([("ok.txt", "file", b"fine"), ("{outside}/escaped.txt", "file", b"x")], "absolute"),
+    ([("ok.txt", "file", b"fine"), ("up", "sym", ".."), ("up/escaped.txt", "file", b"x")],
+     "symlink"),
+    ([("ok.txt", "file", b"fine"), ("out", "sym", "{outside}"), ("out/escaped.txt", "file", b"x")],
+     "symlink"),
+])
+def test_cli_cp_refuses_a_hostile_download(daemon, tmp_path, members, why):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    members = [(n.replace("{outside}", str(outside)), k,
+                p.replace("{outside}", str(outside)) if isinstance(p, str) else p)
+               for n, k, p in members]
+    stub = HostileDaemon(build_tar(members, fmt=tarfile.GNU_FORMAT))
+    try:
+        r = subprocess.run([daemon.bin, "sandbox", "cp", "sb-aaaaaaaaaaaaaaaaaaaaa:/w",
+                            str(tmp_path / "target")], capture_output=True, timeout=60,
+                           env=daemon.cli_env(RUNTIME_URL=stub.url))
+    finally:
+        stub.close()
+    assert r.returncode == 1 and why.encode() in r.stderr, r
+    assert (tmp_path / "target" / "ok.txt").read_bytes() == b"fine"
+    assert list(outside.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outside", "target"]
+
+
+def test_cli_cp_download_limits(daemon, tmp_path):
+    stub = HostileDaemon(build_tar([(f"f{i}", "file", b"x" * 1000) for i in range(10)]))
+    try:
+        r = wr_at(daemon, stub.url, "--max-entries", "5", tmp_path / "a")
+        assert r.returncode == 1 and b"more than 5 entries" in r.stderr, r
+        assert len(list((tmp_path / "a").iterdir())) == 5
+        r = wr_at(daemon, stub.url, "--max-bytes", "2500", tmp_path / "b")
+        assert r.returncode == 1 and b"more than 2500 bytes" in r.stderr, r
+        assert len(list((tmp_path / "b").iterdir())) == 2
+    finally:
+        stub.close()
+
+
+def wr_at(daemon, url, opt, val, dest):
+    return subprocess.run([daemon.bin, "sandbox", "cp", opt, val, "sb-aaaaaaaaaaaaaaaaaaaaa:/w",
+                           str(dest)], capture_output=True, timeout=60,
+                          env=daemon.cli_env(RUNTIME_URL=url))
