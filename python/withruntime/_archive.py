@@ -253,6 +253,8 @@ def _clean(name: bytes) -> List[bytes]:
         if c == b"..":
             raise UnsafeArchive(f"archive entry '{shown}' has a '..' component: it would land "
                                 f"outside the target; refused", errno=_errno.EPERM)
+        if len(c) > 255:
+            raise UnsafeArchive(f"archive entry '{shown}': a name over 255 bytes")
         comps.append(c)
     if len(comps) > MAX_DEPTH:
         raise UnsafeArchive(f"archive entry '{shown}': more than {MAX_DEPTH} levels deep")
