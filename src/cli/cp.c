@@ -232,8 +232,23 @@ static int cp_down(const struct cli_endpoint *ep, const char *id, const char *sr
         return cli_fail(&err);
     const char *type = cli_str_or(st, "type", "");
     unsigned mode = (unsigned)strtoul(cli_str_or(st, "mode", "0644"), NULL, 8) & 0777;
-    int is_file = strcmp(type, "file") == 0;
-    json_decref(st);
+    int is_file = strcmp(type, "file") == 0, keep_mode = 1;
+    int is_link = strcmp(type, "symlink") == 0;
+    json_decref(st); /* type was st's */
+    if (is_link) {
+        /* Followed, as cp does: a listing works for a directory only. */
+        cleanup_free char *list_url = files_url(id, "list", src, NULL);
+        json_t *ls = NULL;
+        struct wr_err lerr = {0};
+        if (cli_json_call(ep, "GET", list_url, NULL, &ls, &lerr) < 0) {
+            if (strstr(lerr.msg, "Not a directory") == NULL)
+                return cli_fail(&lerr);
+            is_file = 1;
+            keep_mode = 0; /* the link's own 0777 is not the file's */
+            mode = 0666;
+        }
+        json_decref(ls);
+    }
     struct cli_request req;
     struct cli_response resp;
     if (is_file) {
@@ -248,7 +263,7 @@ static int cp_down(const struct cli_endpoint *ep, const char *id, const char *sr
         req.ctx = &fd;
         int r = cli_request_do(ep, &req, &resp, &err);
         cli_response_free(&resp);
-        if (r == 0 && fchmod(fd, mode) < 0)
+        if (r == 0 && keep_mode && fchmod(fd, mode) < 0)
             r = wr_err_sys(&err, errno, "%s", dst);
         if (close(fd) < 0 && r == 0)
             r = wr_err_sys(&err, errno, "%s", dst);

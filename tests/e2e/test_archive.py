@@ -351,6 +351,15 @@ def test_cli_cp_both_ways(daemon, client, sandbox, d, tmp_path):
     r = wr(daemon, "sandbox", "cp", f"{sandbox}:{d}/one.bin", str(tmp_path / "one.bin"))
     assert r.returncode == 0, r
     assert (tmp_path / "one.bin").read_bytes() == (src / "big.bin").read_bytes()
+    assert (tmp_path / "one.bin").stat().st_mode & 0o777 == 0o600
+    # a symlink is followed: to a file, a file; to a directory, its tree
+    sh(client, sandbox, f"ln -s one.bin {d}/to-file && ln -s up {d}/to-dir")
+    r = wr(daemon, "sandbox", "cp", f"{sandbox}:{d}/to-file", str(tmp_path / "via-link.bin"))
+    assert r.returncode == 0, r
+    assert (tmp_path / "via-link.bin").read_bytes() == (src / "big.bin").read_bytes()
+    r = wr(daemon, "sandbox", "cp", f"{sandbox}:{d}/to-dir", str(tmp_path / "via-link-dir"))
+    assert r.returncode == 0, r
+    assert local_manifest(tmp_path / "via-link-dir") == local_manifest(src)
     # errors: a missing path, a bad operand
     r = wr(daemon, "sandbox", "cp", f"{sandbox}:{d}/nope", str(tmp_path / "nope"))
     assert r.returncode != 0 and b"nope" in r.stderr, r
