@@ -425,7 +425,9 @@ class Files:
                      max_entries: Optional[int] = _archive.DEFAULT_MAX_ENTRIES,
                      ) -> "_archive.DirTransfer":
         """Copies the contents of the directory ``remote`` in the sandbox into the local
-        directory ``local`` (made if missing), as a tar stream extracted as it arrives.
+        directory ``local`` (made if missing), as a tar stream extracted as it arrives. A final
+        symlink in ``remote`` is followed; a file (or a symlink to one) lands in ``local`` under
+        its own name.
 
         What a sandbox sends is not trusted: nothing is ever written outside ``local``, no
         symlink is followed (an entry whose path goes through one, or that is absolute or has
