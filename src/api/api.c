@@ -51,6 +51,8 @@ enum {
     H_F_STAT,
     H_F_MKDIR,
     H_F_REMOVE,
+    H_F_ARCHIVE,
+    H_F_EXTRACT,
     H_KEYS_CREATE,
     H_KEYS_LIST,
     H_KEY_GET,
@@ -92,6 +94,8 @@ static const handler_fn handlers[] = {
     [H_F_STAT] = api_files_stat,
     [H_F_MKDIR] = api_files_mkdir,
     [H_F_REMOVE] = api_files_remove,
+    [H_F_ARCHIVE] = api_files_archive,
+    [H_F_EXTRACT] = api_files_extract,
     [H_KEYS_CREATE] = api_keys_create,
     [H_KEYS_LIST] = api_keys_list,
     [H_KEY_GET] = api_keys_get,
@@ -175,6 +179,8 @@ static const struct route routes[] = {
     {"GET", "/v1/sandboxes/{id}/files/stat", H_F_STAT, "path"},
     {"POST", "/v1/sandboxes/{id}/files/mkdir", H_F_MKDIR, NULL},
     {"DELETE", "/v1/sandboxes/{id}/files", H_F_REMOVE, "path,recursive"},
+    {"GET", "/v1/sandboxes/{id}/files/archive", H_F_ARCHIVE, "path"},
+    {"POST", "/v1/sandboxes/{id}/files/extract", H_F_EXTRACT, NULL},
 };
 
 static const char *pattern_of(int handler)

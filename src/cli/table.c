@@ -354,6 +354,34 @@ const struct cli_command cli_commands[] = {
             "  withruntime sandbox ls sb-... /etc\n",
     },
     {
+        .group = "sandbox", .name = "cp", .fn = cli_sandbox_cp,
+        .args = "[--max-bytes N] [--max-entries N] SRC DEST",
+        .summary = "copy a file or a directory tree in or out (one of SRC, DEST is ID:PATH)",
+        .options = "--max-bytes= --max-entries=",
+        .help =
+            "Copies a file or a directory tree into or out of a sandbox. One of SRC and DEST\n"
+            "is ID:PATH (PATH absolute, or relative to /workspace), the other a local path.\n"
+            "\n"
+            "A directory's contents go into DEST, which is made if missing; what DEST holds\n"
+            "already stays, and an entry replaces only what has its own name. A file is\n"
+            "written to DEST itself; a symlink named as SRC is followed. Kept: directories,\n"
+            "files, symlinks inside a tree (as symlinks, never followed), permission bits\n"
+            "(not setuid/setgid) and mtimes. Skipped with a warning: devices, FIFOs,\n"
+            "sockets. A hard-linked file is copied once per name.\n"
+            "An archive entry that would land outside DEST (an absolute name, '..', a path\n"
+            "through a symlink) stops the copy with an error; what was copied before stays.\n"
+            "\n"
+            "Examples:\n"
+            "  withruntime sandbox cp ./project sb-abc...:/workspace/project\n"
+            "  withruntime sandbox cp sb-abc...:/workspace/out ./out\n"
+            "  withruntime sandbox cp sb-abc...:report.pdf ./report.pdf\n"
+            "\n"
+            "Options:\n"
+            "  --max-bytes N     refuse a download of more than N bytes of files (default 64 GiB)\n"
+            "  --max-entries N   refuse a download of more than N entries (default 1000000)\n"
+            "  -h, --help        this help\n",
+    },
+    {
         .group = "sandbox", .name = "rm", .aliases = "delete", .fn = cli_sandbox_rm,
         .args = "ID [ID...]",
         .summary = "delete sandboxes",
