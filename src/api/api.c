@@ -57,6 +57,11 @@ enum {
     H_KEY_REVOKE,
     H_AUDIT,
     H_USAGE,
+    H_SES_CREATE,
+    H_SES_LIST,
+    H_SES_GET,
+    H_SES_DELETE,
+    H_SES_CONNECT,
 };
 
 static const handler_fn handlers[] = {
@@ -97,6 +102,11 @@ static const handler_fn handlers[] = {
     [H_KEY_REVOKE] = api_keys_revoke,
     [H_AUDIT] = api_audit_list,
     [H_USAGE] = api_usage,
+    [H_SES_CREATE] = api_sessions_create,
+    [H_SES_LIST] = api_sessions_list,
+    [H_SES_GET] = api_sessions_get,
+    [H_SES_DELETE] = api_sessions_delete,
+    [H_SES_CONNECT] = api_sessions_connect,
 };
 
 /* Who may call a route: anyone let in (reads), a key that is not read-only, or the admin. */
@@ -115,6 +125,7 @@ static enum access access_of(int handler, const char *method)
     case H_KEY_UPDATE:
     case H_KEY_REVOKE:
     case H_AUDIT: return A_ADMIN;
+    case H_SES_CONNECT: return A_WRITE; /* a GET that types into a shell */
     default: return strcmp(method, "GET") == 0 ? A_READ : A_WRITE;
     }
 }
@@ -166,6 +177,11 @@ static const struct route routes[] = {
     {"GET", "/v1/sandboxes/{id}/files/stat", H_F_STAT, "path"},
     {"POST", "/v1/sandboxes/{id}/files/mkdir", H_F_MKDIR, NULL},
     {"DELETE", "/v1/sandboxes/{id}/files", H_F_REMOVE, "path,recursive"},
+    {"POST", "/v1/sandboxes/{id}/sessions", H_SES_CREATE, NULL},
+    {"GET", "/v1/sandboxes/{id}/sessions", H_SES_LIST, NULL},
+    {"GET", "/v1/sandboxes/{id}/sessions/{sid}", H_SES_GET, NULL},
+    {"DELETE", "/v1/sandboxes/{id}/sessions/{sid}", H_SES_DELETE, NULL},
+    {"GET", "/v1/sandboxes/{id}/sessions/{sid}/connect", H_SES_CONNECT, NULL},
 };
 
 static const char *pattern_of(int handler)

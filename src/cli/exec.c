@@ -28,7 +28,14 @@ static const char usage_exec[] =
     "  --env K=V        environment variable (repeatable)\n"
     "  --timeout SECS   time limit for CMD (default: the daemon's, 300)\n"
     "  --stdin          send our stdin (read to the end first, up to 512 KiB) to CMD\n"
-    "  -h, --help       this help\n";
+    "  -i, --interactive  stream our stdin to CMD as it comes, and its output back as it\n"
+    "                   comes (an interactive session on pipes: stdout and stderr both\n"
+    "                   arrive on stdout; Ctrl-C is passed on as SIGINT; no --timeout)\n"
+    "  -h, --help       this help\n"
+    "\n"
+    "Examples:\n"
+    "  withruntime sandbox exec sb-abc123 -- ls -l /workspace\n"
+    "  printf 'a\\nb\\n' | withruntime sandbox exec -i sb-abc123 -- wc -l\n";
 
 /* Reads all of stdin, at most STDIN_MAX bytes, into a base64 string. NULL on error (printed). */
 static char *read_stdin_b64(void)
@@ -96,11 +103,12 @@ int cli_exec_set_stdin(json_t *exec)
 
 /* One `sandbox exec` as its words are read. Owns exec and env. */
 struct exec_args {
-    json_t *exec;   /* the request, as options fill it in */
-    json_t *env;    /* --env K=V */
-    const char *id; /* the sandbox */
-    bool use_stdin; /* --stdin */
-    int argc;       /* CMD: argv[0..argc-1] */
+    json_t *exec;     /* the request, as options fill it in */
+    json_t *env;      /* --env K=V */
+    const char *id;   /* the sandbox */
+    bool use_stdin;   /* --stdin */
+    bool interactive; /* -i */
+    int argc;         /* CMD: argv[0..argc-1] */
     char **argv;
 };
 
@@ -126,6 +134,7 @@ static int exec_opt(struct exec_args *ea, int opt, int argc, char **argv)
         break;
     }
     case OPT_STDIN: ea->use_stdin = true; break;
+    case 'i': ea->interactive = true; break;
     default: return cli_bad_option(cmd, argc, argv);
     }
     return CLI_GO_ON;
@@ -143,6 +152,7 @@ static int exec_parse(struct exec_args *ea, int argc, char **argv)
         {"env", required_argument, 0, OPT_ENV},
         {"timeout", required_argument, 0, OPT_TIMEOUT},
         {"stdin", no_argument, 0, OPT_STDIN},
+        {"interactive", no_argument, 0, 'i'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -152,7 +162,7 @@ static int exec_parse(struct exec_args *ea, int argc, char **argv)
     optind = 0;
     opterr = 0;
     for (;;) {
-        int opt = getopt_long(ac, av, "+h", opts, NULL);
+        int opt = getopt_long(ac, av, "+hi", opts, NULL);
         if (opt != -1) {
             int r = exec_opt(ea, opt, ac, av);
             if (r != CLI_GO_ON)
@@ -193,6 +203,16 @@ int cli_sandbox_exec(struct cli_ctx *c, int argc, char **argv)
         goto out;
     if (json_object_size(ea.env))
         json_object_set(ea.exec, "env", ea.env);
+    if (ea.interactive) {
+        if (ea.use_stdin || json_object_get(ea.exec, "timeout_seconds")) {
+            code = cli_usage_error("sandbox exec", "-i streams stdin itself and has no timeout: "
+                                                   "drop --stdin and --timeout");
+            goto out;
+        }
+        code = cli_session_run(c, ea.id, json_object_get(ea.exec, "argv"), ea.env,
+                               json_string_value(json_object_get(ea.exec, "cwd")), 0);
+        goto out;
+    }
     if (ea.use_stdin && (code = cli_exec_set_stdin(ea.exec)) != CLI_GO_ON)
         goto out;
     if (cli_endpoint(c, &ep) != 0) {

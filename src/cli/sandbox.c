@@ -291,7 +291,7 @@ int cli_cmd_sandbox(struct cli_ctx *c, int argc, char **argv)
         {"run", cli_sandbox_run},     {"create", cli_sandbox_create}, {"list", cli_sandbox_list},
         {"get", cli_sandbox_get},     {"exec", cli_sandbox_exec},     {"cat", cli_sandbox_cat},
         {"write", cli_sandbox_write}, {"ls", cli_sandbox_ls},         {"rm", cli_sandbox_rm},
-        {"delete", cli_sandbox_rm},   {"prune", cli_sandbox_prune},
+        {"delete", cli_sandbox_rm},   {"prune", cli_sandbox_prune},   {"shell", cli_sandbox_shell},
     };
     if (argc < 2)
         return cli_usage_error("sandbox", "missing command");

@@ -20,6 +20,7 @@
 #include "daemon/keys.h"
 #include "daemon/meter.h"
 #include "daemon/netlog.h"
+#include "daemon/session.h"
 #include "daemon/work.h"
 #include "driver/logcap.h"
 #include "net/gateway.h"
@@ -112,6 +113,7 @@ static void sandbox_free(struct sandbox *sb)
 {
     meter_end(sb); /* gives back a reservation a create that never ran still held */
     command_free_all(sb);
+    session_free_all(sb);
     json_decref(sb->env);
     json_decref(sb->metadata);
     json_decref(sb->network);

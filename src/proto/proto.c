@@ -45,7 +45,9 @@ int proto_type_known(uint16_t type)
     case PROTO_STAT_RESULT:
     case PROTO_DIR_ENTRIES:
     case PROTO_OK:
-    case PROTO_ERROR: return 1;
+    case PROTO_ERROR:
+    case PROTO_SESSION:
+    case PROTO_RESIZE: return 1;
     default: return 0;
     }
 }
@@ -95,6 +97,8 @@ const char *proto_type_name(uint16_t type)
     case PROTO_DIR_ENTRIES: return "DIR_ENTRIES";
     case PROTO_OK: return "OK";
     case PROTO_ERROR: return "ERROR";
+    case PROTO_SESSION: return "SESSION";
+    case PROTO_RESIZE: return "RESIZE";
     default: return "UNKNOWN";
     }
 }

@@ -22,7 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PROTO_VERSION 2
+#define PROTO_VERSION 3
 #define PROTO_HEADER_LEN 12
 #define PROTO_MAX_PAYLOAD (1u << 20)  /* 1 MiB */
 #define PROTO_CHUNK 65536             /* preferred size of a data frame */
@@ -95,6 +95,18 @@ enum proto_type {
     PROTO_OK = 33,
     /* agent -> daemon: fields ERRNO (u32), MESSAGE; ends the request */
     PROTO_ERROR = 34,
+
+    /* daemon -> agent: start an interactive session. Fields as EXEC (ARG, ENV, CWD, WINDOW;
+     * stdin is always a pipe or the terminal), plus TTY (u32 1 = a pseudo-terminal is the
+     * process's stdin, stdout and stderr and its controlling terminal; 0 = pipes as EXEC),
+     * ROWS and COLS (u32, the terminal's size; default 24x80). Answered like EXEC: STDOUT
+     * (and, without TTY, STDERR) frames then one EXIT, or one ERROR. STDIN, SIGNAL, CANCEL and
+     * CREDIT work as for EXEC; STDIN with FIN on a terminal sends its end-of-file character. */
+    PROTO_SESSION = 40,
+    /* daemon -> agent, for a live SESSION with TTY: fields ROWS, COLS. The terminal's size is
+     * set (TIOCSWINSZ) and its foreground process group gets SIGWINCH. No answer; ignored for
+     * any other id. */
+    PROTO_RESIZE = 41,
 };
 
 enum proto_flag {
@@ -138,6 +150,11 @@ enum proto_tag {
     /* u64, on EXIT (optional): microseconds from the agent reaping the command's main process
      * to its sending EXIT (waiting for the pipes to close, sending the last output). */
     PT_EXIT_WAIT = 24,
+    /* u32, on SESSION: 1 = a pseudo-terminal, 0 = pipes */
+    PT_TTY = 25,
+    /* u32, on SESSION and RESIZE: the terminal's size, 1 ... 10000 */
+    PT_ROWS = 26,
+    PT_COLS = 27,
 };
 
 enum proto_wflags {
