@@ -270,18 +270,25 @@ static int handshake(struct cli_conn *c, const struct cli_endpoint *ep, const ch
     unsigned int mdlen = 0;
     EVP_Digest(kg, strlen(kg), md, &mdlen, EVP_sha1(), NULL);
     cleanup_free char *want = base64_encode(md, sizeof(md));
-    buf[head_len] = '\0';
-    const char *a = strcasestr(buf, "\r\nSec-WebSocket-Accept:");
-    if (!a)
-        return wr_err_set(err, EPROTO, "the daemon's handshake has no Sec-WebSocket-Accept");
-    a += strlen("\r\nSec-WebSocket-Accept:");
-    while (*a == ' ')
-        a++;
-    if (strncmp(a, want, strlen(want)) != 0)
-        return wr_err_set(err, EPROTO, "the daemon's Sec-WebSocket-Accept is wrong");
+    /* what came after the head is the first frames: kept before the head is cut off there */
     *rest_len = len - head_len;
     *rest = xmalloc(*rest_len + 1);
     memcpy(*rest, buf + head_len, *rest_len);
+    buf[head_len] = '\0';
+    const char *a = strcasestr(buf, "\r\nSec-WebSocket-Accept:");
+    if (!a) {
+        free(*rest);
+        *rest = NULL;
+        return wr_err_set(err, EPROTO, "the daemon's handshake has no Sec-WebSocket-Accept");
+    }
+    a += strlen("\r\nSec-WebSocket-Accept:");
+    while (*a == ' ')
+        a++;
+    if (strncmp(a, want, strlen(want)) != 0) {
+        free(*rest);
+        *rest = NULL;
+        return wr_err_set(err, EPROTO, "the daemon's Sec-WebSocket-Accept is wrong");
+    }
     return 0;
 }
 
