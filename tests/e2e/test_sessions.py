@@ -8,14 +8,20 @@ import json
 import os
 import pty
 import select
+import shutil
 import signal
 import socket
 import struct
 import subprocess
+import sys
 import termios
 import time
 
 import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import conftest  # noqa: E402
 
 GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
@@ -444,3 +450,67 @@ def test_cli_exec_interactive_streams_stdin(daemon, sandbox):
                         "kill -TERM $$"], input=b"", capture_output=True, env=daemon.cli_env(),
                        timeout=60)
     assert r.returncode == 128 + 15, r
+
+
+def test_at_most_16_sessions_run_in_a_sandbox(client, sandbox):
+    made = []
+    try:
+        for _ in range(16):
+            made.append(new_session(client, sandbox, argv=["sleep", "600"], tty=False)["id"])
+        r = client.request("POST", f"/v1/sandboxes/{sandbox}/sessions",
+                           {"argv": ["true"], "tty": False})
+        assert r.status == 409 and "16 sessions" in r.json()["error"]["message"], r
+    finally:
+        for s in made:
+            assert client.request("DELETE", f"/v1/sandboxes/{sandbox}/sessions/{s}").status == 200
+    r = client.request("POST", f"/v1/sandboxes/{sandbox}/sessions", {"argv": ["true"], "tty": False})
+    assert r.status == 201, r  # room again
+    for bad in ({"rows": 0}, {"cols": 10001}, {"tty": "yes"}, {"command": "x", "argv": ["x"]},
+                {"argv": []}, {"shell": True}):
+        r = client.request("POST", f"/v1/sandboxes/{sandbox}/sessions", bad)
+        assert r.status == 400, (bad, r)
+
+
+class GraceDaemon(conftest.OwnStateDaemon):
+    """Freezes idle sandboxes after 1 s and kills sessions 1 s after their client left."""
+
+    prefix = "wr-grace-"
+
+    def serve_argv(self):
+        return super().serve_argv() + ["--freeze-after", "1", "--session-grace", "1"]
+
+
+def test_frozen_sandbox_thaws_for_a_session_and_the_grace_ends_it(daemon):
+    d = GraceDaemon(daemon)
+    d.start()
+    try:
+        c = d.client
+        sb = c.request("POST", "/v1/sandboxes", {"memory_mib": 256}).json()["id"]
+        wait_for(lambda: c.request("GET", f"/v1/sandboxes/{sb}").json()["frozen"],
+                 "the idle sandbox frozen", timeout=60)
+        ses = new_session(c, sb, argv=["sh", "-c", "echo alive; exec sleep 600"], tty=False)
+        ws = connect(d, sb, ses)
+        try:
+            ws.read_until(b"alive")
+            # an open session keeps it awake well past the freeze delay
+            deadline = time.monotonic() + 3
+            while time.monotonic() < deadline:
+                assert not c.request("GET", f"/v1/sandboxes/{sb}").json()["frozen"]
+                time.sleep(0.25)
+        finally:
+            ws.close()
+        path = f"/v1/sandboxes/{sb}/sessions/{ses['id']}"
+        wait_for(lambda: c.request("GET", path).json()["state"] != "running",
+                 "the session killed after the grace", timeout=30)
+        got = c.request("GET", path).json()
+        assert got["state"] == "exited" and got["signal"] == 9 and not got["connected"], got
+        wait_for(lambda: c.request("GET", f"/v1/sandboxes/{sb}").json()["frozen"],
+                 "the sandbox frozen again", timeout=60)
+        assert c.request("DELETE", f"/v1/sandboxes/{sb}").status == 200
+    finally:
+        leftovers, status = d.stop()
+        shutil.rmtree(d.state_dir, ignore_errors=True)  # `images` is a symlink: not followed
+        log = d.log_bytes()
+        assert not [m for m in conftest.SANITIZER_MARKS if m in log], d.log_tail(200)
+        assert not leftovers and status == 0, (leftovers, status, d.log_tail())
+        shutil.rmtree(d.logdir, ignore_errors=True)
