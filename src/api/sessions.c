@@ -14,7 +14,7 @@
 #include "common/util.h"
 #include "common/ws.h"
 #include "daemon/daemon.h"
-#include "daemon/session.h"
+#include "daemon/service.h"
 #include "http/wsconn.h"
 
 #define MAX_ARGS 4096
