@@ -14,6 +14,9 @@
 
 /* A closing connection waits this long at most for its last bytes to go out. */
 #define CLOSE_LINGER_S 5
+/* While more than this waits to go to the peer, the peer is not read: its pings (answered) and
+ * whatever its input makes the owner send cannot pile up. */
+#define OUT_MAX ((size_t)2 << 20)
 
 struct wsconn {
     struct http_upgraded *u;
@@ -26,8 +29,9 @@ struct wsconn {
     int closing;    /* a close frame was queued: nothing more is read or sent */
     int want_drain; /* call ops->drained when the queue empties */
     int paused;
-    int in_feed; /* inside ws_reader_feed: a callback may close */
-    int dead;    /* to be freed once the feed returns */
+    int out_full; /* not reading while the peer does not take what it is sent */
+    int in_feed;  /* inside ws_reader_feed: a callback may close */
+    int dead;     /* to be freed once the feed returns */
 };
 
 int wsconn_accept_key(const char *key, char *out)
@@ -132,6 +136,11 @@ static void on_read(struct bufferevent *bev, void *arg)
     struct evbuffer *in = bufferevent_get_input(bev);
     c->last_rx_ms = now_ms_monotonic();
     while (!c->closing && !c->dead && !c->paused && evbuffer_get_length(in) > 0) {
+        if (evbuffer_get_length(bufferevent_get_output(bev)) > OUT_MAX) {
+            c->out_full = 1;
+            bufferevent_disable(bev, EV_READ);
+            break;
+        }
         uint8_t buf[16384];
         int n = evbuffer_remove(in, buf, sizeof(buf));
         if (n <= 0)
@@ -160,6 +169,14 @@ static void on_write(struct bufferevent *bev, void *arg)
     if (c->closing) {
         conn_end(c); /* the close frame is out */
         return;
+    }
+    if (c->out_full) {
+        c->out_full = 0;
+        if (!c->paused) {
+            bufferevent_enable(bev, EV_READ);
+            if (evbuffer_get_length(bufferevent_get_input(bev)))
+                bufferevent_trigger(bev, EV_READ, BEV_TRIG_DEFER_CALLBACKS);
+        }
     }
     if (c->want_drain) {
         c->want_drain = 0;
@@ -277,7 +294,7 @@ void wsconn_pause(struct wsconn *c, int on)
     c->paused = on;
     if (on) {
         bufferevent_disable(c->bev, EV_READ);
-    } else {
+    } else if (!c->out_full) {
         bufferevent_enable(c->bev, EV_READ);
         if (evbuffer_get_length(bufferevent_get_input(c->bev)))
             bufferevent_trigger(c->bev, EV_READ, BEV_TRIG_DEFER_CALLBACKS);

@@ -4,7 +4,9 @@
  * WSCONN_MAX_FRAME and text messages over WSCONN_MAX_TEXT end the connection with 1009; every
  * other violation with 1002 or 1007). Pings are answered; the server pings an idle peer every
  * WSCONN_PING_S seconds and closes (1001) one that sent nothing for WSCONN_DEAD_S. The owner
- * bounds what it sends (wsconn_backlog) and may stop reading (wsconn_pause).
+ * bounds what it sends (wsconn_backlog) and may stop reading (wsconn_pause); the peer is not
+ * read either while more than 2 MiB wait to go to it (so pings it does not read the pongs of,
+ * for one, cannot pile up).
  */
 #ifndef WR_HTTP_WSCONN_H
 #define WR_HTTP_WSCONN_H

@@ -440,6 +440,40 @@ def test_cli_shell_on_a_terminal(daemon, sandbox):
         os.close(master)
 
 
+def test_cli_shell_restores_the_terminal_when_killed(daemon, sandbox):
+    master, slave = os.openpty()
+    before = termios.tcgetattr(master)
+
+    def ctty():
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    proc = subprocess.Popen([daemon.bin, "sandbox", "shell", sandbox, "--", "sh", "-c",
+                             "echo in-$((2+3)); exec sleep 600"], stdin=slave, stdout=slave,
+                            stderr=slave, env=daemon.cli_env(), preexec_fn=ctty, close_fds=True)
+    os.close(slave)
+    try:
+        _read_pty(master, b"in-5")
+        assert termios.tcgetattr(master) != before  # raw meanwhile
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        assert termios.tcgetattr(master) == before
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+
+
+def test_cli_shell_without_a_terminal_reads_its_stdin(daemon, sandbox):
+    r = subprocess.run([daemon.bin, "sandbox", "shell", sandbox], input=b"echo piped-$((3*4))\n",
+                       capture_output=True, env=daemon.cli_env(), timeout=60)
+    assert r.returncode == 0 and b"piped-12" in r.stdout, r
+    r = subprocess.run([daemon.bin, "sandbox", "shell", "--help"], capture_output=True,
+                       timeout=60)
+    assert r.returncode == 0 and b"sandbox shell sb-" in r.stdout, r
+
+
 def test_cli_exec_interactive_streams_stdin(daemon, sandbox):
     r = subprocess.run([daemon.bin, "sandbox", "exec", "-i", sandbox, "--", "sh", "-c",
                         "wc -l; echo to-stderr >&2; exit 4"],
