@@ -548,3 +548,28 @@ def test_frozen_sandbox_thaws_for_a_session_and_the_grace_ends_it(daemon):
         assert not [m for m in conftest.SANITIZER_MARKS if m in log], d.log_tail(200)
         assert not leftovers and status == 0, (leftovers, status, d.log_tail())
         shutil.rmtree(d.logdir, ignore_errors=True)
+
+
+def test_daemon_shutdown_with_a_client_attached(daemon):
+    """SIGTERM while a session's WebSocket is open: the client hears the end, the daemon exits
+    cleanly (the upgraded connection is freed with the server, no sanitizer report)."""
+    d = conftest.OwnStateDaemon(daemon)
+    d.start()
+    try:
+        sb = d.client.request("POST", "/v1/sandboxes", {"memory_mib": 256}).json()["id"]
+        ses = new_session(d.client, sb, argv=["sh", "-c", "echo up; exec sleep 600"], tty=False)
+        ws = connect(d, sb, ses)
+        try:
+            ws.read_until(b"up")
+            d.proc.send_signal(signal.SIGTERM)
+            assert d.proc.wait(timeout=60) == 0, d.log_tail()
+            code = ws.read_close()
+            assert code in (None, 1000, 1001), code
+        finally:
+            ws.close()
+    finally:
+        leftovers, status = d.stop()
+        log = d.log_bytes()
+        shutil.rmtree(d.state_dir, ignore_errors=True)  # `images` is a symlink: not followed
+        assert not [m for m in conftest.SANITIZER_MARKS if m in log], d.log_tail(200)
+        shutil.rmtree(d.logdir, ignore_errors=True)
