@@ -465,6 +465,15 @@ def test_cli_shell_restores_the_terminal_when_killed(daemon, sandbox):
         os.close(master)
 
 
+def test_cli_exec_interactive_over_the_unix_socket(daemon, sandbox):
+    # root on the Unix socket, without a key: the admin, on the same WebSocket route
+    env = daemon.cli_env(RUNTIME_URL=f"unix:{daemon.socket_path}")
+    env.pop("RUNTIME_API_KEY")
+    r = subprocess.run([daemon.bin, "sandbox", "exec", "-i", sandbox, "--", "rev"],
+                       input=b"tekcos\n", capture_output=True, env=env, timeout=60)
+    assert r.returncode == 0 and r.stdout == b"socket\n", r
+
+
 def test_cli_shell_without_a_terminal_reads_its_stdin(daemon, sandbox):
     r = subprocess.run([daemon.bin, "sandbox", "shell", sandbox], input=b"echo piped-$((3*4))\n",
                        capture_output=True, env=daemon.cli_env(), timeout=60)
