@@ -209,12 +209,13 @@ static void reply_unauthorized(struct http_req *req)
 }
 
 /* A WebSocket handshake's key offered as a subprotocol, "withruntime.key.<key>" (a browser
- * cannot set Authorization on a WebSocket), copied into buf; NULL if there is none. */
+ * cannot set Authorization on a WebSocket), copied into buf; NULL if there is none. Only on a
+ * GET with Upgrade: a handshake (a page's fetch can set neither header). */
 static const char *ws_key(struct http_req *req, char *buf, size_t len)
 {
     static const char prefix[] = "withruntime.key.";
     const char *h = http_req_header(req, "Sec-WebSocket-Protocol");
-    if (!h || !http_req_header(req, "Upgrade"))
+    if (!h || !http_req_header(req, "Upgrade") || strcmp(http_req_method(req), "GET") != 0)
         return NULL;
     for (const char *p = h; *p;) {
         while (*p == ' ' || *p == '\t' || *p == ',')
