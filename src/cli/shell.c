@@ -195,7 +195,10 @@ static int on_ws_msg(void *arg, int op, const uint8_t *data, size_t len, int fin
             wr_err_set(&st->err, ECONNRESET,
                        "the daemon closed the session's connection (%d%s%.*s)", code,
                        len ? ": " : "", (int)len, (const char *)data);
-        ws_send(st->conn, WS_OP_CLOSE, (uint8_t[]){code >> 8, code & 0xff}, 2, &st->err);
+        /* The answering close frame; the daemon may have closed the connection already (it
+         * does once its own close frame is out), which is no error. */
+        struct wr_err ignored = {0};
+        ws_send(st->conn, WS_OP_CLOSE, (uint8_t[]){code >> 8, code & 0xff}, 2, &ignored);
         return 0;
     }
     return 0;
@@ -306,6 +309,9 @@ static int pump(struct ws_state *st, int tty, char *rest, size_t rest_len, struc
     struct ws_reader rd;
     ws_reader_init(&rd, 0, (size_t)16 << 20, (size_t)1 << 20);
     int in_open = 1;
+    /* A send failed (err says how): nothing more is sent, the connection is read to its end,
+     * where the session's exit may still be. */
+    int lost = 0;
     uint8_t buf[65536];
     int rc = 0;
     /* frames that came with the handshake's answer (the last one possibly in part) */
@@ -315,12 +321,11 @@ static int pump(struct ws_state *st, int tty, char *rest, size_t rest_len, struc
         if (g_stop) {
             if (!tty && g_stop == SIGINT) {
                 g_stop = 0;
-                if (ws_send_json(st->conn,
+                if (!lost &&
+                    ws_send_json(st->conn,
                                  json_pack("{s:s, s:s}", "type", "signal", "signal", "INT"),
-                                 err) < 0) {
-                    rc = -1;
-                    break;
-                }
+                                 err) < 0)
+                    lost = 1;
                 continue;
             }
             break;
@@ -329,18 +334,16 @@ static int pump(struct ws_state *st, int tty, char *rest, size_t rest_len, struc
             g_winch = 0;
             int rows, cols;
             window_size(&rows, &cols);
-            if (ws_send_json(
-                    st->conn,
-                    json_pack("{s:s, s:i, s:i}", "type", "resize", "rows", rows, "cols", cols),
-                    err) < 0) {
-                rc = -1;
-                break;
-            }
+            if (!lost && ws_send_json(st->conn,
+                                      json_pack("{s:s, s:i, s:i}", "type", "resize", "rows", rows,
+                                                "cols", cols),
+                                      err) < 0)
+                lost = 1;
         }
         struct pollfd pfd[3] = {
             {.fd = cli_conn_fd(st->conn), .events = POLLIN},
             {.fd = g_wake[0], .events = POLLIN},
-            {.fd = in_open ? 0 : -1, .events = POLLIN},
+            {.fd = in_open && !lost ? 0 : -1, .events = POLLIN},
         };
         if (!cli_conn_buffered(st->conn) && poll(pfd, 3, -1) < 0) {
             if (errno == EINTR)
@@ -353,7 +356,7 @@ static int pump(struct ws_state *st, int tty, char *rest, size_t rest_len, struc
         if (cli_conn_buffered(st->conn) || (pfd[0].revents & (POLLIN | POLLHUP | POLLERR))) {
             ssize_t n = cli_conn_recv(st->conn, buf, sizeof(buf), err);
             if (n <= 0) {
-                if (n == 0 && !st->got_exit)
+                if (n == 0 && !st->got_exit && !lost)
                     wr_err_set(err, ECONNRESET, "the daemon closed the session's connection");
                 rc = st->got_exit ? 0 : -1;
                 break;
@@ -375,16 +378,12 @@ static int pump(struct ws_state *st, int tty, char *rest, size_t rest_len, struc
                 continue;
             if (n <= 0) {
                 in_open = 0;
-                if (ws_send_json(st->conn, json_pack("{s:s}", "type", "eof"), err) < 0) {
-                    rc = -1;
-                    break;
-                }
+                if (ws_send_json(st->conn, json_pack("{s:s}", "type", "eof"), err) < 0)
+                    lost = 1;
                 continue;
             }
-            if (ws_send(st->conn, WS_OP_BINARY, buf, (size_t)n, err) < 0) {
-                rc = -1;
-                break;
-            }
+            if (ws_send(st->conn, WS_OP_BINARY, buf, (size_t)n, err) < 0)
+                lost = 1;
         }
     }
     ws_reader_free(&rd);

@@ -257,10 +257,10 @@ def test_reconnect_within_grace_gets_missed_output(daemon, client, sandbox):
 
 
 def test_a_client_that_stops_reading_stops_the_command(daemon, client, sandbox):
-    # 64 KiB lines, counted in a file as they are written
+    # 64 KiB lines, counted in a file as they are written (replaced whole: never read half-made)
     ses = new_session(client, sandbox, tty=False, argv=[
         "sh", "-c", "i=0; while :; do head -c 65535 /dev/zero | tr '\\0' x; echo; i=$((i+1)); "
-        "echo $i > /tmp/bp-count; done"])
+        "echo $i > /tmp/bp-count.t; mv /tmp/bp-count.t /tmp/bp-count; done"])
     ws = connect(daemon, sandbox, ses)
     try:
         assert ws.status == 101
@@ -290,6 +290,8 @@ def test_a_client_that_stops_reading_stops_the_command(daemon, client, sandbox):
     finally:
         ws.close()
         client.request("DELETE", f"/v1/sandboxes/{sandbox}/sessions/{ses['id']}")
+        client.request("POST", f"/v1/sandboxes/{sandbox}/exec",
+                       {"command": "rm -f /tmp/bp-count /tmp/bp-count.t"})
 
 
 def test_connect_is_refused_to_read_only_keys_and_strangers(daemon, client, sandbox):
