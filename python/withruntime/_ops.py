@@ -6,20 +6,22 @@ back in (or the error thrown in), and returns its answer::
 
     @operation
     def stop(self) -> "Sandbox":
-        info = yield Call(self._client, "request_json", "POST", self._path + "/stop")
+        info = yield from steps(self._client.request_json, "POST", self._path + "/stop")
         return self._update(info)
 
-Request building, argument validation and the decoding of answers live in the generator; only
-the I/O lives in the two runners: :func:`run_sync` does each step with blocking calls,
-:func:`run_async` awaits it. ``@operation``, ``@iteration`` and ``@class_operation`` mark such
-generators on a shared base class; :func:`sync_face` and :func:`async_face` turn the marks into
-plain methods on the sync class and coroutine methods on the async one (an ``@iteration`` into a
-generator and an async iterator). One operation uses another with ``yield from steps(...)``.
+Request building, argument validation and the decoding of answers live in the generators; only
+the I/O lives in the clients (``Client._exchange`` blocks, ``AsyncClient._exchange`` is
+awaited) and in the runner, which does each step with a blocking call (:func:`run_sync`) or
+awaits it (:func:`run_async`). ``@operation``, ``@iteration``, ``@class_operation`` and
+``@class_context_operation`` mark such generators on a shared base class; :func:`sync_face`
+and :func:`async_face` turn the marks into plain methods on the sync class and coroutine
+methods on the async one (an ``@iteration`` into a generator and an async iterator). One
+operation runs another's steps with ``yield from steps(obj.method, ...)``.
 
 The steps:
 
-- :class:`Call`: a method of the object's client (``request``, ``request_json`` or
-  ``stream_ndjson``), given the client of the face (a ``Client`` or an ``AsyncClient``);
+- :class:`Call`: a method of a client that does I/O (``_exchange``, ``stream_ndjson``),
+  awaited when it gives an awaitable;
 - :class:`NextLine`: the next object from a ``stream_ndjson`` source (None at its end);
 - :class:`ReadPiece`: ``file.read(size)`` of a caller's file object (in a thread when async,
   so a slow file does not hold the event loop);
@@ -29,7 +31,9 @@ The steps:
 from __future__ import annotations
 
 import asyncio
+import collections.abc
 import functools
+import inspect
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Generator, List, Mapping, Optional, Tuple
@@ -42,6 +46,8 @@ __all__ = [
     "operation",
     "iteration",
     "class_operation",
+    "class_context_operation",
+    "AwaitableContext",
     "sync_face",
     "async_face",
     "sync_function",
@@ -50,6 +56,7 @@ __all__ = [
     "run_sync",
     "run_async",
     "AsyncStepIterator",
+    "Steps",
 ]
 
 Steps = Generator[Any, Any, Any]
@@ -95,153 +102,115 @@ class Emit:
     value: Any
 
 
-class _Stepper:
-    """Drives one operation's generator: hands out its steps, sends results or throws errors
-    in, and remembers the line sources it opened so they are closed with it."""
-
-    def __init__(self, gen: Steps) -> None:
-        self.gen = gen
-        self.sources: List[Any] = []
-        self._value: Any = None
-        self._error: Optional[BaseException] = None
-
-    def step(self) -> Any:
-        """The next step; StopIteration (with the operation's answer) when it is done."""
-        value, error = self._value, self._error
-        self._value = self._error = None
-        if error is not None:
-            return self.gen.throw(error)
-        return self.gen.send(value)
-
-    def result(self, value: Any) -> None:
-        self._value = value
-
-    def error(self, error: Exception) -> None:
-        self._error = error
-
-    def call_of(self, step: Call) -> Tuple[Callable[..., Any], bool]:
-        """The client method a Call names, and whether it opens a line source."""
-        return getattr(step.client, step.method), step.method == "stream_ndjson"
-
-
 def _not_a_step(step: Any) -> TypeError:
     return TypeError(f"an operation yielded {step!r}, which is not a step")
 
 
-# ---- the sync runner ----
+class _Run:
+    """Runs one operation: hands its steps to the I/O, sends each result (or throws each error)
+    back in, and keeps the line sources it opened so they are closed with it.
 
+    :meth:`next` is a coroutine for both runners: on an event loop (``in_loop``) it awaits each
+    step; for the sync runner every step is a blocking call that gives its value at once, so
+    the coroutine never suspends and :func:`_sync_await` runs it without a loop."""
 
-def _sync_steps(gen: Steps) -> Generator[Any, None, Any]:
-    """Runs an operation with blocking I/O; yields what it emits, returns its answer."""
-    st = _Stepper(gen)
-    try:
-        while True:
-            try:
-                step = st.step()
-            except StopIteration as done:
-                return done.value
-            if isinstance(step, Emit):
-                yield step.value
-                continue
-            try:
-                if isinstance(step, Call):
-                    fn, opens = st.call_of(step)
-                    value = fn(*step.args, **step.kwargs)
-                    if opens:
-                        st.sources.append(value)
-                elif isinstance(step, NextLine):
-                    value = next(step.source, None)
-                elif isinstance(step, ReadPiece):
-                    value = step.file.read(step.size)
-                else:
-                    raise _not_a_step(step)
-            except Exception as e:  # thrown into the operation, which may handle it
-                st.error(e)
-            else:
-                st.result(value)
-    finally:
-        gen.close()
-        for source in st.sources:
-            source.close()
+    def __init__(self, gen: Steps, in_loop: bool) -> None:
+        self.gen = gen
+        self.in_loop = in_loop
+        self.sources: List[Any] = []
+        self.closed = False
 
-
-def run_sync(gen: Steps) -> Any:
-    """Runs an operation that emits nothing and returns its answer."""
-    it = _sync_steps(gen)
-    try:
-        emitted = next(it)
-    except StopIteration as done:
-        return done.value
-    it.close()
-    raise TypeError(f"an operation emitted {emitted!r}; use it as an @iteration")
-
-
-def iter_sync(gen: Steps) -> Generator[Any, None, None]:
-    """Runs an ``@iteration`` with blocking I/O: a generator of what it emits."""
-    yield from _sync_steps(gen)
-
-
-# ---- the async runner ----
-
-
-class _AsyncRun:
-    """Runs an operation on the running event loop."""
-
-    def __init__(self, gen: Steps) -> None:
-        self._st = _Stepper(gen)
-        self._closed = False
+    def _do(self, step: Any) -> Any:
+        """Starts a step: its value, or (in_loop) something to await for it."""
+        if isinstance(step, Call):
+            value = getattr(step.client, step.method)(*step.args, **step.kwargs)
+            if step.method == "stream_ndjson":
+                self.sources.append(value)
+            return value
+        if isinstance(step, NextLine):
+            return step.source.next_or_none() if self.in_loop else next(step.source, None)
+        if isinstance(step, ReadPiece):
+            if self.in_loop:
+                loop = asyncio.get_running_loop()
+                return loop.run_in_executor(None, step.file.read, step.size)
+            return step.file.read(step.size)
+        raise _not_a_step(step)
 
     async def next(self) -> Tuple[bool, Any]:
         """Runs until the operation emits ``(False, value)`` or returns ``(True, answer)``."""
-        st = self._st
+        value: Any = None
+        error: Optional[Exception] = None
         while True:
             try:
-                step = st.step()
+                step = self.gen.throw(error) if error is not None else self.gen.send(value)
             except StopIteration as done:
                 return True, done.value
             if isinstance(step, Emit):
                 return False, step.value
+            value, error = None, None
             try:
-                if isinstance(step, Call):
-                    fn, opens = st.call_of(step)
-                    if opens:
-                        value = fn(*step.args, **step.kwargs)
-                        st.sources.append(value)
-                    else:
-                        value = await fn(*step.args, **step.kwargs)
-                elif isinstance(step, NextLine):
-                    value = await step.source.next_or_none()
-                elif isinstance(step, ReadPiece):
-                    loop = asyncio.get_running_loop()
-                    value = await loop.run_in_executor(None, step.file.read, step.size)
-                else:
-                    raise _not_a_step(step)
+                value = self._do(step)
+                if self.in_loop and inspect.isawaitable(value):
+                    value = await value
             except Exception as e:  # thrown into the operation, which may handle it
-                st.error(e)
-            else:
-                st.result(value)
+                value, error = None, e
 
-    def abort(self) -> None:
-        """Ends the operation now (a cancelled task, an abandoned iterator): closes its
-        generator and drops the connections of its line sources, without waiting."""
-        if self._closed:
+    def close(self) -> None:
+        """Ends the operation now (done, failed, cancelled, or abandoned): closes its generator
+        and the connections of its line sources, without waiting."""
+        if self.closed:
             return
-        self._closed = True
-        self._st.gen.close()
-        for source in self._st.sources:
-            source.abort()
+        self.closed = True
+        self.gen.close()
+        for source in self.sources:
+            source.close()
 
 
-async def run_async(gen: Steps) -> Any:
-    """Runs an operation that emits nothing and returns its answer."""
-    run = _AsyncRun(gen)
+def _sync_await(coro: Any) -> Any:
+    """Runs a coroutine that never suspends (a sync :class:`_Run`'s ``next``)."""
     try:
-        done, value = await run.next()
-    finally:
-        run.abort()
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise RuntimeError("a blocking operation waited for an event loop")
+
+
+def _answer(done: bool, value: Any) -> Any:
     if not done:
         raise TypeError(f"an operation emitted {value!r}; use it as an @iteration")
     return value
+
+
+def run_sync(gen: Steps) -> Any:
+    """Runs an operation with blocking I/O and returns its answer."""
+    run = _Run(gen, in_loop=False)
+    try:
+        return _answer(*_sync_await(run.next()))
+    finally:
+        run.close()
+
+
+def iter_sync(gen: Steps) -> Generator[Any, None, None]:
+    """Runs an ``@iteration`` with blocking I/O: a generator of what it emits."""
+    run = _Run(gen, in_loop=False)
+    try:
+        while True:
+            done, value = _sync_await(run.next())
+            if done:
+                return
+            yield value
+    finally:
+        run.close()
+
+
+async def run_async(gen: Steps) -> Any:
+    """Runs an operation on the running event loop and returns its answer."""
+    run = _Run(gen, in_loop=True)
+    try:
+        return _answer(*(await run.next()))
+    finally:
+        run.close()
 
 
 class AsyncStepIterator:
@@ -259,7 +228,7 @@ class AsyncStepIterator:
     """
 
     def __init__(self, gen: Steps) -> None:
-        self._run = _AsyncRun(gen)
+        self._run = _Run(gen, in_loop=True)
 
     def __aiter__(self) -> "AsyncStepIterator":
         return self
@@ -268,30 +237,30 @@ class AsyncStepIterator:
         try:
             done, value = await self._run.next()
         except BaseException:
-            self._run.abort()
+            self._run.close()
             raise
         if done:
-            self._run.abort()
+            self._run.close()
             raise StopAsyncIteration
         return value
 
     async def aclose(self) -> None:
         """Ends the operation and closes its connection."""
-        self._run.abort()
+        self._run.close()
 
     def close(self) -> None:
         """The same as :meth:`aclose`, for code that cannot await."""
-        self._run.abort()
+        self._run.close()
 
     async def __aenter__(self) -> "AsyncStepIterator":
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        self._run.abort()
+        self._run.close()
 
     def __del__(self) -> None:
         try:
-            self._run.abort()
+            self._run.close()
         except Exception:  # noqa: BLE001 - at interpreter exit the loop may be gone
             pass
 
@@ -304,7 +273,7 @@ class _Op:
 
     def __init__(self, fn: Callable[..., Any], kind: str, on_class: bool) -> None:
         self.fn = fn
-        self.kind = kind
+        self.kind = kind  # "call", "iter", or "enter": a call whose answer is a context manager
         self.on_class = on_class
         functools.update_wrapper(self, fn)  # type: ignore[arg-type]
 
@@ -325,8 +294,45 @@ def iteration(fn: Callable[..., Any]) -> Any:
 
 
 def class_operation(fn: Callable[..., Any]) -> Any:
-    """:func:`operation` for a classmethod (``Sandbox.create``)."""
+    """:func:`operation` for a classmethod (``Sandbox.list``)."""
     return _Op(fn, "call", True)
+
+
+def class_context_operation(fn: Callable[..., Any]) -> Any:
+    """:func:`class_operation` whose answer is a context manager (``Sandbox.create``): the async
+    face gives an :class:`AwaitableContext`, so both ``sbx = await AsyncSandbox.create()`` and
+    ``async with AsyncSandbox.create() as sbx:`` work."""
+    return _Op(fn, "enter", True)
+
+
+class AwaitableContext(collections.abc.Coroutine):  # type: ignore[type-arg]
+    """A call of an async operation whose answer is an async context manager: a coroutine (await
+    it, or give it to ``asyncio.create_task``, ``gather``, ``run``) for the answer, which can
+    also be used in ``async with`` directly (the answer's ``__aenter__`` and ``__aexit__`` run
+    around the block)."""
+
+    def __init__(self, coro: Any) -> None:
+        self._coro = coro
+        self._entered: Any = None
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self._coro.__await__()  # type: ignore[no-any-return]
+
+    def send(self, value: Any) -> Any:
+        return self._coro.send(value)
+
+    def throw(self, *args: Any) -> Any:
+        return self._coro.throw(*args)
+
+    def close(self) -> None:
+        self._coro.close()
+
+    async def __aenter__(self) -> Any:
+        self._entered = await self._coro
+        return await self._entered.__aenter__()
+
+    async def __aexit__(self, *exc: Any) -> Any:
+        return await self._entered.__aexit__(*exc)
 
 
 def sync_function(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -343,6 +349,13 @@ def async_function(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     async def run(*args: Any, **kwargs: Any) -> Any:
         return await run_async(fn(*args, **kwargs))
+
+    return functools.update_wrapper(run, fn)
+
+
+def _async_enter_function(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def run(*args: Any, **kwargs: Any) -> AwaitableContext:
+        return AwaitableContext(run_async(fn(*args, **kwargs)))
 
     return functools.update_wrapper(run, fn)
 
@@ -364,8 +377,10 @@ def _async_iter_function(fn: Callable[..., Any]) -> Callable[..., Any]:
 _FACES = {
     ("sync", "call"): sync_function,
     ("sync", "iter"): _sync_iter_function,
+    ("sync", "enter"): sync_function,
     ("async", "call"): async_function,
     ("async", "iter"): _async_iter_function,
+    ("async", "enter"): _async_enter_function,
 }
 
 

@@ -27,7 +27,7 @@ from collections import deque
 from typing import Any, Awaitable, Deque, Dict, Mapping, Optional, Tuple, TypeVar
 
 from ._ops import async_face
-from .client import DEFAULT_TIMEOUT, ClientBase, Response
+from .client import DEFAULT_TIMEOUT, ClientBase
 from .errors import ConfigurationError, ServerError, WithruntimeError
 
 __all__ = ["AsyncClient"]
@@ -70,12 +70,15 @@ class _Conn:
 
 
 class _Pool:
-    """One event loop's connections: a slot per call in flight, and the idle ones."""
+    """One event loop's connections: a slot per call in flight, and the idle ones. While any
+    are idle a task of the loop closes each when its idle time is up, and all of them when it
+    is cancelled (``asyncio.run`` cancels every task before it closes the loop)."""
 
     def __init__(self, max_connections: int, max_idle: int) -> None:
         self.slots = asyncio.Semaphore(max_connections)
         self.idle: Deque[_Conn] = deque()
         self.max_idle = max_idle
+        self._reaper: "Optional[asyncio.Task[None]]" = None
 
     def take_idle(self) -> Optional[_Conn]:
         now = time.monotonic()
@@ -91,8 +94,23 @@ class _Pool:
         conn.idle_since = time.monotonic()
         if len(self.idle) < self.max_idle and conn.usable(conn.idle_since):
             self.idle.append(conn)
+            if self._reaper is None or self._reaper.done():
+                self._reaper = asyncio.get_running_loop().create_task(self._reap())
         else:
             conn.abort()
+
+    async def _reap(self) -> None:
+        try:
+            while self.idle:
+                due = min(c.idle_since for c in self.idle) + _IDLE_MAX_S
+                await asyncio.sleep(max(0.0, due - time.monotonic()) + 0.05)
+                now = time.monotonic()
+                for conn in [c for c in self.idle if not c.usable(now)]:
+                    self.idle.remove(conn)
+                    conn.abort()
+        except asyncio.CancelledError:
+            self.close_idle()
+            raise
 
     def close_idle(self) -> None:
         while self.idle:
@@ -301,7 +319,7 @@ class _LineSource:
                                   f"than {_MAX_STREAM_LINE} bytes")
             self._buf += data
 
-    def abort(self) -> None:
+    def close(self) -> None:
         """Closes the connection now."""
         self._aborted = True
         if self._answer is not None:
@@ -314,15 +332,15 @@ class _LineSource:
         try:
             obj = await self.next_or_none()
         except BaseException:
-            self.abort()
+            self.close()
             raise
         if obj is None:
-            self.abort()
+            self.close()
             raise StopAsyncIteration
         return obj
 
     async def aclose(self) -> None:
-        self.abort()
+        self.close()
 
 
 @async_face()
@@ -418,15 +436,13 @@ class AsyncClient(ClientBase):
     async def _open(
         self,
         method: str,
-        path: str,
-        query: Optional[Mapping[str, Any]],
+        target: str,
         body: Optional[bytes],
         content_type: Optional[str],
         timeout: float,
         headers: Optional[Mapping[str, str]] = None,
     ) -> _Answer:
         """Sends one request and returns its answer with the status and headers read."""
-        target = self._target(path, query)
         self._check_key_safe()
         head = self._request_head(method, target, self._headers(content_type, headers), body)
         pool = self._pool()
@@ -467,30 +483,12 @@ class AsyncClient(ClientBase):
                 continue
             return answer
 
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Optional[Mapping[str, Any]] = None,
-        json_body: Any = None,
-        body: Optional[bytes] = None,
-        content_type: Optional[str] = None,
-        timeout: Optional[float] = None,
-    ) -> Response:
-        """Makes one call and returns its answer; arguments and errors as for
-        :meth:`withruntime.Client.request`."""
-        body, content_type = self._body_of(json_body, body, content_type)
-        t = self.timeout if timeout is None else timeout
-        answer = await self._open(method, path, query, body, content_type, t)
-        data = await answer.read_all()
-        if answer.status >= 400:
-            raise self._error(answer.status, data)
-        return Response(answer.status, dict(answer.headers), data)
-
-    async def request_json(self, method: str, path: str, **kwargs: Any) -> Any:
-        """:meth:`request`, returning the decoded JSON answer."""
-        return self._json_of(await self.request(method, path, **kwargs), method, path)
+    async def _exchange(self, method: str, target: str, body: Optional[bytes],
+                        content_type: Optional[str],
+                        timeout: float) -> Tuple[int, Dict[str, str], bytes]:
+        """One request on a pooled connection: the answer's status, headers and body."""
+        answer = await self._open(method, target, body, content_type, timeout)
+        return answer.status, dict(answer.headers), await answer.read_all()
 
     def stream_ndjson(
         self,
@@ -505,5 +503,5 @@ class AsyncClient(ClientBase):
         or cancelling the task that waits on it, closes the connection."""
         body, content_type = self._body_of(json_body, None, None)
         t = self.timeout if timeout is None else timeout
-        return _LineSource(self, (method, path, None, body, content_type, t,
+        return _LineSource(self, (method, self._target(path, None), body, content_type, t,
                                   {"Accept": "application/x-ndjson"}))

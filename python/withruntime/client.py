@@ -42,7 +42,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Dict, Generator, List, Mapping, Optional, Tuple, Type, TypeVar, Union
 
-from ._ops import Call, operation, sync_face
+from ._ops import Call, operation, steps, sync_face
 from .errors import (
     ConfigurationError,
     DaemonUnavailable,
@@ -173,20 +173,9 @@ class Response:
 
 class ClientBase:
     """What :class:`Client` and :class:`~withruntime.AsyncClient` share: where the daemon is,
-    the key, TLS, how a request is addressed and how its answer or error is read. Only the I/O
-    is theirs.
-
-    Args:
-        url: ``https://host:port`` (a daemon started with ``serve --tls-cert``),
-            ``http://host:port`` or ``unix:/path/to/withruntime.sock``. Without it the daemon is
-            found from the environment (see the module docstring).
-        api_key: The bearer key. Without it (and without ``url``) it comes from
-            ``RUNTIME_API_KEY`` or the saved connection. It is never sent over plain
-            ``http://`` to a host that is not loopback.
-        timeout: Seconds to wait on one socket operation of an ordinary call. Commands get
-            their own timeout plus a margin.
-        ca_file: For ``https://``: trust only the CAs in this PEM file (default
-            ``RUNTIME_CA_FILE``, else the saved connection's, else the system's CAs).
+    the key, TLS, how a request is addressed and how its answer or error is read, and the calls
+    themselves (``request``, ``request_json``, ``health``, ``images``) written once. Only the
+    I/O (``_exchange`` and ``stream_ndjson``) is theirs. Arguments: see :class:`Client`.
     """
 
     def __init__(
@@ -393,18 +382,58 @@ class ClientBase:
                 f"{line[:200]!r}") from None
         return obj if isinstance(obj, dict) else None
 
+    # ---- calls ----
+
+    @operation
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Optional[Mapping[str, Any]] = None,
+        json_body: Any = None,
+        body: Optional[bytes] = None,
+        content_type: Optional[str] = None,
+        timeout: Optional[float] = None,
+    ) -> Response:
+        """Makes one call and returns its answer; raises a :class:`WithruntimeError` subclass
+        for an error answer and :class:`DaemonUnavailable` when the daemon cannot be reached.
+
+        Args:
+            method: ``GET``, ``POST``, ``PUT`` or ``DELETE``.
+            path: Starts with ``/v1/``.
+            query: Query parameters; None values are left out, booleans sent as true/false.
+            json_body: Sent as JSON when given.
+            body: Raw bytes to send instead (with ``content_type``).
+            content_type: The body's type.
+            timeout: Seconds per socket operation (default: the client's).
+        """
+        body, content_type = self._body_of(json_body, body, content_type)
+        t = self.timeout if timeout is None else timeout
+        status, headers, data = yield Call(self, "_exchange", method, self._target(path, query),
+                                           body, content_type, t)
+        if status >= 400:
+            raise self._error(status, data)
+        return Response(status, headers, data)
+
+    @operation
+    def request_json(self, method: str, path: str, **kwargs: Any) -> Any:
+        """:meth:`request`, returning the decoded JSON answer."""
+        resp = yield from steps(self.request, method, path, **kwargs)
+        return self._json_of(resp, method, path)
+
     # ---- system ----
 
     @operation
     def health(self) -> Dict[str, Any]:
         """``GET /v1/health``: ``{"status": "ok", "version": ..., "driver": ..., "sandboxes": N,
         "network": {"enabled": bool[, "reason": ...]}}``."""
-        return dict((yield Call(self, "request_json", "GET", "/v1/health")))
+        return dict((yield from steps(self.request_json, "GET", "/v1/health")))
 
     @operation
     def images(self) -> List[Dict[str, Any]]:
         """``GET /v1/images``: the built images, each ``{"name", "size_bytes", "created_at"}``."""
-        d = yield Call(self, "request_json", "GET", "/v1/images")
+        d = yield from steps(self.request_json, "GET", "/v1/images")
         return list(d.get("images", []))
 
 
@@ -438,15 +467,13 @@ class Client(ClientBase):
     def _open(
         self,
         method: str,
-        path: str,
-        query: Optional[Mapping[str, Any]],
+        target: str,
         body: Optional[bytes],
         content_type: Optional[str],
         timeout: Optional[float],
         headers: Optional[Mapping[str, str]] = None,
     ) -> Tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         """Sends one request and returns the open connection and its response (any status)."""
-        target = self._target(path, query)
         self._check_key_safe()
         hdrs = self._headers(content_type, headers)
         for attempt in (0, 1):
@@ -464,54 +491,22 @@ class Client(ClientBase):
                 raise self._unavailable(e, timeout, sent) from None
         raise AssertionError("unreachable")
 
-    def _fail(self, resp: http.client.HTTPResponse, timeout: Optional[float]) -> None:
-        """Raises the typed error for an answer of 400 or more."""
+    def _read(self, resp: http.client.HTTPResponse, timeout: Optional[float]) -> bytes:
         try:
-            raw = resp.read()
+            return resp.read()
         except (OSError, http.client.HTTPException) as e:
             raise self._unavailable(e, timeout, True) from None
-        raise self._error(resp.status, raw)
 
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Optional[Mapping[str, Any]] = None,
-        json_body: Any = None,
-        body: Optional[bytes] = None,
-        content_type: Optional[str] = None,
-        timeout: Optional[float] = None,
-    ) -> Response:
-        """Makes one call and returns its answer; raises a :class:`WithruntimeError` subclass
-        for an error answer and :class:`DaemonUnavailable` when the daemon cannot be reached.
-
-        Args:
-            method: ``GET``, ``POST``, ``PUT`` or ``DELETE``.
-            path: Starts with ``/v1/``.
-            query: Query parameters; None values are left out, booleans sent as true/false.
-            json_body: Sent as JSON when given.
-            body: Raw bytes to send instead (with ``content_type``).
-            content_type: The body's type.
-            timeout: Seconds per socket operation (default: the client's).
-        """
-        body, content_type = self._body_of(json_body, body, content_type)
-        t = self.timeout if timeout is None else timeout
-        conn, resp = self._open(method, path, query, body, content_type, t)
+    def _exchange(self, method: str, target: str, body: Optional[bytes],
+                  content_type: Optional[str],
+                  timeout: float) -> Tuple[int, Dict[str, str], bytes]:
+        """One request on a connection of its own: the answer's status, headers and body."""
+        conn, resp = self._open(method, target, body, content_type, timeout)
         try:
-            if resp.status >= 400:
-                self._fail(resp, t)
-            try:
-                data = resp.read()
-            except (OSError, http.client.HTTPException) as e:
-                raise self._unavailable(e, t, True) from None
-            return Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data)
+            data = self._read(resp, timeout)
+            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data
         finally:
             conn.close()
-
-    def request_json(self, method: str, path: str, **kwargs: Any) -> Any:
-        """:meth:`request`, returning the decoded JSON answer."""
-        return self._json_of(self.request(method, path, **kwargs), method, path)
 
     def stream_ndjson(
         self,
@@ -525,11 +520,11 @@ class Client(ClientBase):
         its line arrives. Closing the generator closes the connection."""
         body, content_type = self._body_of(json_body, None, None)
         t = self.timeout if timeout is None else timeout
-        conn, resp = self._open(method, path, None, body, content_type, t,
+        conn, resp = self._open(method, self._target(path, None), body, content_type, t,
                                 headers={"Accept": "application/x-ndjson"})
         try:
             if resp.status >= 400:
-                self._fail(resp, t)
+                raise self._error(resp.status, self._read(resp, t))
             while True:
                 try:
                     line = resp.readline()

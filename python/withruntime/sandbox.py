@@ -40,7 +40,9 @@ from ._ops import (
     Emit,
     NextLine,
     ReadPiece,
+    Steps,
     async_face,
+    class_context_operation,
     class_operation,
     iteration,
     operation,
@@ -227,8 +229,8 @@ class _FilesCore:
     def _path(self, leaf: str) -> str:
         return f"{self._sbx._path}/files{leaf}"
 
-    def _call(self, method: str, *args: Any, **kwargs: Any) -> Call:
-        return Call(self._sbx._client, method, *args, **kwargs)
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Steps:
+        return steps(getattr(self._sbx._client, method), *args, **kwargs)
 
     @operation
     def read(
@@ -264,7 +266,7 @@ class _FilesCore:
                     raise self._too_large(path, info.size, max_bytes)
             # The size can change (or path be a symlink): never take more than max_bytes + 1.
             want = max_bytes + 1 if length is None else min(length, max_bytes + 1)
-        resp = yield self._call("request", "GET", self._path("/content"),
+        resp = yield from self._call("request", "GET", self._path("/content"),
                                 query={"path": path, "offset": offset, "length": want})
         data: bytes = resp.body
         if max_bytes is not None and len(data) > max_bytes:
@@ -303,7 +305,7 @@ class _FilesCore:
         pos, left = offset, length
         while left is None or left > 0:
             n = chunk_size if left is None else min(chunk_size, left)
-            resp = yield self._call("request", "GET", self._path("/content"),
+            resp = yield from self._call("request", "GET", self._path("/content"),
                                     query={"path": path, "offset": pos, "length": n})
             data = resp.body
             if data:
@@ -382,7 +384,7 @@ class _FilesCore:
 
     def _put(self, path: str, body: bytes, mode: Union[int, str, None], parents: bool,
              offset: Optional[int]) -> Generator[Any, Any, FileInfo]:
-        d = yield self._call(
+        d = yield from self._call(
             "request_json", "PUT", self._path("/content"),
             query={"path": path, "mode": _mode_str(mode), "parents": None if parents else False,
                    "offset": offset},
@@ -392,7 +394,7 @@ class _FilesCore:
     @operation
     def list(self, path: str = "/workspace") -> List[FileInfo]:
         """Lists a directory's entries."""
-        d = yield self._call("request_json", "GET", self._path("/list"), query={"path": path})
+        d = yield from self._call("request_json", "GET", self._path("/list"), query={"path": path})
         return [FileInfo._from_api(e) for e in d.get("entries", [])]
 
     @operation
@@ -402,7 +404,7 @@ class _FilesCore:
         Raises:
             NotFound: Nothing is at ``path``.
         """
-        d = yield self._call("request_json", "GET", self._path("/stat"), query={"path": path})
+        d = yield from self._call("request_json", "GET", self._path("/stat"), query={"path": path})
         return FileInfo._from_api(d)
 
     @operation
@@ -421,14 +423,14 @@ class _FilesCore:
         body: Dict[str, Any] = {"path": path, "parents": parents}
         if mode is not None:
             body["mode"] = _mode_str(mode)
-        d = yield self._call("request_json", "POST", self._path("/mkdir"), json_body=body)
+        d = yield from self._call("request_json", "POST", self._path("/mkdir"), json_body=body)
         return FileInfo._from_api(d)
 
     @operation
     def remove(self, path: str, recursive: bool = False) -> None:
         """Removes a file, a symlink or an empty directory; a non-empty directory only with
         ``recursive=True``."""
-        yield self._call("request", "DELETE", self._path(""),
+        yield from self._call("request", "DELETE", self._path(""),
                          query={"path": path, "recursive": True if recursive else None})
 
 
@@ -470,12 +472,12 @@ class _SandboxCore:
         self._path = "/v1/sandboxes/" + quote(self.id, safe="")
         self.files = self._files_cls(self)
 
-    def _call(self, method: str, *args: Any, **kwargs: Any) -> Call:
-        return Call(self._client, method, *args, **kwargs)
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Steps:
+        return steps(getattr(self._client, method), *args, **kwargs)
 
     # ---- getting one ----
 
-    @class_operation
+    @class_context_operation
     def create(
         cls,
         *,
@@ -540,11 +542,11 @@ class _SandboxCore:
         body.update(options)
         body = {k: v for k, v in body.items() if v is not None}
         c = client if client is not None else cls._client_cls()
-        sbx = cls((yield Call(c, "request_json", "POST", "/v1/sandboxes", json_body=body)), c)
+        sbx = cls((yield from steps(c.request_json, "POST", "/v1/sandboxes", json_body=body)), c)
         sbx._owns_client = client is None
         return sbx
 
-    @class_operation
+    @class_context_operation
     def connect(cls, sandbox_id: str, *, client: Optional[Client] = None) -> "Sandbox":
         """Returns the existing sandbox ``sandbox_id``.
 
@@ -561,7 +563,7 @@ class _SandboxCore:
     def list(cls, *, client: Optional[Client] = None) -> List["Sandbox"]:
         """Every sandbox the daemon has (that this key may see)."""
         c = client if client is not None else cls._client_cls()
-        d = yield Call(c, "request_json", "GET", "/v1/sandboxes")
+        d = yield from steps(c.request_json, "GET", "/v1/sandboxes")
         return [cls(info, c) for info in d.get("sandboxes", [])]
 
     # ---- what it is ----
@@ -646,23 +648,23 @@ class _SandboxCore:
     @operation
     def refresh(self) -> "Sandbox":
         """Asks the daemon for the sandbox's current state and settings; returns self."""
-        return self._update((yield self._call("request_json", "GET", self._path)))
+        return self._update((yield from self._call("request_json", "GET", self._path)))
 
     @operation
     def stop(self) -> "Sandbox":
         """Stops the sandbox; its files stay (``start`` brings it back). Stopping a stopped
         sandbox is fine."""
-        return self._update((yield self._call("request_json", "POST", self._path + "/stop")))
+        return self._update((yield from self._call("request_json", "POST", self._path + "/stop")))
 
     @operation
     def start(self) -> "Sandbox":
         """Starts a stopped sandbox again, with the files it had, and a fresh lease."""
-        return self._update((yield self._call("request_json", "POST", self._path + "/start")))
+        return self._update((yield from self._call("request_json", "POST", self._path + "/start")))
 
     @operation
     def set_timeout(self, seconds: int) -> "Sandbox":
         """Sets the lease to end ``seconds`` from now (and become its length)."""
-        return self._update((yield self._call(
+        return self._update((yield from self._call(
             "request_json", "POST", self._path + "/timeout",
             json_body={"timeout_seconds": seconds})))
 
@@ -674,7 +676,7 @@ class _SandboxCore:
         daemon keeps it (normalised). The host enforces it: DNS answers only allowed names,
         and every connection goes through the daemon's egress proxy, which checks the TLS
         server name or the HTTP ``Host`` of each request."""
-        return self._update((yield self._call(
+        return self._update((yield from self._call(
             "request_json", "PUT", self._path + "/network", json_body=dict(network))))
 
     @operation
@@ -682,13 +684,13 @@ class _SandboxCore:
         """The sandbox's recent denied lookups and connections, oldest first:
         ``{"time", "via" ("dns" or "proxy"), "host", "port", "reason"}``. The daemon keeps the
         last 200."""
-        d = yield self._call("request_json", "GET", self._path + "/network/log")
+        d = yield from self._call("request_json", "GET", self._path + "/network/log")
         return list(d.get("entries", []))
 
     @operation
     def delete(self) -> None:
         """Deletes the sandbox and everything in it."""
-        yield self._call("request_json", "DELETE", self._path)
+        yield from self._call("request_json", "DELETE", self._path)
         info = dict(self._info)
         info["state"] = "deleted"
         self._info = info
@@ -696,7 +698,7 @@ class _SandboxCore:
     @operation
     def events(self) -> List[Dict[str, Any]]:
         """The sandbox's history, oldest first: ``{"at", "type", "state", "reason"}``."""
-        d = yield self._call("request_json", "GET", self._path + "/events")
+        d = yield from self._call("request_json", "GET", self._path + "/events")
         return list(d.get("events", []))
 
     @operation
@@ -725,7 +727,7 @@ class _SandboxCore:
     def stats(self) -> Dict[str, Any]:
         """Resource use measured on the host since the sandbox last started: ``cpu_usec``,
         ``memory_bytes``, ``pids``, ``oom_kills``."""
-        d: Dict[str, Any] = yield self._call("request_json", "GET", self._path + "/stats")
+        d: Dict[str, Any] = yield from self._call("request_json", "GET", self._path + "/stats")
         return d
 
     # ---- commands ----
@@ -750,13 +752,13 @@ class _SandboxCore:
         """
         body = self._exec_body(command, cwd, env, stdin, timeout_seconds, max_output_bytes)
         body["background"] = True
-        d = yield self._call("request_json", "POST", self._path + "/exec", json_body=body)
+        d = yield from self._call("request_json", "POST", self._path + "/exec", json_body=body)
         return self._command_cls(self, d)
 
     @operation
     def commands(self) -> List["Command"]:
         """The sandbox's background commands, oldest first."""
-        d = yield self._call("request_json", "GET", self._path + "/commands")
+        d = yield from self._call("request_json", "GET", self._path + "/commands")
         return [self._command_cls(self, c) for c in d.get("commands", [])]
 
     @operation
@@ -766,7 +768,7 @@ class _SandboxCore:
         Raises:
             NotFound: There is no such command.
         """
-        d = yield self._call("request_json", "GET",
+        d = yield from self._call("request_json", "GET",
                              f"{self._path}/commands/{quote(command_id, safe='')}")
         return self._command_cls(self, d)
 
@@ -837,7 +839,7 @@ class _SandboxCore:
             Conflict: The sandbox is not running.
         """
         body = self._exec_body(command, cwd, env, stdin, timeout_seconds, max_output_bytes)
-        d = yield self._call("request_json", "POST", self._path + "/exec", json_body=body,
+        d = yield from self._call("request_json", "POST", self._path + "/exec", json_body=body,
                              timeout=self._http_timeout(timeout_seconds))
         return ExecResult._from_api(d)
 
@@ -867,8 +869,8 @@ class _SandboxCore:
     def _stream(self, body: Dict[str, Any], timeout: float) -> Generator[Any, Any, None]:
         out = bytearray()
         err = bytearray()
-        lines = yield self._call("stream_ndjson", "POST", self._path + "/exec", json_body=body,
-                                 timeout=timeout)
+        lines = yield Call(self._client, "stream_ndjson", "POST", self._path + "/exec",
+                           json_body=body, timeout=timeout)
         while True:
             ev = yield NextLine(lines)
             if ev is None:
@@ -924,7 +926,9 @@ class Sandbox(_SandboxCore):
 class AsyncSandbox(_SandboxCore):
     """A sandbox on a withruntime daemon, for asyncio: the same as :class:`Sandbox` with every
     call a coroutine (``await AsyncSandbox.create()``, ``await sbx.exec(...)``,
-    ``await sbx.files.read(...)``) and ``exec_stream`` an async iterator. Its
+    ``await sbx.files.read(...)``) and ``exec_stream`` an async iterator. ``create`` and
+    ``connect`` may also be used directly in ``async with``
+    (``async with AsyncSandbox.create() as sbx:``). Its
     :class:`AsyncClient` keeps connections open between calls (a bounded pool per event loop),
     and any number of calls may run at once (``asyncio.gather``). As an ``async with`` block
     it ends its lease when the block is left (see :meth:`__aexit__`).
@@ -991,8 +995,8 @@ class _CommandCore:
     def _path(self) -> str:
         return f"{self._sandbox._path}/commands/{quote(self.id, safe='')}"
 
-    def _call(self, method: str, *args: Any, **kwargs: Any) -> Call:
-        return Call(self._sandbox._client, method, *args, **kwargs)
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Steps:
+        return steps(getattr(self._sandbox._client, method), *args, **kwargs)
 
     @property
     def info(self) -> Dict[str, Any]:
@@ -1032,12 +1036,12 @@ class _CommandCore:
     @operation
     def refresh(self) -> "Command":
         """Asks the daemon for the command's current state."""
-        return self._set((yield self._call("request_json", "GET", self._path)))
+        return self._set((yield from self._call("request_json", "GET", self._path)))
 
     @operation
     def output(self, stdout_offset: int = 0, stderr_offset: int = 0) -> CommandOutput:
         """Its output so far, from the given offsets (bytes)."""
-        d = yield self._call(
+        d = yield from self._call(
             "request_json", "GET", self._path + "/output",
             query={"stdout_offset": int(stdout_offset), "stderr_offset": int(stderr_offset)})
         self._info = {k: v for k, v in d.items()
@@ -1055,7 +1059,7 @@ class _CommandCore:
     def wait(self, timeout_seconds: float = 30) -> "Command":
         """Waits until the command ends, or ``timeout_seconds`` pass (then it is still
         ``running``: check :attr:`state`)."""
-        return self._set((yield self._call(
+        return self._set((yield from self._call(
             "request_json", "POST", self._path + "/wait",
             json_body={"timeout_seconds": timeout_seconds},
             timeout=float(timeout_seconds) + _EXEC_MARGIN)))
@@ -1068,7 +1072,7 @@ class _CommandCore:
         Raises:
             Conflict: It is not running.
         """
-        return self._set((yield self._call(
+        return self._set((yield from self._call(
             "request_json", "POST", self._path + "/signal", json_body={"signal": sig})))
 
     @operation

@@ -10,6 +10,7 @@ import hashlib
 import io
 import json
 import os
+import re
 
 import pytest
 
@@ -136,8 +137,8 @@ def test_same_answers_as_the_sync_sdk(sandbox):
 
 def test_create_and_async_with(daemon, new_sandboxes):
     async def main():
-        async with await AsyncSandbox.create(memory_mib=256, on_lease_end="delete",
-                                             metadata={"k": "v"}) as sbx:
+        async with AsyncSandbox.create(memory_mib=256, on_lease_end="delete",
+                                       metadata={"k": "v"}) as sbx:
             assert sbx.state == "running" and sbx.metadata == {"k": "v"}
             assert (await sbx.exec("cat /etc/hostname")).stdout == "sandbox\n"
             sid = sbx.id
@@ -145,6 +146,11 @@ def test_create_and_async_with(daemon, new_sandboxes):
         with pytest.raises(NotFound) as ei:
             await AsyncSandbox.connect(sid)
         assert sid in ei.value.message
+
+        # create is a coroutine as well: for a task, gather, asyncio.run
+        made = await asyncio.create_task(AsyncSandbox.create(memory_mib=256))
+        assert isinstance(made, AsyncSandbox) and made.state == "running"
+        await made.delete()
 
         # the default is to stop, and a block that raises still ends the lease
         with pytest.raises(ZeroDivisionError):
@@ -497,7 +503,9 @@ class Server:
         self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
         return self
 
-    async def __aexit__(self, *exc):
+    async def __aexit__(self, exc_type, *exc):
+        if exc_type is None:  # every connection was closed by one side or the other
+            await self.wait_for(lambda: self.open == 0)
         self.server.close()
         await self.server.wait_closed()
 
@@ -639,3 +647,16 @@ def test_timeouts_and_malformed_answers():
             assert "closed the connection" in ei.value.message
 
     run(main())
+
+
+def test_the_readmes_sdk_example(daemon, new_sandboxes, capsys):
+    readme = os.path.join(os.path.dirname(__file__), "..", "..", "python", "README.md")
+    with open(readme) as f:
+        text = f.read()
+    section = text[text.index("\n## Async\n"):]
+    example = re.findall(r"```python\n(.*?)```", section, re.S)[2]
+    assert "asyncio.run(main())" in example
+    exec(compile(example, "python/README.md (Async)", "exec"), {"__name__": "readme"})
+    assert capsys.readouterr().out == (str([f"{i}\n" for i in range(10)]) + "\n"
+                                       + "1\n2\n3\nexit 0\n")
+    assert new_sandboxes() == []
