@@ -447,41 +447,47 @@ class AsyncClient(ClientBase):
         head = self._request_head(method, target, self._headers(content_type, headers), body)
         pool = self._pool()
         await pool.slots.acquire()
+        held = True  # this call holds a slot (an answer, once made, gives it back itself)
         autostarted = False
-        while True:
-            conn = pool.take_idle()
-            reused = conn is not None
-            sent = False
-            try:
-                if conn is None:
-                    conn = await self._connect(timeout)
-                conn.writer.write(head)
-                if body:
-                    conn.writer.write(body)
-                await asyncio.wait_for(conn.writer.drain(), timeout)
-                sent = True
-            except BaseException as e:
-                if conn is not None:
-                    conn.abort()
-                if reused and isinstance(e, (ConnectionError, EOFError)):
-                    continue  # the daemon closed a kept connection: a fresh one
-                if (isinstance(e, Exception) and not autostarted
-                        and self._may_autostart(e, sent)):
-                    autostarted = True
-                    loop = asyncio.get_running_loop()
-                    if await loop.run_in_executor(None, self._maybe_autostart):
-                        continue
+        try:
+            while True:
+                conn = pool.take_idle()
+                reused = conn is not None
+                sent = False
+                try:
+                    if conn is None:
+                        conn = await self._connect(timeout)
+                    conn.writer.write(head)
+                    if body:
+                        conn.writer.write(body)
+                    await asyncio.wait_for(conn.writer.drain(), timeout)
+                    sent = True
+                except BaseException as e:
+                    if conn is not None:
+                        conn.abort()
+                    if reused and isinstance(e, (ConnectionError, EOFError)):
+                        continue  # the daemon closed a kept connection: a fresh one
+                    if (isinstance(e, Exception) and not autostarted
+                            and self._may_autostart(e, sent)):
+                        autostarted = True
+                        loop = asyncio.get_running_loop()
+                        if await loop.run_in_executor(None, self._maybe_autostart):
+                            continue
+                    if isinstance(e, WithruntimeError) or not isinstance(e, Exception):
+                        raise
+                    raise self._unavailable(e, timeout, sent) from None
+                answer = _Answer(self, pool, conn, timeout)
+                held = False
+                try:
+                    await answer.read_head(method)
+                except _Stale:  # the answer gave its slot back with the connection
+                    await pool.slots.acquire()
+                    held = True
+                    continue
+                return answer
+        finally:
+            if held:
                 pool.slots.release()
-                if isinstance(e, WithruntimeError) or not isinstance(e, Exception):
-                    raise
-                raise self._unavailable(e, timeout, sent) from None
-            answer = _Answer(self, pool, conn, timeout)
-            try:
-                await answer.read_head(method)
-            except _Stale:  # the answer gave its slot back with the connection
-                await pool.slots.acquire()
-                continue
-            return answer
 
     async def _exchange(self, method: str, target: str, body: Optional[bytes],
                         content_type: Optional[str],

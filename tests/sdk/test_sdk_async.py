@@ -660,3 +660,30 @@ def test_the_readmes_sdk_example(daemon, new_sandboxes, capsys):
     assert capsys.readouterr().out == (str([f"{i}\n" for i in range(10)]) + "\n"
                                        + "1\n2\n3\nexit 0\n")
     assert new_sandboxes() == []
+
+
+def test_cancelled_calls_give_their_connections_back():
+    async def main():
+        release = asyncio.Event()
+
+        async def answer(n, _):
+            await release.wait()
+            return json_answer({"n": n})
+
+        async with Server(answer) as srv:
+            client = AsyncClient(srv.url, max_connections=2)
+            # two calls held by the server, three more waiting for a connection: all cancelled
+            tasks = [asyncio.create_task(client.health()) for _ in range(5)]
+            await srv.wait_for(lambda: srv.in_flight == 2)
+            for t in tasks:
+                t.cancel()
+            done = await asyncio.gather(*tasks, return_exceptions=True)
+            assert all(isinstance(d, asyncio.CancelledError) for d in done)
+            release.set()
+            await srv.wait_for(lambda: srv.open == 0)  # their connections were closed
+            # both connections are free again
+            got = await asyncio.wait_for(asyncio.gather(client.health(), client.health()), 10)
+            assert sorted(g["n"] for g in got) == [3, 4]
+            await client.aclose()
+
+    run(main())
