@@ -9,7 +9,7 @@
 
 For asyncio, :class:`AsyncSandbox` is the same with every call a coroutine::
 
-    async with await AsyncSandbox.create(on_lease_end="delete") as sbx:
+    async with AsyncSandbox.create(on_lease_end="delete") as sbx:
         print((await sbx.exec("echo hi")).stdout)
         tools = async_sandbox_tools(sbx)   # the same four tools, as coroutines
 

@@ -7,6 +7,10 @@ and docstrings (Agno, and others) can give to a model.
     run, read, write, ls = sandbox_tools(sbx)
     agent = Agent(model=model, tools=[run, read, write, ls])
 
+``async_sandbox_tools(sbx)`` gives the same four tools as coroutine functions over an
+:class:`~withruntime.AsyncSandbox`, for agents run with ``await agent.arun(...)``; both are
+made from one definition of each tool.
+
 Each tool returns a string meant for a model: it never raises for what happens in the sandbox
 (a failing command, a missing file, a stopped sandbox); it says what happened so the model can
 act on it. Long output is cut to a head and a tail with a note of how much was cut; binary files
