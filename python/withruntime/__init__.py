@@ -40,6 +40,7 @@ from .errors import (
     WithruntimeError,
 )
 from .sandbox import (
+    CreateProgress,
     AsyncCommand,
     AsyncFiles,
     AsyncSandbox,
@@ -62,6 +63,7 @@ __all__ = [
     "AsyncClient",
     "ExecResult",
     "ExecEvent",
+    "CreateProgress",
     "FileInfo",
     "Files",
     "Command",

@@ -17,12 +17,14 @@ from one set of operations (``_ops``), so they send the same requests and answer
 from __future__ import annotations
 
 import base64
+import time
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import (  # AsyncIterator: named by the async classes' annotations
     Any,
     AsyncIterator,  # noqa: F401
     BinaryIO,
+    Callable,
     Dict,
     Generator,
     Iterator,
@@ -488,6 +490,26 @@ class AsyncFiles(_FilesCore):
     relative to ``/workspace``; every path resolves inside the sandbox, never on the host."""
 
 
+@dataclass(frozen=True)
+class CreateProgress:
+    """How a :meth:`Sandbox.create` is going (its ``on_progress`` callback gets these)."""
+
+    stage: str  #: "requesting", then "running" or "failed"
+    elapsed_seconds: float  #: since the create began
+    sandbox_id: Optional[str] = None  #: once running
+    error: Optional[BaseException] = None  #: when failed
+
+
+def _progress(cb: Optional[Callable[[CreateProgress], Any]], stage: str, t0: float,
+              **kw: Any) -> None:
+    if cb is None:
+        return
+    try:
+        cb(CreateProgress(stage=stage, elapsed_seconds=time.monotonic() - t0, **kw))
+    except Exception:  # a progress display must never lose the sandbox
+        pass
+
+
 class _SandboxCore:
     """A sandbox on a withruntime daemon. Get one with :meth:`create`, :meth:`connect` or
     :meth:`list`; as a context manager it ends its lease when the block is left (see
@@ -534,6 +556,7 @@ class _SandboxCore:
         secrets: Optional[Sequence[str]] = None,
         max_cost_micros: Optional[int] = None,
         client: Optional[Client] = None,
+        on_progress: Optional[Callable[["CreateProgress"], Any]] = None,
         **options: Any,
     ) -> "Sandbox":
         """Creates a sandbox and returns it running. Options left out (or None) take the
@@ -559,6 +582,11 @@ class _SandboxCore:
                 the daemon stops it (files kept) and later execs raise :class:`CostLimit`. Its
                 ``cost_micros`` so far is in :attr:`info` (after :meth:`refresh`).
             client: The daemon to use (default: found from the environment).
+            on_progress: Called with a :class:`CreateProgress` as the create goes: ``stage``
+                ``"requesting"`` when the request is sent, then ``"running"`` (with the
+                sandbox's id) or ``"failed"`` (with the error), each with the seconds since the
+                start. Called on the caller's thread (or event loop): keep it quick. What it
+                raises is ignored, so a broken progress display never loses a sandbox.
             **options: Any other field of ``POST /v1/sandboxes``, passed through as is: a field
                 the daemon does not know is answered with :class:`InvalidRequest` naming it.
 
@@ -583,8 +611,16 @@ class _SandboxCore:
         body.update(options)
         body = {k: v for k, v in body.items() if v is not None}
         c = client if client is not None else cls._client_cls()
-        sbx = cls((yield from steps(c.request_json, "POST", "/v1/sandboxes", json_body=body)), c)
+        t0 = time.monotonic()
+        _progress(on_progress, "requesting", t0)
+        try:
+            info = yield from steps(c.request_json, "POST", "/v1/sandboxes", json_body=body)
+        except BaseException as e:
+            _progress(on_progress, "failed", t0, error=e)
+            raise
+        sbx = cls(info, c)
         sbx._owns_client = client is None
+        _progress(on_progress, "running", t0, sandbox_id=sbx.id)
         return sbx
 
     @class_context_operation
