@@ -156,15 +156,21 @@ def in_batches(n, fn, width=8):
     return out
 
 
-def cgroup_cpu_ns(ids):
+def cgroup_sum(ids, path_fmt):
+    """The sum of one integer file over the sandboxes' cgroups (path_fmt % id); missing ones
+    (a sandbox gone meanwhile) count 0."""
     total = 0
     for sid in ids:
         try:
-            with open(f"{CPUACCT}/{sid}/cpuacct.usage") as f:
+            with open(path_fmt % sid) as f:
                 total += int(f.read())
         except OSError:
             pass
     return total
+
+
+def cgroup_cpu_ns(ids):
+    return cgroup_sum(ids, CPUACCT + "/%s/cpuacct.usage")
 
 
 def host_busy():
@@ -187,14 +193,7 @@ def mem_available():
 def cgroup_mem_bytes(ids):
     """The sum of the sandboxes' memory cgroups' usage (their processes' memory plus the page
     cache they brought in)."""
-    total = 0
-    for sid in ids:
-        try:
-            with open(f"{MEMCG}/{sid}/memory.usage_in_bytes") as f:
-                total += int(f.read())
-        except OSError:
-            pass
-    return total
+    return cgroup_sum(ids, MEMCG + "/%s/memory.usage_in_bytes")
 
 
 def pss_bytes(pids):

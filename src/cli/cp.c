@@ -42,15 +42,6 @@ static int split_remote(const char *arg, char *id, size_t idlen, const char **pa
     return 0;
 }
 
-static char *files_url(const char *id, const char *what, const char *path, const char *extra)
-{
-    cleanup_free char *q = cli_query_escape(path);
-    char *out = NULL;
-    if (asprintf(&out, "/v1/sandboxes/%s/files/%s?path=%s%s", id, what, q, extra ? extra : "") < 0)
-        abort();
-    return out;
-}
-
 /* PUTs buf[len] to path in the sandbox at offset (the first piece replaces the file). */
 static int put_piece(const struct cli_endpoint *ep, const char *id, const char *path,
                      const void *buf, size_t len, uint64_t offset, unsigned mode,
@@ -61,7 +52,7 @@ static int put_piece(const struct cli_endpoint *ep, const char *id, const char *
         snprintf(extra, sizeof(extra), "&offset=%llu", (unsigned long long)offset);
     else
         snprintf(extra, sizeof(extra), "&mode=%04o", mode & 0777);
-    cleanup_free char *url = files_url(id, "content", path, extra);
+    cleanup_free char *url = cli_files_url(id, "content", path, extra);
     struct cli_request req;
     cli_request_init(&req, "PUT", url);
     req.content_type = "application/octet-stream";
@@ -203,7 +194,7 @@ static int cp_down(const struct cli_endpoint *ep, const char *id, const char *sr
 {
     struct wr_err err = {0};
     json_t *st = NULL;
-    cleanup_free char *stat_url = files_url(id, "stat", src, NULL);
+    cleanup_free char *stat_url = cli_files_url(id, "stat", src, NULL);
     if (cli_json_call(ep, "GET", stat_url, NULL, &st, &err) < 0)
         return cli_fail(&err);
     const char *type = cli_str_or(st, "type", "");
@@ -213,7 +204,7 @@ static int cp_down(const struct cli_endpoint *ep, const char *id, const char *sr
     json_decref(st); /* type was st's */
     if (is_link) {
         /* Followed, as cp does: a listing works for a directory only. */
-        cleanup_free char *list_url = files_url(id, "list", src, NULL);
+        cleanup_free char *list_url = cli_files_url(id, "list", src, NULL);
         json_t *ls = NULL;
         struct wr_err lerr = {0};
         if (cli_json_call(ep, "GET", list_url, NULL, &ls, &lerr) < 0) {
@@ -233,7 +224,7 @@ static int cp_down(const struct cli_endpoint *ep, const char *id, const char *sr
             cli_errorf("%s: %s", dst, strerror(errno));
             return CLI_EXIT_ERR;
         }
-        cleanup_free char *url = files_url(id, "content", src, NULL);
+        cleanup_free char *url = cli_files_url(id, "content", src, NULL);
         cli_request_init(&req, "GET", url);
         req.on_data = to_fd;
         req.ctx = &fd;
@@ -255,7 +246,7 @@ static int cp_down(const struct cli_endpoint *ep, const char *id, const char *sr
         return CLI_EXIT_ERR;
     }
     struct untar *u = untar_new(dfd, lim);
-    cleanup_free char *url = files_url(id, "archive", src, NULL);
+    cleanup_free char *url = cli_files_url(id, "archive", src, NULL);
     cli_request_init(&req, "GET", url);
     req.on_data = to_untar;
     req.ctx = u;

@@ -27,7 +27,7 @@ static int to_stdout(void *ctx, const char *data, size_t len, struct wr_err *err
     return 0;
 }
 
-static char *file_path(const char *id, const char *what, const char *path, const char *extra)
+char *cli_files_url(const char *id, const char *what, const char *path, const char *extra)
 {
     cleanup_free char *q = cli_query_escape(path);
     char *out = NULL;
@@ -49,7 +49,7 @@ int cli_sandbox_cat(struct cli_ctx *c, int argc, char **argv)
     const struct cli_endpoint *ep;
     if (cli_endpoint(c, &ep) != 0)
         return CLI_EXIT_DAEMON;
-    cleanup_free char *path = file_path(id, "content", argv[optind + 1], NULL);
+    cleanup_free char *path = cli_files_url(id, "content", argv[optind + 1], NULL);
     struct cli_request req;
     cli_request_init(&req, "GET", path);
     req.on_data = to_stdout;
@@ -212,7 +212,7 @@ int cli_sandbox_write(struct cli_ctx *c, int argc, char **argv)
             snprintf(extra, sizeof(extra), "&mode=%s", mode);
         else if (sent > 0)
             snprintf(extra, sizeof(extra), "&offset=%zu", sent);
-        cleanup_free char *path = file_path(id, "content", dst, extra);
+        cleanup_free char *path = cli_files_url(id, "content", dst, extra);
         struct cli_request req;
         cli_request_init(&req, "PUT", path);
         req.content_type = "application/octet-stream";
@@ -252,7 +252,7 @@ int cli_sandbox_ls(struct cli_ctx *c, int argc, char **argv)
     if (cli_endpoint(c, &ep) != 0)
         return CLI_EXIT_DAEMON;
     cleanup_free char *path =
-        file_path(id, "list", npos == 2 ? argv[optind + 1] : "/workspace", NULL);
+        cli_files_url(id, "list", npos == 2 ? argv[optind + 1] : "/workspace", NULL);
     struct wr_err err = {0};
     json_t *res = NULL;
     if (cli_json_call(ep, "GET", path, NULL, &res, &err) < 0)

@@ -60,6 +60,10 @@ int cli_bad_option(const char *cmd, int argc, char **argv);
 int cli_session_run(struct cli_ctx *ctx, const char *id, json_t *argv, json_t *env, const char *cwd,
                     int want_tty);
 
+/** "/v1/sandboxes/ID/files/WHAT?path=PATH" with PATH escaped, and extra ("&k=v...", may be
+ * NULL) after it (malloc'd; aborts when out of memory). */
+char *cli_files_url(const char *id, const char *what, const char *path, const char *extra);
+
 /** `sandbox shell` (cli/shell.c). */
 int cli_sandbox_shell(struct cli_ctx *c, int argc, char **argv);
 
