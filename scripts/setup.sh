@@ -42,7 +42,8 @@ SRC
 PKGS="build-essential pkg-config libevent-dev libjansson-dev libsqlite3-dev libssl-dev \
 nftables libnftables-dev \
 mmdebstrap iproute2 procps ca-certificates \
-python3 python3-venv clang-format e2fsprogs"
+python3 python3-venv clang-format e2fsprogs \
+chromium chromium-driver"
 
 need=""
 for p in $PKGS; do

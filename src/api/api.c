@@ -59,6 +59,7 @@ enum {
     H_AUDIT,
     H_USAGE,
     H_METRICS,
+    H_WHOAMI,
 };
 
 static const handler_fn handlers[] = {
@@ -100,6 +101,7 @@ static const handler_fn handlers[] = {
     [H_AUDIT] = api_audit_list,
     [H_USAGE] = api_usage,
     [H_METRICS] = api_metrics,
+    [H_WHOAMI] = api_whoami,
 };
 
 /* Who may call a route: anyone let in (reads), a key that is not read-only, the admin, or (for
@@ -139,6 +141,7 @@ static const struct route routes[] = {
     {"GET", "/metrics", H_METRICS, NULL},
     {"GET", "/v1/health", H_HEALTH, NULL},
     {"GET", "/v1/images", H_IMAGES, NULL},
+    {"GET", "/v1/whoami", H_WHOAMI, NULL},
     {"POST", "/v1/keys", H_KEYS_CREATE, NULL},
     {"GET", "/v1/keys", H_KEYS_LIST, NULL},
     {"GET", "/v1/keys/{id}", H_KEY_GET, NULL},
@@ -242,6 +245,10 @@ void api_handle(struct http_req *req, void *ctx)
     }
     if (http_req_query_bad(req)) {
         http_reply_error(req, 400, "invalid_request", "malformed query string");
+        return;
+    }
+    if (api_web_is_asset(method, path)) {
+        api_web_serve(d, req);
         return;
     }
     if (door_check(d, req, &c->who) < 0)

@@ -65,6 +65,13 @@ int api_query_u64(struct http_req *req, const char *name, uint64_t def, uint64_t
 /** Answers 400 invalid_request with msg. Frees req. */
 void api_reply_invalid(struct http_req *req, const char *msg);
 
+/** Returns 1 if method and path ask for one of the dashboard's files (api/web.c). */
+int api_web_is_asset(const char *method, const char *path);
+
+/** Answers a request for one of the dashboard's files (no key needed; Host and Origin
+ * checked). Frees req. */
+void api_web_serve(struct daemon *d, struct http_req *req);
+
 /* Handlers, by resource. */
 void api_sandboxes_create(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_sandboxes_list(struct daemon *d, struct http_req *req, struct route_match *m);
@@ -103,6 +110,7 @@ void api_keys_update(struct daemon *d, struct http_req *req, struct route_match 
 void api_keys_revoke(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_audit_list(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_usage(struct daemon *d, struct http_req *req, struct route_match *m);
+void api_whoami(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_metrics(struct daemon *d, struct http_req *req, struct route_match *m);
 
 #endif
