@@ -276,6 +276,15 @@ void api_handle(struct http_req *req, void *ctx)
         handlers[m.handler](d, req, &m);
         return;
     }
+    case ROUTE_NOT_FOUND:
+        if (api_web_is_asset(NULL, path)) { /* a dashboard file, with a method other than GET */
+            http_reply_header(req, "Allow", "GET");
+            http_reply_error(req, 405, "method_not_allowed",
+                             "%s is not allowed on %.200s (allowed: GET)", method, path);
+            return;
+        }
+        http_reply_error(req, 404, "not_found", "no such route: %s %.200s", method, path);
+        return;
     case ROUTE_BAD_METHOD:
         http_reply_header(req, "Allow", m.allow);
         http_reply_error(req, 405, "method_not_allowed",

@@ -65,7 +65,8 @@ int api_query_u64(struct http_req *req, const char *name, uint64_t def, uint64_t
 /** Answers 400 invalid_request with msg. Frees req. */
 void api_reply_invalid(struct http_req *req, const char *msg);
 
-/** Returns 1 if method and path ask for one of the dashboard's files (api/web.c). */
+/** Returns 1 if method and path ask for one of the dashboard's files (api/web.c); a NULL
+ * method: if path is one, whatever the method. */
 int api_web_is_asset(const char *method, const char *path);
 
 /** Answers a request for one of the dashboard's files (no key needed; Host and Origin

@@ -12,6 +12,7 @@
 
 extern const char wr_web_index_html[], wr_web_index_html_end[];
 extern const char wr_web_app_js[], wr_web_app_js_end[];
+extern const char wr_web_term_js[], wr_web_term_js_end[];
 extern const char wr_web_app_css[], wr_web_app_css_end[];
 extern const char wr_web_icon_svg[], wr_web_icon_svg_end[];
 
@@ -22,13 +23,14 @@ static const struct asset {
 } assets[] = {
     {"/", "text/html; charset=utf-8", wr_web_index_html, wr_web_index_html_end},
     {"/app.js", "text/javascript; charset=utf-8", wr_web_app_js, wr_web_app_js_end},
+    {"/term.js", "text/javascript; charset=utf-8", wr_web_term_js, wr_web_term_js_end},
     {"/app.css", "text/css; charset=utf-8", wr_web_app_css, wr_web_app_css_end},
     {"/icon.svg", "image/svg+xml", wr_web_icon_svg, wr_web_icon_svg_end},
 };
 
 int api_web_is_asset(const char *method, const char *path)
 {
-    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
+    if (method && strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
         return 0;
     for (size_t i = 0; i < WR_ARRAY_LEN(assets); i++)
         if (strcmp(path, assets[i].path) == 0)

@@ -12,6 +12,7 @@
 
 ASSET(wr_web_index_html, "web/index.html")
 ASSET(wr_web_app_js, "web/app.js")
+ASSET(wr_web_term_js, "web/term.js")
 ASSET(wr_web_app_css, "web/app.css")
 ASSET(wr_web_icon_svg, "web/icon.svg")
 

@@ -22,7 +22,8 @@ CHROMIUM = os.environ.get("WR_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("WR_CHROMEDRIVER", "/usr/bin/chromedriver")
 WAIT = 20  # seconds any one thing on the page may take to show (a stop takes a few)
 
-ASSETS = {"/": "text/html", "/app.js": "text/javascript", "/app.css": "text/css",
+ASSETS = {"/": "text/html", "/app.js": "text/javascript", "/term.js": "text/javascript",
+          "/app.css": "text/css",
           "/icon.svg": "image/svg+xml"}
 
 
@@ -59,6 +60,9 @@ def test_files_need_no_key_and_carry_strict_headers(daemon):
     assert daemon.admin.request("GET", "/", validate=False).status == 200
     assert plain(daemon).request("GET", "/index.html", validate=False).status == 401
     assert plain(daemon).request("POST", "/", validate=False).status == 401
+    for method in ("POST", "DELETE", "TRACE"):  # with a key: the file is there, not the method
+        r = daemon.client.request(method, "/app.js", validate=False)
+        assert r.status == 405 and r.headers["allow"] == "GET", r
 
 
 def test_page_origin_is_let_in_and_a_foreign_one_is_not(daemon):
@@ -295,3 +299,4 @@ def test_browser_sign_in_list_stop_files_and_read_only(daemon, browser, two):
         shot(drv, "sandboxes-phone")
     finally:
         drv.set_window_size(1280, 1000)
+

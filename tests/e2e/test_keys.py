@@ -243,7 +243,7 @@ def test_every_route_needs_a_key(daemon):
             open_routes += 1
         else:
             assert r.status == 401, (method, template, r)
-    assert open_routes == 4
+    assert open_routes == 5
 
 
 def test_read_only_keys_read_and_nothing_else(daemon, keys):
