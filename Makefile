@@ -38,7 +38,7 @@ UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/tests/%)
 
-.PHONY: all check install clean format format-check
+.PHONY: all check install clean format format-check docs
 
 all: $(BUILD)/withruntime $(BUILD)/withruntime-agent
 
@@ -85,6 +85,10 @@ install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/withruntime
 	install -m 0755 $(BUILD)/withruntime $(DESTDIR)$(PREFIX)/bin/withruntime
 	install -m 0755 $(BUILD)/withruntime-agent $(DESTDIR)$(PREFIX)/lib/withruntime/withruntime-agent
+
+# docs/cli.md is made from the CLI's command table (tests/e2e/test_cli_cover.py checks it).
+docs: $(BUILD)/withruntime
+	$(BUILD)/withruntime help --markdown > docs/cli.md
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')

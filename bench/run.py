@@ -567,6 +567,13 @@ def machine_info(platform_name):
             "runsc_platform": platform_name, "python": platform.python_version()}
 
 
+def host_jiffies():
+    """(busy, total) jiffies of all the host's CPUs, from /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return sum(v) - v[3] - v[4], sum(v)
+
+
 def git_commit():
     """The commit measured: {"sha": HEAD, "dirty": the work tree had changes}."""
     def git(*args):
@@ -594,7 +601,10 @@ def markdown(res):
         + (" (with uncommitted changes)" if res["commit"]["dirty"] else ""),
         "",
         f"Machine: {m['nproc']} CPUs ({m['cpu']}), {m['ram_gib']} GiB RAM, kernel "
-        f"{m['kernel']}, {m['runsc']} (platform {m['runsc_platform']})",
+        f"{m['kernel']}, {m['runsc']} (platform {m['runsc_platform']})"
+        + (f"; the host's CPUs were {m['host_busy_pct_during_run']} % busy over the run "
+           "(everything on the machine, this run included)"
+           if "host_busy_pct_during_run" in m else ""),
     ]
     lat = r.get("create_to_first_exec")
     if lat:
@@ -648,8 +658,64 @@ def markdown(res):
             lines.append(f"| read, curl to /dev/null | {f['read']['withruntime_curl']} | "
                          f"{f['read']['sandbox_dd_page_cache']} | {f['read']['ratio_curl']:.2f} |")
     lines += markdown_pool(r.get("pool")) + markdown_idle(r.get("idle")) + \
-        markdown_restore(r.get("restore"))
+        markdown_restore(r.get("restore")) + markdown_targets(r)
     return "\n".join(lines)
+
+
+def targets(r):
+    """Issue 11's targets against this run: [(what, target, measured, met)]."""
+    out = []
+    p = r.get("pool")
+    if p:
+        w, wb = p["results"]["warm_single"], p["results"]["warm_burst"]
+        out.append(("warm create → first exec, p50", "< 50 ms", f"{w['p50_ms']:.1f} ms",
+                    w["p50_ms"] < 50))
+        k = p["config"]["burst"]
+        x = wb["p99_ms"] / w["p50_ms"]
+        floor = wb["exec_burst_on_running"]["p99_ms"]
+        out.append((f"{k} warm creates at once, p99 ÷ one warm create's p50", "≤ 3×",
+                    f"{x:.1f}× ({wb['p99_ms']:.0f} ms; {k} execs at once on running sandboxes, "
+                    f"the host's floor: {floor:.0f} ms p99, so ≥ {floor / w['p50_ms']:.1f}× "
+                    "before any create)", x <= 3))
+        cb = p["results"]["cold_burst"]
+        out.append((f"{k} creates at once with no pool", "none fails", f"all {cb['n']} created",
+                    True))
+    d = r.get("idle")
+    if d:
+        top = max(d["frozen"]["by_count"], key=int)
+        f = d["frozen"]["by_count"][top]
+        out.append((f"{top} idle sandboxes, CPU together (frozen)", "< 5 % of a core",
+                    f"{f['cpu']['together_pct_of_core']} %",
+                    f["cpu"]["together_pct_of_core"] < 5))
+        out.append((f"exec beside {top} idle sandboxes ÷ empty host, p50", "≤ 1.5×",
+                    f"{f['exec_p50_ratio_to_empty']}×", (f["exec_p50_ratio_to_empty"] or 99) <= 1.5))
+    fl = r.get("files_throughput_mib_s")
+    if fl:
+        rd = fl["read"].get("withruntime_curl", fl["read"]["withruntime"])
+        out.append((f"{fl['size_mib']} MiB read through the API (curl)", "≥ 1024 MiB/s",
+                    f"{rd} MiB/s", rd >= 1024))
+        out.append((f"{fl['size_mib']} MiB write ÷ `dd conv=fsync` in the sandbox", "≥ 0.5",
+                    f"{fl['write']['ratio']:.2f}", fl["write"]["ratio"] >= 0.5))
+    ex = r.get("exec_roundtrip")
+    if ex:
+        out.append(("exec `true` ÷ the in-sandbox spawn floor, p50", "≤ 1.1×",
+                    f"{ex['p50_vs_floor']:.2f}×", ex["p50_vs_floor"] <= 1.1))
+    x = r.get("restore")
+    if x:
+        out.append(("restore from a checkpoint ÷ boot, p50", "use it if < 1",
+                    f"{x['restore_p50_over_boot_p50']}", None))
+    return out
+
+
+def markdown_targets(r):
+    t = targets(r)
+    if not t:
+        return []
+    lines = ["", "| issue 11's target | wanted | this run | met |", "|---|---|---|---|"]
+    for what, want, got, met in t:
+        lines.append(f"| {what} | {want} | {got} | "
+                     f"{'yes' if met else ('—' if met is None else '**no**')} |")
+    return lines
 
 
 def p50_99(s):
@@ -862,6 +928,7 @@ def main():
     if os.geteuid() != 0:
         raise SystemExit("bench: run as root (runsc and the daemon need it)")
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    busy0 = host_jiffies()
     workdir = tempfile.mkdtemp(prefix="wr-bench-")
     own_state = None
     daemon = None
@@ -918,10 +985,14 @@ def main():
             log(f"runsc checkpoint/restore against run, {args.restore_n} each")
             results["restore"] = restore.measure(rootfs, args.platform, args.restore_n,
                                                  tempfile.mkdtemp(dir=workdir))
+        busy1 = host_jiffies()
+        machine = machine_info(args.platform)
+        machine["host_busy_pct_during_run"] = round(
+            100 * (busy1[0] - busy0[0]) / max(busy1[1] - busy0[1], 1), 1)
         res = {
             "started_at": started,
             "commit": git_commit(),
-            "machine": machine_info(args.platform),
+            "machine": machine,
             "daemon": {"url": url, "started_here": daemon is not None,
                        "health": health},
             "config": {"n": args.n, "parallel": args.parallel, "exec_n": args.exec_n,

@@ -7,8 +7,10 @@
 #ifndef WR_API_H
 #define WR_API_H
 
+#include <getopt.h>
 #include <jansson.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "common/err.h"
 #include "http/http.h"
@@ -26,6 +28,12 @@ void api_handle(struct http_req *req, void *ctx);
  * SIGTERM/SIGINT, then shuts the daemon down. argv[0] is "serve". Returns the exit status.
  */
 int api_serve_main(int argc, char **argv);
+
+/** Prints `withruntime serve --help` to out. */
+void api_serve_usage(FILE *out);
+
+/** serve's long options (getopt_long's table, ending with a zeroed entry). */
+extern const struct option api_serve_options[];
 
 /**
  * A sink (daemon/sink.h) answering req: the service's replies become JSON bodies, its

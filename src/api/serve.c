@@ -37,7 +37,7 @@ struct server {
 #define MAX_CONNS 4096
 #define BODY_MEMORY_MIB 256
 
-static void usage(FILE *out)
+void api_serve_usage(FILE *out)
 {
     fprintf(out,
             "usage: withruntime serve [--state-dir DIR] [--listen HOST:PORT|none] [--socket PATH]\n"
@@ -147,7 +147,10 @@ static void usage(FILE *out)
             "  --cpu-floor-permille N CPU is billed at no less than this share of each vCPU\n"
             "                         (default 25: 2.5 %%, gVisor's own idle work)\n"
             "  --meter-clock FILE     for tests: the meter's clock is the unix time in ms\n"
-            "                         written in FILE, and moves only when it does\n");
+            "                         written in FILE, and moves only when it does\n"
+            "\n"
+            "Example:\n"
+            "  withruntime serve --listen 127.0.0.1:7070 --max-running 20 --pool 4\n");
 }
 
 /* The states and reasons the API can report, for the tests that check the spec against them. */
@@ -209,49 +212,51 @@ static int host_name_add(struct daemon_config *cfg, const char *name)
     return 0;
 }
 
+/* serve's options: also what `withruntime completion` offers after `serve`. */
+const struct option api_serve_options[] = {{"state-dir", required_argument, NULL, 's'},
+                                           {"listen", required_argument, NULL, 'l'},
+                                           {"socket", required_argument, NULL, 'u'},
+                                           {"agent", required_argument, NULL, 'a'},
+                                           {"platform", required_argument, NULL, 'p'},
+                                           {"driver", required_argument, NULL, 'D'},
+                                           {"debug", no_argument, NULL, 'd'},
+                                           {"print-enums", no_argument, NULL, 'E'},
+                                           {"output-memory-mib", required_argument, NULL, 'O'},
+                                           {"idle-timeout", required_argument, NULL, 'I'},
+                                           {"agent-deadline", required_argument, NULL, 'X'},
+                                           {"max-connections", required_argument, NULL, 'C'},
+                                           {"header-timeout", required_argument, NULL, 'H'},
+                                           {"body-memory-mib", required_argument, NULL, 'B'},
+                                           {"max-running", required_argument, NULL, 'R'},
+                                           {"max-sandboxes", required_argument, NULL, 'S'},
+                                           {"memory-overcommit", required_argument, NULL, 'M'},
+                                           {"disk-overcommit", required_argument, NULL, 'K'},
+                                           {"disk-reserve-mib", required_argument, NULL, 'V'},
+                                           {"max-loop-devices", required_argument, NULL, 'L'},
+                                           {"max-agent-log-kib", required_argument, NULL, 'G'},
+                                           {"stopped-retention", required_argument, NULL, 'T'},
+                                           {"egress", required_argument, NULL, 'N'},
+                                           {"dns-upstream", required_argument, NULL, 'U'},
+                                           {"public-ranges", required_argument, NULL, 'P'},
+                                           {"extra-ca-file", required_argument, NULL, 'A'},
+                                           {"host-name", required_argument, NULL, 'W'},
+                                           {"price-vcpu-hour", required_argument, NULL, 1001},
+                                           {"price-gib-hour", required_argument, NULL, 1002},
+                                           {"cpu-floor-permille", required_argument, NULL, 1003},
+                                           {"meter-clock", required_argument, NULL, 1004},
+                                           {"pool", required_argument, NULL, 1005},
+                                           {"freeze-after", required_argument, NULL, 1006},
+                                           {"tls-cert", required_argument, NULL, 'c'},
+                                           {"tls-key", required_argument, NULL, 'k'},
+                                           {"help", no_argument, NULL, 'h'},
+                                           {NULL, 0, NULL, 0}};
+
 static int parse_args(int argc, char **argv, struct server *srv)
 {
     struct daemon_config *cfg = &srv->d.cfg;
-    static const struct option opts[] = {{"state-dir", required_argument, NULL, 's'},
-                                         {"listen", required_argument, NULL, 'l'},
-                                         {"socket", required_argument, NULL, 'u'},
-                                         {"agent", required_argument, NULL, 'a'},
-                                         {"platform", required_argument, NULL, 'p'},
-                                         {"driver", required_argument, NULL, 'D'},
-                                         {"debug", no_argument, NULL, 'd'},
-                                         {"print-enums", no_argument, NULL, 'E'},
-                                         {"output-memory-mib", required_argument, NULL, 'O'},
-                                         {"idle-timeout", required_argument, NULL, 'I'},
-                                         {"agent-deadline", required_argument, NULL, 'X'},
-                                         {"max-connections", required_argument, NULL, 'C'},
-                                         {"header-timeout", required_argument, NULL, 'H'},
-                                         {"body-memory-mib", required_argument, NULL, 'B'},
-                                         {"max-running", required_argument, NULL, 'R'},
-                                         {"max-sandboxes", required_argument, NULL, 'S'},
-                                         {"memory-overcommit", required_argument, NULL, 'M'},
-                                         {"disk-overcommit", required_argument, NULL, 'K'},
-                                         {"disk-reserve-mib", required_argument, NULL, 'V'},
-                                         {"max-loop-devices", required_argument, NULL, 'L'},
-                                         {"max-agent-log-kib", required_argument, NULL, 'G'},
-                                         {"stopped-retention", required_argument, NULL, 'T'},
-                                         {"egress", required_argument, NULL, 'N'},
-                                         {"dns-upstream", required_argument, NULL, 'U'},
-                                         {"public-ranges", required_argument, NULL, 'P'},
-                                         {"extra-ca-file", required_argument, NULL, 'A'},
-                                         {"host-name", required_argument, NULL, 'W'},
-                                         {"price-vcpu-hour", required_argument, NULL, 1001},
-                                         {"price-gib-hour", required_argument, NULL, 1002},
-                                         {"cpu-floor-permille", required_argument, NULL, 1003},
-                                         {"meter-clock", required_argument, NULL, 1004},
-                                         {"pool", required_argument, NULL, 1005},
-                                         {"freeze-after", required_argument, NULL, 1006},
-                                         {"tls-cert", required_argument, NULL, 'c'},
-                                         {"tls-key", required_argument, NULL, 'k'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
     optind = 1;
     int c;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "h", api_serve_options, NULL)) != -1) {
         switch (c) {
         case 's': snprintf(cfg->state_dir, sizeof(cfg->state_dir), "%s", optarg); break;
         case 'l': {
@@ -463,8 +468,8 @@ static int parse_args(int argc, char **argv, struct server *srv)
                 return -1;
             }
             break;
-        case 'h': usage(stdout); exit(0);
-        default: usage(stderr); return -1;
+        case 'h': api_serve_usage(stdout); exit(0);
+        default: api_serve_usage(stderr); return -1;
         }
     }
     if (optind < argc) {

@@ -1,11 +1,13 @@
 /*
- * What the CLI's subcommands share: the global options, finding the daemon, exit codes and
- * the way errors are printed. main.c parses the global options and dispatches to the
- * cli_cmd_* entry points, one file per group of subcommands.
+ * What the CLI's subcommands share: the global options, the command table, finding the
+ * daemon, exit codes and the way errors are printed. main.c parses the global options and
+ * hands the rest to cli_dispatch (dispatch.c), which runs the row of the command table
+ * (table.c) the words name: a new command is a row there and its function in a file.
  */
 #ifndef WR_CLI_CLI_H
 #define WR_CLI_CLI_H
 
+#include <getopt.h>
 #include <jansson.h>
 #include <limits.h>
 #include <stdbool.h>
@@ -14,9 +16,13 @@
 #include "cli/client.h"
 #include "common/err.h"
 
+/* Exit codes, the same for every command (documented in `withruntime --help`, dispatch.c). */
 #define CLI_EXIT_OK 0
-#define CLI_EXIT_ERR 1
-#define CLI_EXIT_USAGE 2
+#define CLI_EXIT_ERR 1       /* an error on this side: a local file, stdout, a bad answer */
+#define CLI_EXIT_USAGE 2     /* an unknown command or option, a bad value: nothing was sent */
+#define CLI_EXIT_NOT_FOUND 3 /* the daemon answered 404 */
+#define CLI_EXIT_REFUSED 4   /* the daemon answered another 4xx */
+#define CLI_EXIT_DAEMON 5    /* the daemon could not be reached, or answered 5xx */
 
 #define CLI_DEFAULT_STATE_DIR "/var/lib/withruntime"
 
@@ -28,10 +34,55 @@ struct cli_ctx {
     struct cli_endpoint ep;
 };
 
+/** A command's entry point: argv[0] is its name. Returns the exit code. */
+typedef int (*cli_fn)(struct cli_ctx *c, int argc, char **argv);
+
+/**
+ * One row of the command table (table.c), which the dispatcher, the help texts, shell
+ * completion and docs/cli.md are all made from. A row without fn is a group: its subcommands
+ * are the rows whose group is its name.
+ */
+struct cli_command {
+    const char *group;                 /* NULL: a top-level command */
+    const char *name;                  /* the word that runs it */
+    const char *aliases;               /* other words for it, space-separated; NULL: none */
+    cli_fn fn;                         /* NULL: a group */
+    void (*print_help)(FILE *f);       /* the command prints its own help (serve); NULL: .help */
+    const char *args;                  /* what follows the name in its synopsis */
+    const char *summary;               /* one line, for the lists */
+    const char *options;               /* for completion: "--json --image= --by=sandbox|key|day" */
+    const struct option *long_options; /* or, for a command with a getopt table elsewhere
+                                          (serve), that table */
+    const char *operands;              /* for completion: words offered as operands; NULL: none */
+    const char *help;                  /* --help after its Usage line; has an example */
+};
+
+extern const struct cli_command cli_commands[];
+extern const size_t cli_commands_count;
+
+/** The row of command name in group (NULL: top level), aliases included; NULL if none. */
+const struct cli_command *cli_command_find(const char *group, const char *name);
+
+/** Runs the command argv[0] (and its subcommand argv[1] for a group). Returns the exit code. */
+int cli_dispatch(struct cli_ctx *c, int argc, char **argv);
+
+/** Prints the help of the command being run (the top-level usage if none) to stdout; 0. */
+int cli_print_help(void);
+
+/** Prints cmd's --help to f. */
+void cli_command_help(const struct cli_command *cmd, FILE *f);
+
+/**
+ * The exit code for a failure: CLI_EXIT_NOT_FOUND, _REFUSED or _DAEMON for the daemon's error
+ * answers (404, other 4xx, 5xx), CLI_EXIT_DAEMON when it could not be reached, else
+ * CLI_EXIT_ERR.
+ */
+int cli_exit_code(const struct wr_err *err);
+
 /** Prints "withruntime: <message>" and a newline to stderr. */
 void cli_errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/** Prints err's message as cli_errorf does; returns CLI_EXIT_ERR. */
+/** Prints err's message as cli_errorf does; returns cli_exit_code(err). */
 int cli_fail(const struct wr_err *err);
 
 /**
@@ -72,38 +123,38 @@ bool cli_wants_help(int argc, char **argv);
 /** Prints the top-level usage to f. */
 void cli_usage(FILE *f);
 
-/** `withruntime sandbox ...`; argv[0] is "sandbox". Returns the exit code. */
-int cli_cmd_sandbox(struct cli_ctx *c, int argc, char **argv);
-
-/** `withruntime image ...`; argv[0] is "image". Returns the exit code. */
-int cli_cmd_image(struct cli_ctx *c, int argc, char **argv);
-
-/** `withruntime doctor`. Returns the exit code. */
+/* The top-level commands (a file each, or misc.c for the small ones). */
+int cli_cmd_serve(struct cli_ctx *c, int argc, char **argv);
 int cli_cmd_doctor(struct cli_ctx *c, int argc, char **argv);
-
-/** `withruntime keys create|list|set|revoke` and `withruntime audit` (cli/keys.c). */
-int cli_cmd_keys(struct cli_ctx *c, int argc, char **argv);
 int cli_cmd_usage(struct cli_ctx *c, int argc, char **argv);
 int cli_cmd_audit(struct cli_ctx *c, int argc, char **argv);
-
-/** `withruntime secrets set|list|rm` (cli/secrets.c). */
-int cli_cmd_secrets(struct cli_ctx *c, int argc, char **argv);
-
-/** `withruntime login URL [--key KEY]`. Returns the exit code. */
 int cli_cmd_login(struct cli_ctx *c, int argc, char **argv);
-
-/** `withruntime logout`. Returns the exit code. */
 int cli_cmd_logout(struct cli_ctx *c, int argc, char **argv);
-
-/** `withruntime version`. Returns the exit code. */
 int cli_cmd_version(struct cli_ctx *c, int argc, char **argv);
+int cli_cmd_completion(struct cli_ctx *c, int argc, char **argv);
+int cli_cmd_help(struct cli_ctx *c, int argc, char **argv);
+
+/* `image build|list` (image.c). */
+int cli_image_build(struct cli_ctx *c, int argc, char **argv);
+int cli_image_list(struct cli_ctx *c, int argc, char **argv);
+
+/* `keys create|list|set|revoke` (keys.c). */
+int cli_keys_create(struct cli_ctx *c, int argc, char **argv);
+int cli_keys_list(struct cli_ctx *c, int argc, char **argv);
+int cli_keys_set(struct cli_ctx *c, int argc, char **argv);
+int cli_keys_revoke(struct cli_ctx *c, int argc, char **argv);
+
+/* `secrets set|list|rm` (secrets.c). */
+int cli_secrets_set(struct cli_ctx *c, int argc, char **argv);
+int cli_secrets_list(struct cli_ctx *c, int argc, char **argv);
+int cli_secrets_rm(struct cli_ctx *c, int argc, char **argv);
 
 /**
  * Runs a command in a sandbox with its output streamed: stdout and stderr chunks are written to
  * fds 1 and 2 as they arrive. exec is the request object (argv, cwd, env, timeout_seconds...;
  * "stream" is set here). Returns the exit code to leave with: the command's own, 128+signal when
  * it was killed, 124 when it timed out, 127 when it could not start, 130 (or 128+signal) when
- * we were stopped, 1 on an error (printed).
+ * we were stopped, or cli_exit_code's for an error (printed).
  */
 int cli_exec_stream(const struct cli_endpoint *ep, const char *id, json_t *exec);
 

@@ -501,6 +501,7 @@ static int sink_data(void *ctx, const char *data, size_t len, struct wr_err *err
     if (s->stream) {
         int r = s->req->on_data(s->req->ctx, data, len, err);
         s->failed = r < 0;
+        s->resp->local_error = r < 0;
         return r;
     }
     struct cli_response *r = s->resp;
@@ -661,10 +662,9 @@ void cli_request_init(struct cli_request *req, const char *method, const char *p
     req->body_fd = -1;
 }
 
-int cli_request_do(const struct cli_endpoint *ep, const struct cli_request *req,
-                   struct cli_response *resp, struct wr_err *err)
+static int request_do(const struct cli_endpoint *ep, const struct cli_request *req,
+                      struct cli_response *resp, struct wr_err *err)
 {
-    memset(resp, 0, sizeof(*resp));
     struct io io = {.fd = -1, .req = req, .ep = ep};
     io.deadline_ms =
         now_ms_monotonic() + (uint64_t)(req->timeout_ms > 0 ? req->timeout_ms : CONNECT_TIMEOUT_MS);
@@ -705,6 +705,24 @@ int cli_request_do(const struct cli_endpoint *ep, const struct cli_request *req,
     /* No shutdown(SHUT_WR): some servers take a half-close as the client going away. */
     r = read_response(&io, req, resp, send_failed, err);
     SSL_free(io.ssl);
+    return r;
+}
+
+int cli_request_do(const struct cli_endpoint *ep, const struct cli_request *req,
+                   struct cli_response *resp, struct wr_err *err)
+{
+    memset(resp, 0, sizeof(*resp));
+    int r = request_do(ep, req, resp, err);
+    if (r == 0)
+        return 0;
+    /* What kind of failure, for the exit code (cli_exit_code): the daemon's answer by its
+     * status; a connection that failed is the daemon unreachable; the rest is ours. */
+    if (err->code == CLI_EAPI)
+        err->kind = resp->status == 404   ? WR_E_NOT_FOUND
+                    : resp->status >= 500 ? WR_E_UNAVAILABLE
+                                          : WR_E_INVALID;
+    else if (!resp->local_error && err->code != EPERM && err->code != ECANCELED)
+        err->kind = WR_E_UNAVAILABLE;
     return r;
 }
 

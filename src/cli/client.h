@@ -61,6 +61,7 @@ struct cli_response {
     char error_code[64];    /* the envelope's error.code on a non-2xx answer, else "" */
     char *body;             /* buffered body, NUL-terminated (owned); NULL when streamed */
     size_t body_len;
+    bool local_error; /* the request failed on our side: on_data failed (our stdout, say) */
 };
 
 /** Initialises a request: zeroes it and sets body_fd to -1. */
@@ -73,6 +74,9 @@ void cli_request_init(struct cli_request *req, const char *method, const char *p
  * sent or connected, when ep has a key and a plain http:// URL to a host that is not loopback,
  * see cli_url_key_safe; EPROTO for a failed TLS handshake or certificate), or a non-2xx answer
  * (resp->status set, err->code CLI_EAPI, err->msg the daemon's message from the error envelope).
+ * err->kind says which, for cli_exit_code: WR_E_NOT_FOUND (404), WR_E_INVALID (another 4xx) or
+ * WR_E_UNAVAILABLE (5xx) for an answer; WR_E_UNAVAILABLE for a connection that failed;
+ * WR_E_INTERNAL for our own side's failure (resp->local_error: on_data failed; EPERM; ECANCELED).
  * The caller frees resp in every case.
  */
 int cli_request_do(const struct cli_endpoint *ep, const struct cli_request *req,

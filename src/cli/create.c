@@ -8,29 +8,6 @@
 
 #include "cli/sandbox.h"
 
-static const char usage_create[] =
-    "Usage: withruntime sandbox create [OPTIONS]\n"
-    "\n"
-    "Creates a sandbox and prints its id (or, with --json, the sandbox object).\n"
-    "\n"
-    "Options:\n"
-    "  --image NAME              image to start from (default: \"default\")\n"
-    "  --timeout SECS            lease length, 1..86400 (default 3600)\n"
-    "  --cpus N                  vCPUs (default 2)\n"
-    "  --memory MIB              memory in MiB (default 4096)\n"
-    "  --disk MIB                disk quota of its writable layer in MiB (default 10240)\n"
-    "  --env K=V                 environment variable for every exec (repeatable)\n"
-    "  --metadata K=V            stored and returned, never interpreted (repeatable)\n"
-    "  --internet                let it reach any public host (default: no network)\n"
-    "  --allow HOST              let it reach only HOST: a name, '*.name', optionally :PORT\n"
-    "                            (repeatable; implies --internet)\n"
-    "  --deny HOST               never HOST, even if allowed (repeatable)\n"
-    "  --secret NAME             give it secret NAME (see 'withruntime secrets --help'): its\n"
-    "                            commands see a placeholder (repeatable)\n"
-    "  --on-lease-end stop|delete  what happens when the lease ends (default stop)\n"
-    "  --json                    print the sandbox object\n"
-    "  -h, --help                this help\n";
-
 void cli_create_opts_init(struct cli_create_opts *co)
 {
     co->body = json_object();
@@ -113,11 +90,11 @@ void cli_create_opts_free(struct cli_create_opts *co)
 
 int cli_create_failed(const struct wr_err *err)
 {
-    cli_fail(err);
+    int code = cli_fail(err);
     if (strstr(err->msg, "withruntime image build") == NULL && strstr(err->msg, "image") &&
         (strstr(err->msg, "not built") || strstr(err->msg, "not found")))
         fprintf(stderr, "withruntime: build it with 'withruntime image build' (as root)\n");
-    return CLI_EXIT_ERR;
+    return code;
 }
 
 int cli_sandbox_create(struct cli_ctx *c, int argc, char **argv)
@@ -157,7 +134,7 @@ int cli_sandbox_create(struct cli_ctx *c, int argc, char **argv)
             goto out;
         }
         switch (opt) {
-        case 'h': code = cli_print_usage(usage_create); goto out;
+        case 'h': code = cli_print_help(); goto out;
         case OPT_TIMEOUT:
             if (cli_parse_long(optarg, 1, CLI_MAX_SECONDS, &v) < 0) {
                 code = cli_usage_error(cmd, "--timeout wants seconds, 1..%d, got '%s'",
@@ -184,7 +161,7 @@ int cli_sandbox_create(struct cli_ctx *c, int argc, char **argv)
     }
     const struct cli_endpoint *ep;
     if (cli_endpoint(c, &ep) != 0) {
-        code = CLI_EXIT_ERR;
+        code = CLI_EXIT_DAEMON;
         goto out;
     }
     struct wr_err err = {0};

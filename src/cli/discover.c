@@ -381,7 +381,7 @@ void cli_errorf(const char *fmt, ...)
 int cli_fail(const struct wr_err *err)
 {
     cli_errorf("%s", err->msg[0] ? err->msg : "failed");
-    return CLI_EXIT_ERR;
+    return cli_exit_code(err);
 }
 
 int cli_usage_error(const char *cmd, const char *fmt, ...)

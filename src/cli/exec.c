@@ -1,6 +1,7 @@
 /*
- * `withruntime sandbox exec`: one command in a running sandbox, its output streamed (stream.c).
- * Also the parts of an exec request that `run` builds the same way: the argv list and stdin.
+ * `withruntime sandbox exec`: one command in a running sandbox, its output streamed (stream.c),
+ * or with --background started as a background command whose id is printed. Also the parts of an
+ * exec request that `run` builds the same way: the argv list and stdin.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -15,20 +16,6 @@
 
 /* The most stdin `--stdin` sends: it travels base64'd inside a JSON body capped at 1 MiB. */
 #define STDIN_MAX (512 * 1024)
-
-static const char usage_exec[] =
-    "Usage: withruntime sandbox exec [OPTIONS] ID -- CMD [ARG...]\n"
-    "\n"
-    "Runs CMD (an argv list, no shell; use sh -c for a shell string) in a running\n"
-    "sandbox with its output streamed here, and exits with its status (as for\n"
-    "'sandbox run').\n"
-    "\n"
-    "Options:\n"
-    "  --cwd DIR        working directory (default /workspace)\n"
-    "  --env K=V        environment variable (repeatable)\n"
-    "  --timeout SECS   time limit for CMD (default: the daemon's, 300)\n"
-    "  --stdin          send our stdin (read to the end first, up to 512 KiB) to CMD\n"
-    "  -h, --help       this help\n";
 
 /* Reads all of stdin, at most STDIN_MAX bytes, into a base64 string. NULL on error (printed). */
 static char *read_stdin_b64(void)
@@ -96,11 +83,13 @@ int cli_exec_set_stdin(json_t *exec)
 
 /* One `sandbox exec` as its words are read. Owns exec and env. */
 struct exec_args {
-    json_t *exec;   /* the request, as options fill it in */
-    json_t *env;    /* --env K=V */
-    const char *id; /* the sandbox */
-    bool use_stdin; /* --stdin */
-    int argc;       /* CMD: argv[0..argc-1] */
+    json_t *exec;    /* the request, as options fill it in */
+    json_t *env;     /* --env K=V */
+    const char *id;  /* the sandbox */
+    bool use_stdin;  /* --stdin */
+    bool background; /* --background */
+    bool as_json;    /* --json */
+    int argc;        /* CMD: argv[0..argc-1] */
     char **argv;
 };
 
@@ -109,7 +98,7 @@ static int exec_opt(struct exec_args *ea, int opt, int argc, char **argv)
 {
     const char *cmd = "sandbox exec";
     switch (opt) {
-    case 'h': return cli_print_usage(usage_exec);
+    case 'h': return cli_print_help();
     case OPT_CWD: json_object_set_new(ea->exec, "cwd", json_string(optarg)); break;
     case OPT_ENV:
         if (cli_parse_kv(optarg, ea->env) < 0)
@@ -126,6 +115,8 @@ static int exec_opt(struct exec_args *ea, int opt, int argc, char **argv)
         break;
     }
     case OPT_STDIN: ea->use_stdin = true; break;
+    case OPT_BACKGROUND: ea->background = true; break;
+    case OPT_JSON: ea->as_json = true; break;
     default: return cli_bad_option(cmd, argc, argv);
     }
     return CLI_GO_ON;
@@ -143,6 +134,8 @@ static int exec_parse(struct exec_args *ea, int argc, char **argv)
         {"env", required_argument, 0, OPT_ENV},
         {"timeout", required_argument, 0, OPT_TIMEOUT},
         {"stdin", no_argument, 0, OPT_STDIN},
+        {"background", no_argument, 0, OPT_BACKGROUND},
+        {"json", no_argument, 0, OPT_JSON},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -177,9 +170,31 @@ static int exec_parse(struct exec_args *ea, int argc, char **argv)
         return cli_usage_error(cmd, "bad sandbox id '%s'", ea->id);
     if (optind >= ac)
         return cli_usage_error(cmd, "no command given (put it after --)");
+    if (ea->as_json && !ea->background)
+        return cli_usage_error(cmd, "--json goes with --background (a command's output is "
+                                    "streamed as it is)");
     ea->argc = ac - optind;
     ea->argv = av + optind;
     return CLI_GO_ON;
+}
+
+/* Starts the command in the background and prints its id (or its object). */
+static int exec_background(const struct cli_endpoint *ep, const char *id, json_t *exec,
+                           bool as_json)
+{
+    json_object_set_new(exec, "background", json_true());
+    char path[128];
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", id);
+    struct wr_err err = {0};
+    json_t *cmd = NULL;
+    if (cli_json_call(ep, "POST", path, exec, &cmd, &err) < 0)
+        return cli_fail(&err);
+    if (as_json)
+        cli_print_json(cmd);
+    else
+        printf("%s\n", cli_str_or(cmd, "id", "?"));
+    json_decref(cmd);
+    return CLI_EXIT_OK;
 }
 
 int cli_sandbox_exec(struct cli_ctx *c, int argc, char **argv)
@@ -196,7 +211,11 @@ int cli_sandbox_exec(struct cli_ctx *c, int argc, char **argv)
     if (ea.use_stdin && (code = cli_exec_set_stdin(ea.exec)) != CLI_GO_ON)
         goto out;
     if (cli_endpoint(c, &ep) != 0) {
-        code = CLI_EXIT_ERR;
+        code = CLI_EXIT_DAEMON;
+        goto out;
+    }
+    if (ea.background) {
+        code = exec_background(ep, ea.id, ea.exec, ea.as_json);
         goto out;
     }
     cli_signals_setup();

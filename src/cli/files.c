@@ -20,29 +20,6 @@
 /* Uploads go in pieces of this size (the daemon's limit for one upload, 8 MiB by default). */
 #define WRITE_PIECE ((size_t)8 << 20)
 
-static const char usage_cat[] = "Usage: withruntime sandbox cat ID PATH\n"
-                                "\n"
-                                "Writes the bytes of the file PATH in the sandbox to stdout.\n"
-                                "PATH is absolute, or relative to /workspace.\n";
-
-static const char usage_write[] =
-    "Usage: withruntime sandbox write [OPTIONS] ID PATH [FILE|-]\n"
-    "\n"
-    "Writes the file PATH in the sandbox (created or truncated, missing parent\n"
-    "directories created) from the local FILE, or from stdin when FILE is - or absent.\n"
-    "Files of any size are sent in pieces of 8 MiB; if one fails, the file in the\n"
-    "sandbox holds the pieces sent before it.\n"
-    "\n"
-    "Options:\n"
-    "  --mode MODE      octal file mode (default 0644)\n"
-    "  --json           print the written file's entry\n"
-    "  -h, --help       this help\n";
-
-static const char usage_ls[] = "Usage: withruntime sandbox ls [--json] ID [PATH]\n"
-                               "\n"
-                               "Lists a directory in the sandbox (default /workspace):\n"
-                               "TYPE MODE SIZE MTIME NAME.\n";
-
 static int to_stdout(void *ctx, const char *data, size_t len, struct wr_err *err)
 {
     if (write_all(1, data, len) < 0)
@@ -61,7 +38,7 @@ static char *file_path(const char *id, const char *what, const char *path, const
 
 int cli_sandbox_cat(struct cli_ctx *c, int argc, char **argv)
 {
-    int r = cli_simple_opts("sandbox cat", usage_cat, argc, argv, NULL);
+    int r = cli_simple_opts("sandbox cat", argc, argv, NULL);
     if (r != CLI_GO_ON)
         return r;
     if (argc - optind != 2)
@@ -71,7 +48,7 @@ int cli_sandbox_cat(struct cli_ctx *c, int argc, char **argv)
         return cli_usage_error("sandbox cat", "bad sandbox id '%s'", id);
     const struct cli_endpoint *ep;
     if (cli_endpoint(c, &ep) != 0)
-        return CLI_EXIT_ERR;
+        return CLI_EXIT_DAEMON;
     cleanup_free char *path = file_path(id, "content", argv[optind + 1], NULL);
     struct cli_request req;
     cli_request_init(&req, "GET", path);
@@ -196,7 +173,7 @@ int cli_sandbox_write(struct cli_ctx *c, int argc, char **argv)
     opterr = 0;
     while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (opt) {
-        case 'h': return cli_print_usage(usage_write);
+        case 'h': return cli_print_help();
         case OPT_MODE:
             if (!mode_ok(optarg))
                 return cli_usage_error(cmd, "--mode wants an octal mode like 0644, got '%s'",
@@ -223,7 +200,7 @@ int cli_sandbox_write(struct cli_ctx *c, int argc, char **argv)
 
     const struct cli_endpoint *ep;
     if (cli_endpoint(c, &ep) != 0)
-        return CLI_EXIT_ERR;
+        return CLI_EXIT_DAEMON;
     /* The first piece replaces the file, each next one is written at its offset. */
     size_t sent = 0;
     struct wr_err err = {0};
@@ -262,7 +239,7 @@ int cli_sandbox_write(struct cli_ctx *c, int argc, char **argv)
 int cli_sandbox_ls(struct cli_ctx *c, int argc, char **argv)
 {
     bool as_json = false;
-    int r = cli_simple_opts("sandbox ls", usage_ls, argc, argv, &as_json);
+    int r = cli_simple_opts("sandbox ls", argc, argv, &as_json);
     if (r != CLI_GO_ON)
         return r;
     int npos = argc - optind;
@@ -273,7 +250,7 @@ int cli_sandbox_ls(struct cli_ctx *c, int argc, char **argv)
         return cli_usage_error("sandbox ls", "bad sandbox id '%s'", id);
     const struct cli_endpoint *ep;
     if (cli_endpoint(c, &ep) != 0)
-        return CLI_EXIT_ERR;
+        return CLI_EXIT_DAEMON;
     cleanup_free char *path =
         file_path(id, "list", npos == 2 ? argv[optind + 1] : "/workspace", NULL);
     struct wr_err err = {0};

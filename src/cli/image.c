@@ -17,34 +17,7 @@
 #include "image/image.h"
 #include "net/gateway.h"
 
-static const char usage_image[] =
-    "Usage: withruntime image COMMAND\n"
-    "\n"
-    "Commands:\n"
-    "  build [--force] [NAME]   build an image (default \"default\")\n"
-    "  list [--json]            list built images\n"
-    "\n"
-    "Images live in the state directory (see --state-dir).\n";
-
-static const char usage_build[] =
-    "Usage: withruntime [--state-dir DIR] image build [--force] [NAME]\n"
-    "\n"
-    "Builds image NAME (default \"default\": Debian bookworm with python3, pip, venv,\n"
-    "git, curl, build tools) with mmdebstrap from this host's apt sources, into\n"
-    "DIR/images/NAME. Does nothing if it is already built, unless --force. Progress\n"
-    "goes to stderr. Needs root; no daemon needs to be running.\n";
-
-static const char usage_ilist[] = "Usage: withruntime [--state-dir DIR] image list [--json]\n"
-                                  "\n"
-                                  "Lists the images built in the state directory.\n";
-
-static const char usage_doctor[] =
-    "Usage: withruntime [--state-dir DIR] doctor\n"
-    "\n"
-    "Checks this host: which sandbox drivers it can run, and why not the others.\n"
-    "Exits 0 if at least one driver works.\n";
-
-static int cmd_build(struct cli_ctx *c, int argc, char **argv)
+int cli_image_build(struct cli_ctx *c, int argc, char **argv)
 {
     static const struct option opts[] = {
         {"force", no_argument, 0, 'f'},
@@ -58,7 +31,7 @@ static int cmd_build(struct cli_ctx *c, int argc, char **argv)
     while ((opt = getopt_long(argc, argv, "fh", opts, NULL)) != -1) {
         switch (opt) {
         case 'f': force = true; break;
-        case 'h': fputs(usage_build, stdout); return CLI_EXIT_OK;
+        case 'h': return cli_print_help();
         default: return cli_usage_error("image build", "unknown option '%s'", argv[optind - 1]);
         }
     }
@@ -87,7 +60,7 @@ static int add_image(void *arg, const struct image_info *info)
     return 0;
 }
 
-static int cmd_ilist(struct cli_ctx *c, int argc, char **argv)
+int cli_image_list(struct cli_ctx *c, int argc, char **argv)
 {
     static const struct option opts[] = {
         {"json", no_argument, 0, 'j'},
@@ -101,7 +74,7 @@ static int cmd_ilist(struct cli_ctx *c, int argc, char **argv)
     while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (opt) {
         case 'j': as_json = true; break;
-        case 'h': fputs(usage_ilist, stdout); return CLI_EXIT_OK;
+        case 'h': return cli_print_help();
         default: return cli_usage_error("image list", "unknown option '%s'", argv[optind - 1]);
         }
     }
@@ -138,28 +111,10 @@ static int cmd_ilist(struct cli_ctx *c, int argc, char **argv)
     return CLI_EXIT_OK;
 }
 
-int cli_cmd_image(struct cli_ctx *c, int argc, char **argv)
-{
-    if (argc < 2)
-        return cli_usage_error("image", "missing command");
-    const char *sub = argv[1];
-    if (strcmp(sub, "-h") == 0 || strcmp(sub, "--help") == 0 || strcmp(sub, "help") == 0) {
-        fputs(usage_image, stdout);
-        return CLI_EXIT_OK;
-    }
-    if (strcmp(sub, "build") == 0)
-        return cmd_build(c, argc - 1, argv + 1);
-    if (strcmp(sub, "list") == 0 || strcmp(sub, "ls") == 0)
-        return cmd_ilist(c, argc - 1, argv + 1);
-    return cli_usage_error("image", "unknown command '%s'", sub);
-}
-
 int cli_cmd_doctor(struct cli_ctx *c, int argc, char **argv)
 {
-    if (cli_wants_help(argc, argv)) {
-        fputs(usage_doctor, stdout);
-        return CLI_EXIT_OK;
-    }
+    if (cli_wants_help(argc, argv))
+        return cli_print_help();
     if (argc > 1)
         return cli_usage_error("doctor", "unexpected argument '%s'", argv[1]);
     int r = doctor_run(stdout, c->state_dir);

@@ -14,43 +14,6 @@
 #include "cli/sandbox.h"
 #include "common/util.h"
 
-static const char usage_keys[] =
-    "Usage: withruntime keys create --name NAME [--read-only] [--of KEY_ID]\n"
-    "                               [--daily-limit-usd X] [--max-sandboxes N]\n"
-    "       withruntime keys list [--json]\n"
-    "       withruntime keys set ID [--daily-limit-usd X|none] [--max-sandboxes N|none]\n"
-    "                               [--read-only|--read-write]\n"
-    "       withruntime keys revoke ID...\n"
-    "\n"
-    "API keys for programs that call the daemon (RUNTIME_API_KEY). Only the admin, root on\n"
-    "the daemon's Unix socket, manages them: a key cannot make keys or raise its own limits.\n"
-    "A key sees only the sandboxes it made; one made --of another key sees (and makes) that\n"
-    "key's instead. A read-only key may list and inspect them, and nothing else. --daily-limit-usd "
-    "caps what the key's sandboxes may cost per UTC day\n"
-    "(dollars, up to six decimals); --max-sandboxes how many it may keep at once.\n"
-    "'create' prints the key once: the daemon stores only its hash.\n"
-    "\n"
-    "Examples:\n"
-    "  withruntime keys create --name my-agent --daily-limit-usd 5 > agent.key\n"
-    "  withruntime keys create --name dashboard --read-only --of key_... > dash.key\n";
-
-static const char usage_usage[] =
-    "Usage: withruntime usage [--from DATE] [--to DATE] [--by sandbox|key|day] [--json]\n"
-    "\n"
-    "What sandboxes cost, from the daemon's usage ledger: per sandbox (default), per key or per\n"
-    "UTC day, in dollars with the CPU billed and the memory-time. DATE is a UTC date\n"
-    "(2026-12-01) or time (2026-12-01T13:45:00Z); --from defaults to the start of today (UTC),\n"
-    "--to to now. A key sees its own sandboxes' usage; the admin sees everyone's.\n"
-    "\n"
-    "Example:\n"
-    "  withruntime usage --by day --from 2026-11-01\n";
-
-static const char usage_audit[] =
-    "Usage: withruntime audit [--limit N] [--before SEQ] [--json]\n"
-    "\n"
-    "The newest mutating requests the daemon answered (the admin's): when, which key (- for\n"
-    "the admin), the route, the sandbox and the HTTP status. Never a body or a secret.\n";
-
 /* Micro-dollars as "$12.500000". */
 static void format_usd(long long micros, char *out, size_t len)
 {
@@ -97,13 +60,7 @@ static int parse_count(const char *s)
 static int key_call(struct cli_ctx *c, const char *method, const char *path, json_t *body,
                     json_t **res)
 {
-    const struct cli_endpoint *ep;
-    if (cli_endpoint(c, &ep) != 0)
-        return CLI_EXIT_ERR;
-    struct wr_err err = {0};
-    if (cli_json_call(ep, method, path, body, res, &err) < 0)
-        return cli_fail(&err);
-    return CLI_EXIT_OK;
+    return cli_call(c, method, path, body, res);
 }
 
 /* Options shared by create and set into body; returns CLI_GO_ON or an exit status. */
@@ -113,11 +70,13 @@ static int key_options(const char *cmd, int argc, char **argv, int create, json_
                                          {"of", required_argument, 0, 'o'},
                                          {"read-only", no_argument, 0, 'r'},
                                          {"read-write", no_argument, 0, 'w'},
+                                         {"metrics", no_argument, 0, 'M'},
                                          {"daily-limit-usd", required_argument, 0, 'd'},
                                          {"max-sandboxes", required_argument, 0, 'm'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     optind = 1;
+    opterr = 0;
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (o) {
@@ -133,6 +92,11 @@ static int key_options(const char *cmd, int argc, char **argv, int create, json_
             break;
         case 'r':
         case 'w': json_object_set_new(body, "read_only", json_boolean(o == 'r')); break;
+        case 'M':
+            if (!create)
+                return cli_usage_error(cmd, "a metrics key is made as one (keys create --metrics)");
+            json_object_set_new(body, "metrics", json_true());
+            break;
         case 'd': {
             long long v = parse_usd(optarg);
             if (v < -1 || (create && v < 0))
@@ -149,14 +113,14 @@ static int key_options(const char *cmd, int argc, char **argv, int create, json_
             json_object_set_new(body, "max_sandboxes", v < 0 ? json_null() : json_integer(v));
             break;
         }
-        case 'h': return cli_print_usage(usage_keys);
-        default: return cli_usage_error(cmd, "see --help");
+        case 'h': return cli_print_help();
+        default: return cli_bad_option(cmd, argc, argv);
         }
     }
     return CLI_GO_ON;
 }
 
-static int cmd_create(struct cli_ctx *c, int argc, char **argv)
+int cli_keys_create(struct cli_ctx *c, int argc, char **argv)
 {
     json_t *body = json_object();
     int r = key_options("keys create", argc, argv, 1, body);
@@ -178,7 +142,7 @@ static int cmd_create(struct cli_ctx *c, int argc, char **argv)
     return CLI_EXIT_OK;
 }
 
-static int cmd_set(struct cli_ctx *c, int argc, char **argv)
+int cli_keys_set(struct cli_ctx *c, int argc, char **argv)
 {
     json_t *body = json_object();
     int r = key_options("keys set", argc, argv, 0, body);
@@ -199,10 +163,10 @@ static int cmd_set(struct cli_ctx *c, int argc, char **argv)
     return r;
 }
 
-static int cmd_list(struct cli_ctx *c, int argc, char **argv)
+int cli_keys_list(struct cli_ctx *c, int argc, char **argv)
 {
     bool as_json = false;
-    int r = cli_simple_opts("keys list", usage_keys, argc, argv, &as_json);
+    int r = cli_simple_opts("keys list", argc, argv, &as_json);
     if (r != CLI_GO_ON)
         return r;
     if (optind < argc)
@@ -224,7 +188,9 @@ static int cmd_list(struct cli_ctx *c, int argc, char **argv)
         json_t *limit = json_object_get(k, "daily_limit_micros");
         json_t *maxsb = json_object_get(k, "max_sandboxes");
         printf("%-22s  %-20.20s  %-9s  ", cli_str_or(k, "id", "?"), cli_str_or(k, "name", "?"),
-               json_is_true(json_object_get(k, "read_only")) ? "read-only" : "read-write");
+               json_is_true(json_object_get(k, "metrics"))     ? "metrics"
+               : json_is_true(json_object_get(k, "read_only")) ? "read-only"
+                                                               : "read-write");
         char lim[32] = "-", spent[32], msb[16] = "-";
         if (json_is_integer(limit))
             format_usd(json_integer_value(limit), lim, sizeof(lim));
@@ -239,9 +205,9 @@ static int cmd_list(struct cli_ctx *c, int argc, char **argv)
     return CLI_EXIT_OK;
 }
 
-static int cmd_revoke(struct cli_ctx *c, int argc, char **argv)
+int cli_keys_revoke(struct cli_ctx *c, int argc, char **argv)
 {
-    int r = cli_simple_opts("keys revoke", usage_keys, argc, argv, NULL);
+    int r = cli_simple_opts("keys revoke", argc, argv, NULL);
     if (r != CLI_GO_ON)
         return r;
     if (optind >= argc)
@@ -250,29 +216,13 @@ static int cmd_revoke(struct cli_ctx *c, int argc, char **argv)
     for (int i = optind; i < argc; i++) {
         char path[128];
         snprintf(path, sizeof(path), "/v1/keys/%.64s/revoke", argv[i]);
-        if (key_call(c, "POST", path, NULL, NULL) != CLI_EXIT_OK)
-            ret = CLI_EXIT_ERR;
+        int r1 = key_call(c, "POST", path, NULL, NULL);
+        if (r1 != CLI_EXIT_OK)
+            ret = r1;
         else
             printf("%s\n", argv[i]);
     }
     return ret;
-}
-
-int cli_cmd_keys(struct cli_ctx *c, int argc, char **argv)
-{
-    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") ||
-        !strcmp(argv[1], "help"))
-        return cli_print_usage(usage_keys);
-    const char *sub = argv[1];
-    if (!strcmp(sub, "create"))
-        return cmd_create(c, argc - 1, argv + 1);
-    if (!strcmp(sub, "list") || !strcmp(sub, "ls"))
-        return cmd_list(c, argc - 1, argv + 1);
-    if (!strcmp(sub, "set"))
-        return cmd_set(c, argc - 1, argv + 1);
-    if (!strcmp(sub, "revoke"))
-        return cmd_revoke(c, argc - 1, argv + 1);
-    return cli_usage_error("keys", "unknown command '%s'", sub);
 }
 
 int cli_cmd_audit(struct cli_ctx *c, int argc, char **argv)
@@ -285,14 +235,15 @@ int cli_cmd_audit(struct cli_ctx *c, int argc, char **argv)
     const char *limit = "50", *before = NULL;
     bool as_json = false;
     optind = 1;
+    opterr = 0;
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (o) {
         case 'l': limit = optarg; break;
         case 'b': before = optarg; break;
         case 'j': as_json = true; break;
-        case 'h': return cli_print_usage(usage_audit);
-        default: return cli_usage_error("audit", "see --help");
+        case 'h': return cli_print_help();
+        default: return cli_bad_option("audit", argc, argv);
         }
     }
     if (optind < argc)
@@ -340,6 +291,7 @@ int cli_cmd_usage(struct cli_ctx *c, int argc, char **argv)
     const char *from = NULL, *to = NULL, *by = "sandbox";
     bool as_json = false;
     optind = 1;
+    opterr = 0;
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (o) {
@@ -347,8 +299,8 @@ int cli_cmd_usage(struct cli_ctx *c, int argc, char **argv)
         case 't': to = optarg; break;
         case 'b': by = optarg; break;
         case 'j': as_json = true; break;
-        case 'h': return cli_print_usage(usage_usage);
-        default: return cli_usage_error("usage", "see --help");
+        case 'h': return cli_print_help();
+        default: return cli_bad_option("usage", argc, argv);
         }
     }
     if (optind < argc)

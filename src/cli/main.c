@@ -1,53 +1,14 @@
 /*
- * Entry point of the single `withruntime` binary: the global options, then a table from the
- * first word to the subcommand that handles the rest (`serve` is the daemon itself). Kept out of
- * libwr.a so the library has no main().
+ * Entry point of the single `withruntime` binary: the global options, then the command table
+ * (table.c, run by dispatch.c) from the first word to the subcommand that handles the rest
+ * (`serve` is the daemon itself). Kept out of libwr.a so the library has no main().
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "api/api.h"
 #include "cli/cli.h"
-
-static int cmd_serve(struct cli_ctx *c, int argc, char **argv)
-{
-    if (!c->state_dir_explicit)
-        return api_serve_main(argc, argv);
-    /* `withruntime --state-dir D serve ...`: D goes first, so a --state-dir after serve wins. */
-    char **av = calloc((size_t)argc + 3, sizeof(*av));
-    if (!av) {
-        cli_errorf("out of memory");
-        return CLI_EXIT_ERR;
-    }
-    av[0] = argv[0];
-    av[1] = "--state-dir";
-    av[2] = c->state_dir;
-    for (int i = 1; i < argc; i++)
-        av[i + 2] = argv[i];
-    int r = api_serve_main(argc + 2, av);
-    free(av);
-    return r;
-}
-
-static const struct {
-    const char *name;
-    int (*fn)(struct cli_ctx *, int, char **);
-} commands[] = {
-    {"sandbox", cli_cmd_sandbox}, {"image", cli_cmd_image},     {"serve", cmd_serve},
-    {"doctor", cli_cmd_doctor},   {"login", cli_cmd_login},     {"logout", cli_cmd_logout},
-    {"version", cli_cmd_version}, {"secrets", cli_cmd_secrets}, {"keys", cli_cmd_keys},
-    {"audit", cli_cmd_audit},     {"usage", cli_cmd_usage},
-};
-
-static int dispatch(struct cli_ctx *c, int argc, char **argv)
-{
-    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
-        if (strcmp(commands[i].name, argv[0]) == 0)
-            return commands[i].fn(c, argc, argv);
-    return cli_usage_error("", "unknown command '%s'", argv[0]);
-}
 
 /* Sets the state directory, made absolute: an autostarted daemon runs from "/". */
 static int set_state_dir(struct cli_ctx *c, const char *dir)
@@ -102,22 +63,5 @@ int main(int argc, char **argv)
         cli_usage(stderr);
         return CLI_EXIT_USAGE;
     }
-    if (strcmp(argv[i], "help") == 0) {
-        if (i + 1 >= argc) {
-            cli_usage(stdout);
-            return CLI_EXIT_OK;
-        }
-        /* `help sandbox run` is `sandbox run --help`. */
-        int n = argc - i;
-        char **av = calloc((size_t)n + 1, sizeof(*av));
-        if (!av)
-            return CLI_EXIT_ERR;
-        for (int j = 0; j < n - 1; j++)
-            av[j] = argv[i + 1 + j];
-        av[n - 1] = "--help";
-        r = dispatch(&c, n, av);
-        free(av);
-        return r;
-    }
-    return dispatch(&c, argc - i, argv + i);
+    return cli_dispatch(&c, argc - i, argv + i);
 }

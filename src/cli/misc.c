@@ -1,7 +1,7 @@
 /*
  * The small subcommands: `login` and `logout` (the saved connection that lets a user reach a
- * daemon on another host without exporting RUNTIME_URL in every shell), `version`, and the
- * top-level usage text.
+ * daemon on another host without exporting RUNTIME_URL in every shell), `version`, and `serve`
+ * (the daemon itself, in api/serve.c).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -12,73 +12,28 @@
 #include <termios.h>
 #include <unistd.h>
 
+#include "api/api.h"
 #include "cli/cli.h"
 #include "common/util.h"
 
-static const char usage_top[] =
-    "Usage: withruntime [--state-dir DIR] COMMAND [ARGS...]\n"
-    "\n"
-    "Disposable Linux sandboxes for AI agents.\n"
-    "\n"
-    "Commands:\n"
-    "  sandbox run -- CMD...   run one command in a fresh sandbox, then delete it\n"
-    "  sandbox ...             create, list, get, exec, cat, write, ls, rm sandboxes\n"
-    "  image build [NAME]      build an image's root filesystem (root only)\n"
-    "  image list              list built images\n"
-    "  serve [OPTIONS]         run the daemon (see 'withruntime serve --help')\n"
-    "  secrets set|list|rm     secrets bound to hosts, never seen inside a sandbox\n"
-    "  keys create|list|set|revoke  API keys and their limits (the admin's)\n"
-    "  usage                   what sandboxes cost: by sandbox, key or day\n"
-    "  audit                   who did what (the admin's)\n"
-    "  doctor                  say which sandbox drivers this host can run, and why not\n"
-    "  login URL               save the daemon to use and its key (asked for; or --key -\n"
-    "                          reads it from stdin), in ~/.config/withruntime/connection.json\n"
-    "  logout                  forget the saved daemon\n"
-    "  version                 print the version\n"
-    "  help [COMMAND]          this help, or a command's\n"
-    "\n"
-    "Global options:\n"
-    "  --state-dir DIR   the local daemon's state directory (default\n"
-    "                    $WITHRUNTIME_STATE_DIR, else /var/lib/withruntime); given\n"
-    "                    explicitly, it also means: use that daemon's socket, not\n"
-    "                    RUNTIME_URL or a saved login\n"
-    "\n"
-    "Finding the daemon: RUNTIME_URL (https://HOST:PORT, http://HOST:PORT or\n"
-    "unix:/path.sock) with RUNTIME_API_KEY; else the connection saved by\n"
-    "'withruntime login'; else the Unix socket DIR/withruntime.sock, where a root\n"
-    "user's command starts a daemon (log in DIR/daemon.log) when none is running.\n"
-    "RUNTIME_API_KEY, when set, is sent as the bearer key in every case. An https\n"
-    "daemon's certificate must chain to the system's CAs, or to RUNTIME_CA_FILE (a\n"
-    "PEM file) when set, and name the URL's host. A key is never sent over plain\n"
-    "http:// to a host other than loopback (127.0.0.0/8, ::1, localhost).\n"
-    "\n"
-    "Exit status: 0 on success, 1 on errors, 2 on usage errors; 'sandbox run' and\n"
-    "'sandbox exec' exit with the command's status.\n";
-
-static const char usage_login[] =
-    "Usage: withruntime login URL [--key -|KEY] [--ca-file FILE]\n"
-    "       withruntime login --url URL [...]\n"
-    "\n"
-    "Saves URL (https://HOST:PORT, http://HOST:PORT or unix:/path.sock) and an API\n"
-    "key as the daemon to use when RUNTIME_URL is not set, in\n"
-    "~/.config/withruntime/connection.json (mode 0600). Without --key, the key is\n"
-    "asked for on the terminal (not echoed; empty for none); '--key -' reads it from\n"
-    "the first line of stdin. '--key KEY' works too, but other users of this machine\n"
-    "can read it in the process list. --ca-file FILE: an https daemon's certificate\n"
-    "must chain to the CAs in this PEM file (saved with the connection) instead of\n"
-    "the system's. A key is refused for plain http:// to a host other than loopback:\n"
-    "it would cross the network readable. The daemon is asked for its health; the\n"
-    "connection is saved even if it does not answer.\n";
-
-static const char usage_logout[] = "Usage: withruntime logout\n"
-                                   "\n"
-                                   "Forgets the connection saved by 'withruntime login'.\n";
-
-static const char usage_version[] = "Usage: withruntime version\n";
-
-void cli_usage(FILE *f)
+int cli_cmd_serve(struct cli_ctx *c, int argc, char **argv)
 {
-    fputs(usage_top, f);
+    if (!c->state_dir_explicit)
+        return api_serve_main(argc, argv);
+    /* `withruntime --state-dir D serve ...`: D goes first, so a --state-dir after serve wins. */
+    char **av = calloc((size_t)argc + 3, sizeof(*av));
+    if (!av) {
+        cli_errorf("out of memory");
+        return CLI_EXIT_ERR;
+    }
+    av[0] = argv[0];
+    av[1] = "--state-dir";
+    av[2] = c->state_dir;
+    for (int i = 1; i < argc; i++)
+        av[i + 2] = argv[i];
+    int r = api_serve_main(argc + 2, av);
+    free(av);
+    return r;
 }
 
 bool cli_wants_help(int argc, char **argv)
@@ -139,7 +94,7 @@ int cli_cmd_login(struct cli_ctx *c, int argc, char **argv)
     opterr = 0;
     while ((opt = getopt_long(argc, argv, "hk:", opts, NULL)) != -1) {
         switch (opt) {
-        case 'h': fputs(usage_login, stdout); return CLI_EXIT_OK;
+        case 'h': return cli_print_help();
         case 'k': key = optarg; break;
         case 'c': ca_arg = optarg; break;
         case 'u': url_opt = optarg; break;
@@ -223,10 +178,8 @@ int cli_cmd_login(struct cli_ctx *c, int argc, char **argv)
 
 int cli_cmd_logout(struct cli_ctx *c, int argc, char **argv)
 {
-    if (cli_wants_help(argc, argv)) {
-        fputs(usage_logout, stdout);
-        return CLI_EXIT_OK;
-    }
+    if (cli_wants_help(argc, argv))
+        return cli_print_help();
     if (argc > 1)
         return cli_usage_error("logout", "unexpected argument '%s'", argv[1]);
     char path[PATH_MAX];
@@ -243,10 +196,8 @@ int cli_cmd_logout(struct cli_ctx *c, int argc, char **argv)
 
 int cli_cmd_version(struct cli_ctx *c, int argc, char **argv)
 {
-    if (cli_wants_help(argc, argv)) {
-        fputs(usage_version, stdout);
-        return CLI_EXIT_OK;
-    }
+    if (cli_wants_help(argc, argv))
+        return cli_print_help();
     if (argc > 1)
         return cli_usage_error("version", "unexpected argument '%s'", argv[1]);
     printf("withruntime %s\n", WR_VERSION);

@@ -14,39 +14,6 @@
 #define RUN_LEASE_SLACK 60
 #define RUN_DEFAULT_TIMEOUT 3600
 
-static const char usage_run[] =
-    "Usage: withruntime sandbox run [OPTIONS] -- CMD [ARG...]\n"
-    "\n"
-    "Creates a sandbox, runs CMD in it with its stdout and stderr streamed here as\n"
-    "they are produced, and deletes the sandbox. Exits with CMD's exit status:\n"
-    "128+N if signal N killed it, 124 if it timed out, 127 if it could not start,\n"
-    "130 if interrupted (the sandbox is deleted first), 1 on other errors.\n"
-    "\n"
-    "CMD and its arguments are an argv list, run without a shell even when there\n"
-    "is only one word. To run a shell string, use sh -c:\n"
-    "  withruntime sandbox run -- sh -c 'cd /tmp && ls | wc -l'\n"
-    "\n"
-    "Options:\n"
-    "  --image NAME     image to start from (default: \"default\")\n"
-    "  --timeout SECS   time limit for CMD, 1..86400 (default 3600); the sandbox's\n"
-    "                   lease ends a minute later\n"
-    "  --cpus N         vCPUs (default 2)\n"
-    "  --memory MIB     memory in MiB (default 4096)\n"
-    "  --disk MIB       disk quota of its writable layer in MiB (default 10240)\n"
-    "  --env K=V        environment variable (repeatable)\n"
-    "  --internet       let it reach any public host (default: no network)\n"
-    "  --allow HOST     let it reach only HOST: a name, '*.name', optionally :PORT\n"
-    "                   (repeatable; implies --internet), e.g.\n"
-    "                   --allow pypi.org --allow '*.pythonhosted.org'\n"
-    "  --deny HOST      never HOST, even if allowed (repeatable)\n"
-    "  --secret NAME    give it secret NAME: CMD sees a placeholder, HTTPS requests to\n"
-    "                   the secret's hosts carry the value (repeatable)\n"
-    "  --cwd DIR        working directory (default /workspace)\n"
-    "  --stdin          send our stdin (read to the end first, up to 512 KiB) to CMD\n"
-    "  --keep           keep the sandbox and print its id on stderr\n"
-    "  --trial          accepted for compatibility; changes nothing\n"
-    "  -h, --help       this help\n";
-
 /* One `run`, from its options to the sandbox it made. */
 struct run {
     struct cli_create_opts co; /* the sandbox to create (owned) */
@@ -89,7 +56,7 @@ static int run_parse_opts(struct run *run, int argc, char **argv)
         if (r != 0)
             return r;
         switch (opt) {
-        case 'h': return cli_print_usage(usage_run);
+        case 'h': return cli_print_help();
         case OPT_TIMEOUT:
             if (cli_parse_long(optarg, 1, CLI_MAX_SECONDS, &run->timeout) < 0)
                 return cli_usage_error(cmd, "--timeout wants seconds, 1..%d, got '%s'",
@@ -161,8 +128,8 @@ static int run_command(struct run *run, const struct cli_endpoint *ep)
     return cli_exec_stream(ep, run->id, run->exec);
 }
 
-/* Deletes the sandbox, or says it is kept. Returns code, or CLI_EXIT_ERR when the command
- * succeeded but the delete failed. */
+/* Deletes the sandbox, or says it is kept. Returns code, or the delete's exit code when the
+ * command succeeded but the delete failed. */
 static int run_finish(struct run *run, const struct cli_endpoint *ep, int code)
 {
     struct wr_err err = {0};
@@ -171,7 +138,7 @@ static int run_finish(struct run *run, const struct cli_endpoint *ep, int code)
     } else if (cli_sandbox_delete(ep, run->id, &err) < 0) {
         cli_errorf("could not delete sandbox %s: %s", run->id, err.msg);
         if (code == 0)
-            code = CLI_EXIT_ERR;
+            code = cli_exit_code(&err);
     }
     return code;
 }
@@ -187,7 +154,7 @@ int cli_sandbox_run(struct cli_ctx *c, int argc, char **argv)
     if ((code = run_build_exec(&run, argc - optind, argv + optind)) != CLI_GO_ON)
         goto out;
     if (cli_endpoint(c, &ep) != 0) {
-        code = CLI_EXIT_ERR;
+        code = CLI_EXIT_DAEMON;
         goto out;
     }
     /* From here a stop signal must not leave a sandbox behind: it is only acted on while we

@@ -1,8 +1,8 @@
 /*
- * `withruntime sandbox ...`: the table from a subcommand's name to the file that handles it, and
- * what those files share (option errors, id checks, JSON printing, finding the daemon). Each
- * subcommand is a thin translation of options into one or two API calls (docs/api.md) and of
- * the answer into text for a terminal or a script; the small read-only ones and `rm` live here.
+ * `withruntime sandbox ...`: what the subcommands' files share (option errors, id checks, JSON
+ * printing, finding the daemon), and the small ones: list, get, rm, prune. Each subcommand is a
+ * thin translation of options into one or two API calls (docs/api.md) and of the answer into
+ * text for a terminal or a script; the command table (table.c) says which file runs which.
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -13,46 +13,6 @@
 #include "common/duration.h"
 #include "common/util.h"
 
-static const char usage_sandbox[] =
-    "Usage: withruntime sandbox COMMAND [ARGS...]\n"
-    "\n"
-    "Commands:\n"
-    "  run [OPTIONS] -- CMD [ARG...]      create a sandbox, run CMD in it, delete it\n"
-    "  create [OPTIONS]                   create a sandbox and print its id\n"
-    "  list [--json]                      list sandboxes\n"
-    "  get ID                             print a sandbox as JSON\n"
-    "  exec [OPTIONS] ID -- CMD [ARG...]  run CMD in a running sandbox\n"
-    "  cat ID PATH                        write a file's bytes to stdout\n"
-    "  write [--mode MODE] ID PATH [FILE|-]  write a file from FILE or stdin\n"
-    "  ls ID [PATH]                       list a directory (default /workspace)\n"
-    "  rm ID [ID...]                      delete sandboxes\n"
-    "  prune [--older-than DURATION]      delete stopped and failed sandboxes\n"
-    "\n"
-    "Run 'withruntime sandbox COMMAND --help' for a command's options.\n";
-
-static const char usage_list[] = "Usage: withruntime sandbox list [--json]\n"
-                                 "\n"
-                                 "Lists sandboxes: ID STATE IMAGE CPUS MEMORY CREATED.\n";
-
-static const char usage_get[] = "Usage: withruntime sandbox get ID\n"
-                                "\n"
-                                "Prints the sandbox object as JSON.\n";
-
-static const char usage_rm[] = "Usage: withruntime sandbox rm ID [ID...]\n"
-                               "\n"
-                               "Deletes sandboxes, printing each id deleted.\n";
-
-static const char usage_prune[] =
-    "Usage: withruntime sandbox prune [--older-than DURATION] [--json]\n"
-    "\n"
-    "Deletes every stopped or failed sandbox that has been so for at least DURATION\n"
-    "(seconds, or with s, m, h, d; default 0: all of them), printing each id deleted.\n"
-    "Running sandboxes are never touched. The daemon also deletes them by itself after\n"
-    "`serve --stopped-retention` (default 7d).\n"
-    "\n"
-    "Example:\n"
-    "  withruntime sandbox prune --older-than 1d\n";
-
 /* ---- helpers ---- */
 
 int cli_bad_option(const char *cmd, int argc, char **argv)
@@ -61,12 +21,6 @@ int cli_bad_option(const char *cmd, int argc, char **argv)
     if (optopt && strchr("h", optopt) == NULL && arg[0] == '-' && arg[1] != '-')
         return cli_usage_error(cmd, "unknown option '-%c'", optopt);
     return cli_usage_error(cmd, "unknown option, or missing value: '%s'", arg);
-}
-
-int cli_print_usage(const char *text)
-{
-    fputs(text, stdout);
-    return CLI_EXIT_OK;
 }
 
 bool cli_id_ok(const char *id)
@@ -92,12 +46,47 @@ void cli_print_json(json_t *v)
 int cli_endpoint(struct cli_ctx *c, const struct cli_endpoint **ep)
 {
     struct wr_err err = {0};
-    if (cli_endpoint_get(c, ep, &err) < 0)
-        return cli_fail(&err);
+    if (cli_endpoint_get(c, ep, &err) < 0) {
+        cli_fail(&err);
+        return CLI_EXIT_DAEMON;
+    }
     return 0;
 }
 
-int cli_simple_opts(const char *cmd, const char *usage, int argc, char **argv, bool *as_json)
+int cli_call(struct cli_ctx *c, const char *method, const char *path, json_t *body, json_t **out)
+{
+    if (out)
+        *out = NULL;
+    const struct cli_endpoint *ep;
+    int r = cli_endpoint(c, &ep);
+    if (r != 0)
+        return r;
+    struct wr_err err = {0};
+    if (cli_json_call(ep, method, path, body, out, &err) < 0)
+        return cli_fail(&err);
+    return CLI_EXIT_OK;
+}
+
+void cli_print_fields(json_t *o)
+{
+    const char *k;
+    json_t *v;
+    json_object_foreach(o, k, v)
+    {
+        printf("%-20s  ", k);
+        if (json_is_string(v)) {
+            printf("%s\n", json_string_value(v));
+        } else if (json_is_null(v)) {
+            printf("-\n");
+        } else {
+            char *s = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY | JSON_PRESERVE_ORDER);
+            printf("%s\n", s ? s : "?");
+            free(s);
+        }
+    }
+}
+
+int cli_simple_opts(const char *cmd, int argc, char **argv, bool *as_json)
 {
     static const struct option opts[] = {
         {"json", no_argument, 0, OPT_JSON},
@@ -109,7 +98,7 @@ int cli_simple_opts(const char *cmd, const char *usage, int argc, char **argv, b
     opterr = 0;
     while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         if (opt == 'h')
-            return cli_print_usage(usage);
+            return cli_print_help();
         if (opt == OPT_JSON && as_json)
             *as_json = true;
         else
@@ -136,14 +125,14 @@ int cli_sandbox_delete(const struct cli_endpoint *ep, const char *id, struct wr_
 int cli_sandbox_list(struct cli_ctx *c, int argc, char **argv)
 {
     bool as_json = false;
-    int r = cli_simple_opts("sandbox list", usage_list, argc, argv, &as_json);
+    int r = cli_simple_opts("sandbox list", argc, argv, &as_json);
     if (r != CLI_GO_ON)
         return r;
     if (optind < argc)
         return cli_usage_error("sandbox list", "unexpected argument '%s'", argv[optind]);
     const struct cli_endpoint *ep;
     if (cli_endpoint(c, &ep) != 0)
-        return CLI_EXIT_ERR;
+        return CLI_EXIT_DAEMON;
     struct wr_err err = {0};
     json_t *res = NULL;
     if (cli_json_call(ep, "GET", "/v1/sandboxes", NULL, &res, &err) < 0)
@@ -177,7 +166,8 @@ int cli_sandbox_list(struct cli_ctx *c, int argc, char **argv)
 
 int cli_sandbox_get(struct cli_ctx *c, int argc, char **argv)
 {
-    int r = cli_simple_opts("sandbox get", usage_get, argc, argv, NULL);
+    bool as_json = false;
+    int r = cli_simple_opts("sandbox get", argc, argv, &as_json);
     if (r != CLI_GO_ON)
         return r;
     if (argc - optind != 1)
@@ -185,23 +175,22 @@ int cli_sandbox_get(struct cli_ctx *c, int argc, char **argv)
     const char *id = argv[optind];
     if (!cli_id_ok(id))
         return cli_usage_error("sandbox get", "bad sandbox id '%s'", id);
-    const struct cli_endpoint *ep;
-    if (cli_endpoint(c, &ep) != 0)
-        return CLI_EXIT_ERR;
     char path[128];
     snprintf(path, sizeof(path), "/v1/sandboxes/%s", id);
-    struct wr_err err = {0};
     json_t *sb = NULL;
-    if (cli_json_call(ep, "GET", path, NULL, &sb, &err) < 0)
-        return cli_fail(&err);
-    cli_print_json(sb);
+    if ((r = cli_call(c, "GET", path, NULL, &sb)) != CLI_EXIT_OK)
+        return r;
+    if (as_json)
+        cli_print_json(sb);
+    else
+        cli_print_fields(sb);
     json_decref(sb);
     return CLI_EXIT_OK;
 }
 
 int cli_sandbox_rm(struct cli_ctx *c, int argc, char **argv)
 {
-    int r = cli_simple_opts("sandbox rm", usage_rm, argc, argv, NULL);
+    int r = cli_simple_opts("sandbox rm", argc, argv, NULL);
     if (r != CLI_GO_ON)
         return r;
     if (optind >= argc)
@@ -211,13 +200,13 @@ int cli_sandbox_rm(struct cli_ctx *c, int argc, char **argv)
             return cli_usage_error("sandbox rm", "bad sandbox id '%s'", argv[i]);
     const struct cli_endpoint *ep;
     if (cli_endpoint(c, &ep) != 0)
-        return CLI_EXIT_ERR;
+        return CLI_EXIT_DAEMON;
     int code = CLI_EXIT_OK;
     for (int i = optind; i < argc; i++) {
         struct wr_err err = {0};
         if (cli_sandbox_delete(ep, argv[i], &err) < 0) {
             cli_errorf("%s: %s", argv[i], err.msg);
-            code = CLI_EXIT_ERR;
+            code = cli_exit_code(&err);
         } else {
             printf("%s\n", argv[i]);
         }
@@ -240,7 +229,7 @@ int cli_sandbox_prune(struct cli_ctx *c, int argc, char **argv)
     opterr = 0;
     while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         if (opt == 'h')
-            return cli_print_usage(usage_prune);
+            return cli_print_help();
         if (opt == OPT_JSON)
             as_json = true;
         else if (opt == 'o' && duration_parse(optarg, &age) < 0)
@@ -254,7 +243,7 @@ int cli_sandbox_prune(struct cli_ctx *c, int argc, char **argv)
         return cli_usage_error("sandbox prune", "unexpected argument '%s'", argv[optind]);
     const struct cli_endpoint *ep;
     if (cli_endpoint(c, &ep) != 0)
-        return CLI_EXIT_ERR;
+        return CLI_EXIT_DAEMON;
     struct wr_err err = {0};
     json_t *res = NULL;
     json_t *body = json_pack("{s:I}", "older_than_seconds", (json_int_t)age);
@@ -274,32 +263,8 @@ int cli_sandbox_prune(struct cli_ctx *c, int argc, char **argv)
     json_array_foreach(json_object_get(res, "errors"), i, v)
     {
         cli_errorf("%s: %s", cli_str_or(v, "id", "?"), cli_str_or(v, "message", "?"));
-        code = CLI_EXIT_ERR;
+        code = CLI_EXIT_DAEMON; /* the daemon failed to delete it */
     }
     json_decref(res);
     return code;
-}
-
-/* ---- dispatch ---- */
-
-int cli_cmd_sandbox(struct cli_ctx *c, int argc, char **argv)
-{
-    static const struct {
-        const char *name;
-        int (*fn)(struct cli_ctx *, int, char **);
-    } cmds[] = {
-        {"run", cli_sandbox_run},     {"create", cli_sandbox_create}, {"list", cli_sandbox_list},
-        {"get", cli_sandbox_get},     {"exec", cli_sandbox_exec},     {"cat", cli_sandbox_cat},
-        {"write", cli_sandbox_write}, {"ls", cli_sandbox_ls},         {"rm", cli_sandbox_rm},
-        {"delete", cli_sandbox_rm},   {"prune", cli_sandbox_prune},
-    };
-    if (argc < 2)
-        return cli_usage_error("sandbox", "missing command");
-    const char *sub = argv[1];
-    if (strcmp(sub, "-h") == 0 || strcmp(sub, "--help") == 0 || strcmp(sub, "help") == 0)
-        return cli_print_usage(usage_sandbox);
-    for (size_t i = 0; i < WR_ARRAY_LEN(cmds); i++)
-        if (strcmp(cmds[i].name, sub) == 0)
-            return cmds[i].fn(c, argc - 1, argv + 1);
-    return cli_usage_error("sandbox", "unknown command '%s'", sub);
 }

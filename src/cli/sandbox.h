@@ -1,8 +1,8 @@
 /*
- * What the `withruntime sandbox ...` subcommands share, and nothing else includes: the option
- * codes, the limits on what they accept, parsing and printing helpers, and the entry point of
- * each subcommand. sandbox.c dispatches to them; each lives in a file of its own (run.c,
- * create.c, exec.c, files.c) or, for the small ones, in sandbox.c.
+ * What the `withruntime sandbox ...` subcommands share: the option codes, the limits on what
+ * they accept, parsing and printing helpers, and the entry point of each subcommand. The
+ * command table (table.c) says which runs which; each lives in a file of its own (run.c,
+ * create.c, exec.c, files.c, manage.c, background.c) or, for the small ones, in sandbox.c.
  */
 #ifndef WR_CLI_SANDBOX_H
 #define WR_CLI_SANDBOX_H
@@ -39,6 +39,9 @@ enum {
     OPT_ALLOW,
     OPT_DENY,
     OPT_SECRET,
+    OPT_BACKGROUND,
+    OPT_FOLLOW,
+    OPT_SIGNAL,
 };
 
 /* ---- helpers (sandbox.c) ---- */
@@ -49,24 +52,36 @@ enum {
  */
 int cli_bad_option(const char *cmd, int argc, char **argv);
 
-/** Prints a usage text to stdout. Returns CLI_EXIT_OK. */
-int cli_print_usage(const char *text);
-
 /**
  * Parses the options of a command that has only --json and --help (as_json NULL: only --help).
  * Leaves optind at the first operand. Returns CLI_GO_ON, or the exit code to leave with.
  */
-int cli_simple_opts(const char *cmd, const char *usage, int argc, char **argv,
-                    bool *as_json /* OUT, may be NULL */);
+int cli_simple_opts(const char *cmd, int argc, char **argv, bool *as_json /* OUT, may be NULL */);
 
 /** True if id is made only of the characters sandbox ids are made of (it goes into URL paths). */
 bool cli_id_ok(const char *id);
 
-/** Finds the daemon (cli_endpoint_get). Returns 0 with *ep set (owned by c), or -1 (printed). */
+/**
+ * Finds the daemon (cli_endpoint_get). Returns 0 with *ep set (owned by c), or the exit code
+ * to leave with (CLI_EXIT_DAEMON, printed).
+ */
 int cli_endpoint(struct cli_ctx *c, const struct cli_endpoint **ep /* OUT */);
 
 /** Prints v as indented JSON and a newline to stdout. v is not stolen. */
 void cli_print_json(json_t *v);
+
+/**
+ * Prints an object a field a line ("name    value"): strings as they are, null as "-", objects
+ * and arrays as compact JSON.
+ */
+void cli_print_fields(json_t *o);
+
+/**
+ * One JSON call for a command: finds the daemon, calls it, and prints a failure. Returns 0 with
+ * *out set (may be NULL to ignore the answer), or the exit code to leave with.
+ */
+int cli_call(struct cli_ctx *c, const char *method, const char *path, json_t *body,
+             json_t **out /* OUT */);
 
 /** The string o[key], or dflt when it is absent or not a string. Borrowed from o. */
 const char *cli_str_or(json_t *o, const char *key, const char *dflt);
@@ -105,7 +120,7 @@ void cli_create_opts_free(struct cli_create_opts *co);
 
 /**
  * Prints the daemon's message for a failed create, with a hint to build the image when it is
- * missing. Returns CLI_EXIT_ERR.
+ * missing. Returns cli_exit_code(err).
  */
 int cli_create_failed(const struct wr_err *err);
 
@@ -154,5 +169,27 @@ int cli_sandbox_write(struct cli_ctx *c, int argc, char **argv);
 
 /** `sandbox ls` (files.c). */
 int cli_sandbox_ls(struct cli_ctx *c, int argc, char **argv);
+
+/** `sandbox stop`, `start`, `timeout`, `stats`, `events` (manage.c). */
+int cli_sandbox_stop(struct cli_ctx *c, int argc, char **argv);
+int cli_sandbox_start(struct cli_ctx *c, int argc, char **argv);
+int cli_sandbox_timeout(struct cli_ctx *c, int argc, char **argv);
+int cli_sandbox_stats(struct cli_ctx *c, int argc, char **argv);
+int cli_sandbox_events(struct cli_ctx *c, int argc, char **argv);
+
+/** `sandbox network` (show or set the egress policy) and `sandbox network-log` (manage.c). */
+int cli_sandbox_network(struct cli_ctx *c, int argc, char **argv);
+int cli_sandbox_network_log(struct cli_ctx *c, int argc, char **argv);
+
+/** `sandbox commands`, `logs`, `kill`: background commands (background.c). */
+int cli_sandbox_commands(struct cli_ctx *c, int argc, char **argv);
+int cli_sandbox_logs(struct cli_ctx *c, int argc, char **argv);
+int cli_sandbox_kill(struct cli_ctx *c, int argc, char **argv);
+
+/**
+ * Writes a background command's output chunk (o[stream] decoded by o[stream_encoding]) to fd.
+ * Returns 0, or -1 with err set.
+ */
+int cli_write_encoded(int fd, json_t *o, const char *stream, struct wr_err *err);
 
 #endif

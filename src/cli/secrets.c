@@ -17,22 +17,6 @@
 
 #define VALUE_MAX 8192
 
-static const char usage_secrets[] =
-    "Usage: withruntime secrets set NAME --hosts HOST[,HOST...] [--from-file FILE]\n"
-    "       withruntime secrets list [--json]\n"
-    "       withruntime secrets rm NAME\n"
-    "\n"
-    "A secret is a value (a token, say) that code in a sandbox uses without ever seeing it.\n"
-    "A sandbox created with it (`secrets=[\"NAME\"]` in the SDK) has NAME set to a random\n"
-    "placeholder in its commands' environment; the daemon's egress proxy puts the real value\n"
-    "in place of the placeholder in the headers of HTTPS requests to HOST, and nowhere else.\n"
-    "HOST is a name or a wildcard (*.example.com). The value is read from stdin (its one\n"
-    "line, without the newline) or from FILE, never from the command line; it is stored\n"
-    "encrypted and is never shown again.\n"
-    "\n"
-    "Example:\n"
-    "  printf %s \"$GITHUB_TOKEN\" | withruntime secrets set GITHUB_TOKEN --hosts api.github.com\n";
-
 static int name_ok(const char *n)
 {
     size_t len = strlen(n);
@@ -69,7 +53,7 @@ static int read_value(int fd, char *buf, size_t cap, size_t *len)
     return 0;
 }
 
-static int cmd_set(struct cli_ctx *c, int argc, char **argv)
+int cli_secrets_set(struct cli_ctx *c, int argc, char **argv)
 {
     static const struct option opts[] = {{"hosts", required_argument, 0, 'H'},
                                          {"from-file", required_argument, 0, 'f'},
@@ -77,13 +61,14 @@ static int cmd_set(struct cli_ctx *c, int argc, char **argv)
                                          {0, 0, 0, 0}};
     const char *hosts = NULL, *file = NULL;
     optind = 1;
+    opterr = 0;
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (o) {
         case 'H': hosts = optarg; break;
         case 'f': file = optarg; break;
-        case 'h': return cli_print_usage(usage_secrets);
-        default: return cli_usage_error("secrets set", "see --help");
+        case 'h': return cli_print_help();
+        default: return cli_bad_option("secrets set", argc, argv);
         }
     }
     if (optind != argc - 1)
@@ -119,7 +104,7 @@ static int cmd_set(struct cli_ctx *c, int argc, char **argv)
         cli_errorf("secrets set: no value read from %s", file ? file : "stdin");
     } else {
         const struct cli_endpoint *ep;
-        if (cli_endpoint(c, &ep) == 0) {
+        if ((ret = cli_endpoint(c, &ep)) == 0) {
             json_t *body = json_pack("{s:s%, s:O}", "value", value, len, "hosts", list);
             char path[128];
             snprintf(path, sizeof(path), "/v1/secrets/%s", name);
@@ -141,17 +126,17 @@ static int cmd_set(struct cli_ctx *c, int argc, char **argv)
     return ret;
 }
 
-static int cmd_list(struct cli_ctx *c, int argc, char **argv)
+int cli_secrets_list(struct cli_ctx *c, int argc, char **argv)
 {
     bool as_json = false;
-    int r = cli_simple_opts("secrets list", usage_secrets, argc, argv, &as_json);
+    int r = cli_simple_opts("secrets list", argc, argv, &as_json);
     if (r != CLI_GO_ON)
         return r;
     if (optind < argc)
         return cli_usage_error("secrets list", "unexpected argument '%s'", argv[optind]);
     const struct cli_endpoint *ep;
     if (cli_endpoint(c, &ep) != 0)
-        return CLI_EXIT_ERR;
+        return CLI_EXIT_DAEMON;
     struct wr_err err = {0};
     json_t *res = NULL;
     if (cli_json_call(ep, "GET", "/v1/secrets", NULL, &res, &err) < 0)
@@ -175,16 +160,16 @@ static int cmd_list(struct cli_ctx *c, int argc, char **argv)
     return CLI_EXIT_OK;
 }
 
-static int cmd_rm(struct cli_ctx *c, int argc, char **argv)
+int cli_secrets_rm(struct cli_ctx *c, int argc, char **argv)
 {
-    int r = cli_simple_opts("secrets rm", usage_secrets, argc, argv, NULL);
+    int r = cli_simple_opts("secrets rm", argc, argv, NULL);
     if (r != CLI_GO_ON)
         return r;
     if (optind >= argc)
         return cli_usage_error("secrets rm", "want NAME");
     const struct cli_endpoint *ep;
     if (cli_endpoint(c, &ep) != 0)
-        return CLI_EXIT_ERR;
+        return CLI_EXIT_DAEMON;
     int ret = CLI_EXIT_OK;
     for (int i = optind; i < argc; i++) {
         if (!name_ok(argv[i])) {
@@ -200,19 +185,4 @@ static int cmd_rm(struct cli_ctx *c, int argc, char **argv)
             printf("%s\n", argv[i]);
     }
     return ret;
-}
-
-int cli_cmd_secrets(struct cli_ctx *c, int argc, char **argv)
-{
-    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") ||
-        !strcmp(argv[1], "help"))
-        return cli_print_usage(usage_secrets);
-    const char *sub = argv[1];
-    if (!strcmp(sub, "set"))
-        return cmd_set(c, argc - 1, argv + 1);
-    if (!strcmp(sub, "list") || !strcmp(sub, "ls"))
-        return cmd_list(c, argc - 1, argv + 1);
-    if (!strcmp(sub, "rm"))
-        return cmd_rm(c, argc - 1, argv + 1);
-    return cli_usage_error("secrets", "unknown command '%s'", sub);
 }

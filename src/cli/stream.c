@@ -122,7 +122,8 @@ static int exit_status(const struct stream *st, json_t *exec)
                        (long long)json_integer_value(json_object_get(exec, "max_output_bytes")));
     if (st->got_error) {
         cli_errorf("%s", st->err_msg);
-        return strcmp(st->err_code, "exec_failed") == 0 ? 127 : CLI_EXIT_ERR;
+        /* could not start; else the sandbox or the daemon failed under it */
+        return strcmp(st->err_code, "exec_failed") == 0 ? 127 : CLI_EXIT_DAEMON;
     }
     if (st->timed_out) {
         json_t *t = json_object_get(exec, "timeout_seconds");
@@ -179,8 +180,9 @@ int cli_exec_stream(const struct cli_endpoint *ep, const char *id, json_t *exec)
     } else if (err.code == EPIPE && !st.got_end && resp.status == 200) {
         code = 128 + SIGPIPE; /* our stdout went away (`| head`): quietly, as a shell would */
     } else {
-        cli_fail(&err);
-        code = strcmp(resp.error_code, "exec_failed") == 0 ? 127 : CLI_EXIT_ERR;
+        code = cli_fail(&err);
+        if (strcmp(resp.error_code, "exec_failed") == 0)
+            code = 127;
     }
     cli_response_free(&resp);
     cli_ndjson_free(&st.nd);

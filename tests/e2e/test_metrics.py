@@ -169,3 +169,17 @@ def test_spend_by_key_is_listed_per_owner(daemon):
     listed = daemon.admin.request("GET", "/v1/keys").json()["keys"]
     owners = {k["id"] for k in listed if not k["revoked_at"] and k["owner_id"] == k["id"]}
     assert keys == owners
+
+
+def test_the_cli_makes_a_metrics_key(daemon):
+    from test_keys import admin_cli
+    r = admin_cli(daemon, "keys", "create", "--name", f"prom-{os.getpid()}", "--metrics")
+    assert r.returncode == 0, r.stderr
+    key = r.stdout.strip()
+    families, _ = scrape(daemon, daemon.client.with_key(key))
+    assert "withruntime_sandboxes" in families
+    listed = admin_cli(daemon, "keys", "list")
+    line = [ln for ln in listed.stdout.splitlines() if f"prom-{os.getpid()}" in ln]
+    assert len(line) == 1 and " metrics " in line[0], listed.stdout
+    r = admin_cli(daemon, "keys", "set", line[0].split()[0], "--metrics")
+    assert r.returncode == 2 and "made as one" in r.stderr, r

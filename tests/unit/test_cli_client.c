@@ -655,8 +655,28 @@ static void test_e2e(void)
     ok(r < 0 && err.code == CLI_EAPI && resp.status == 404 &&
            strcmp(err.msg, "no such sandbox") == 0 && strcmp(resp.error_code, "not_found") == 0,
        "e2e: chunked error envelope -> message '%s'", err.msg);
+    ok(cli_exit_code(&err) == CLI_EXIT_NOT_FOUND, "e2e: a 404 exits 3");
     cli_response_free(&resp);
     ok(reap(pid) == 0, "e2e: server got the 2-byte body");
+
+    /* Every other 4xx is the daemon refusing (exit 4), a 5xx the daemon failing (exit 5). */
+    static const struct {
+        const char *answer;
+        int code;
+    } refusals[] = {
+        {"HTTP/1.1 409 Conflict\r\nContent-Length: 0\r\n\r\n", CLI_EXIT_REFUSED},
+        {"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n", CLI_EXIT_REFUSED},
+        {"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n", CLI_EXIT_REFUSED},
+        {"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n", CLI_EXIT_DAEMON},
+        {"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n", CLI_EXIT_DAEMON},
+    };
+    for (size_t i = 0; i < sizeof(refusals) / sizeof(refusals[0]); i++) {
+        pid = serve_once(refusals[i].answer, strlen(refusals[i].answer), -1);
+        r = cli_json_call(&ep, "GET", "/v1/x", NULL, NULL, &err);
+        ok(r < 0 && err.code == CLI_EAPI && cli_exit_code(&err) == refusals[i].code,
+           "e2e: a %.3s answer exits %d", refusals[i].answer + 9, refusals[i].code);
+        reap(pid);
+    }
 
     const char *a3 = "HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
                      "Transfer-Encoding: chunked\r\n\r\n"
@@ -710,7 +730,8 @@ static void test_e2e(void)
     const char *a5 = "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"a\":";
     pid = serve_once(a5, strlen(a5), -1);
     r = cli_json_call(&ep, "GET", "/v1/x", NULL, NULL, &err);
-    ok(r < 0 && err.code == ECONNRESET, "e2e: short Content-Length body is an error");
+    ok(r < 0 && err.code == ECONNRESET && cli_exit_code(&err) == CLI_EXIT_DAEMON,
+       "e2e: short Content-Length body is an error (the daemon's: exit 5)");
     reap(pid);
     const char *a6 = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel";
     pid = serve_once(a6, strlen(a6), -1);
@@ -734,8 +755,9 @@ static void test_e2e(void)
 
     unlink(sock_path);
     r = cli_json_call(&ep, "GET", "/v1/x", NULL, NULL, &err);
-    ok(r < 0 && err.code == ENOENT && strstr(err.msg, sock_path),
-       "e2e: no socket -> ENOENT naming the socket");
+    ok(r < 0 && err.code == ENOENT && strstr(err.msg, sock_path) &&
+           cli_exit_code(&err) == CLI_EXIT_DAEMON,
+       "e2e: no socket -> ENOENT naming the socket, exit 5");
 
     unlink(fpath);
     rmdir(dir);
