@@ -64,7 +64,7 @@ def schemathesis_cmd():
     return [exe]
 
 
-ADMIN_PATHS = "^/v1/(keys|audit|secrets)"
+ADMIN_PATHS = "^/(v1/(keys|audit|secrets)|metrics$)"  # /metrics: the admin's or a metrics key's
 
 
 class UnixForwarder:
