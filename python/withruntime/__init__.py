@@ -12,6 +12,7 @@ The daemon is found from ``RUNTIME_URL`` and ``RUNTIME_API_KEY``, else the conne
 library only.
 """
 
+from ._archive import DirTransfer, UnsafeArchive
 from .client import Client, Connection, resolve_connection
 from .errors import (
     AuthError,
@@ -62,5 +63,7 @@ __all__ = [
     "ServerError",
     "DaemonUnavailable",
     "ConfigurationError",
+    "DirTransfer",
+    "UnsafeArchive",
     "__version__",
 ]

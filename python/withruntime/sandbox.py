@@ -30,6 +30,7 @@ from typing import (
 )
 from urllib.parse import quote
 
+from . import _archive
 from .client import Client
 from .errors import FileTooLarge, NotFound, WithruntimeError, error_from_response
 
@@ -400,6 +401,47 @@ class Files:
         self._sbx._client.request(
             "DELETE", self._path(""),
             query={"path": path, "recursive": True if recursive else None})
+
+    def upload_dir(self, local: str, remote: str, *,
+                   piece_size: int = PIECE_SIZE) -> "_archive.DirTransfer":
+        """Copies the contents of the local directory ``local`` into ``remote`` in the sandbox
+        (made, with its parents, if missing; what it holds already stays, and an entry replaces
+        only what has its own name). Kept: directories, files, symlinks (as symlinks, never
+        followed), permission bits (not setuid/setgid) and mtimes; a hard-linked file is copied
+        once per name; devices, FIFOs and sockets are skipped and named in the result's
+        ``skipped``. The tree goes as a tar stream, in pieces of ``piece_size`` bytes to a
+        staging file in the sandbox's ``/tmp``, which the sandbox then extracts and removes::
+
+            sbx.files.upload_dir("./project", "/workspace/project")
+
+        Raises:
+            NotADirectoryError: ``local`` is not a directory.
+            FileError: The extraction failed in the sandbox (e.g. ``remote`` is a file).
+        """
+        return _archive.upload_dir(self, local, remote, piece_size)
+
+    def download_dir(self, remote: str, local: str, *,
+                     max_bytes: Optional[int] = _archive.DEFAULT_MAX_BYTES,
+                     max_entries: Optional[int] = _archive.DEFAULT_MAX_ENTRIES,
+                     ) -> "_archive.DirTransfer":
+        """Copies the contents of the directory ``remote`` in the sandbox into the local
+        directory ``local`` (made if missing), as a tar stream extracted as it arrives. A final
+        symlink in ``remote`` is followed; a file (or a symlink to one) lands in ``local`` under
+        its own name.
+
+        What a sandbox sends is not trusted: nothing is ever written outside ``local``, no
+        symlink is followed (an entry whose path goes through one, or that is absolute or has
+        a ``..`` component, raises :class:`UnsafeArchive`; what was extracted before stays),
+        setuid/setgid bits are dropped, devices, FIFOs and hard links are skipped (named in the
+        result's ``skipped``), and more than ``max_bytes`` of file content (default 64 GiB) or
+        ``max_entries`` entries (default 1,000,000) raise :class:`FileTooLarge`.
+
+        Raises:
+            NotFound: Nothing is at ``remote``.
+            UnsafeArchive: The archive tried to leave ``local``, or is malformed.
+            FileTooLarge: A limit was passed.
+        """
+        return _archive.download_dir(self, remote, local, max_bytes, max_entries)
 
 
 class Sandbox:

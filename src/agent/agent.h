@@ -68,7 +68,7 @@ void obuf_consume(struct obuf *b, size_t n);
 /** Frees the memory; the buffer is empty and usable again. */
 void obuf_free(struct obuf *b);
 
-enum req_kind { REQ_EXEC, REQ_READ, REQ_WRITE, REQ_LIST };
+enum req_kind { REQ_EXEC, REQ_READ, REQ_WRITE, REQ_LIST, REQ_ARCHIVE, REQ_EXTRACT };
 
 /* Common head of every live request; the kind's own struct embeds it first. */
 struct req {
@@ -196,6 +196,29 @@ struct wr_err;
  */
 int agent_path(const struct proto_field *f, const char *what, char *out, struct wr_err *err);
 
+#define R_FOLLOW 1  /* follow a symlink in the last component too */
+#define R_PARENTS 2 /* create missing directories on the way (mode 0755), like mkdir -p */
+
+/* Where a path ends: its last component, name, in the directory open (O_PATH) at dir. The
+ * name may not exist yet; it is "." for the root and may be "." or "..". */
+struct rpath {
+    int dir;
+    char name[NAME_MAX + 1];
+    int slash; /* the path ended in '/': the last component must be a directory */
+};
+
+/**
+ * Resolves path (absolute, as agent_path makes it) from the root of the commands' view, one
+ * component at a time, into rp. Symlinks are followed by the agent, never by the kernel, except
+ * one in /proc: those are refused with ELOOP. The last component is followed only with R_FOLLOW
+ * or a trailing '/'. `what` and path make the messages. Returns 0, or -1 with err set and
+ * rp->dir -1.
+ */
+int agent_resolve(const char *path, int flags, const char *what, struct rpath *rp,
+                  struct wr_err *err);
+/** Closes rp->dir if open. */
+void rpath_close(struct rpath *rp);
+
 /** Handles FILE_READ: answers STAT_RESULT and registers a job producing DATA, or ERROR. */
 void file_read_start(uint32_t id, const uint8_t *payload, size_t len);
 /** Handles FILE_WRITE: opens the file and registers a request awaiting DATA, or ERROR. */
@@ -217,6 +240,17 @@ void file_remove(uint32_t id, const uint8_t *payload, size_t len);
 int file_job_step(struct req *r);
 /** Frees a READ, WRITE or LIST request. */
 void file_free(struct req *r);
+
+/* ---- directory archives (archive.c) ---- */
+
+/** Handles FILE_ARCHIVE: registers a job producing the tar stream as DATA, or answers ERROR. */
+void archive_start(uint32_t id, const uint8_t *payload, size_t len);
+/** Handles FILE_EXTRACT: registers a job extracting the archive, or answers ERROR. */
+void extract_start(uint32_t id, const uint8_t *payload, size_t len);
+/** Runs an ARCHIVE or EXTRACT job for a while. Returns 1 when it has sent its last frame. */
+int archive_job_step(struct req *r);
+/** Frees an ARCHIVE or EXTRACT request. */
+void archive_free(struct req *r);
 
 /* ---- the commands' pid namespace (pidns.c) ---- */
 

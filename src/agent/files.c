@@ -23,6 +23,7 @@
 
 #include "agent/agent.h"
 #include "common/err.h"
+#include "common/tar.h"
 #include "common/util.h"
 
 /* A DIR_ENTRIES frame is sent once its payload passes this; one entry adds at most ~4.4 KiB. */
@@ -168,18 +169,7 @@ static void send_stat(uint32_t id, const struct stat *st, int dirfd, const char 
 
 /* ---- paths in the commands' view ---- */
 
-#define R_FOLLOW 1  /* follow a symlink in the last component too */
-#define R_PARENTS 2 /* create missing directories on the way (mode 0755), like mkdir -p */
-
-/* Where a path ends: its last component, name, in the directory open (O_PATH) at dir. The
- * name may not exist yet; it is "." for the root and may be "." or "..". */
-struct rpath {
-    int dir;
-    char name[NAME_MAX + 1];
-    int slash; /* the path ended in '/': the last component must be a directory */
-};
-
-static void rpath_close(struct rpath *rp)
+void rpath_close(struct rpath *rp)
 {
     if (rp->dir >= 0)
         close(rp->dir);
@@ -216,8 +206,8 @@ static int is_root(int fd, const struct stat *root)
  * only with R_FOLLOW or a trailing '/'. `what` and path make the messages. Returns 0, or -1
  * with err set and rp->dir -1.
  */
-static int resolve(const char *path, int flags, const char *what, struct rpath *rp,
-                   struct wr_err *err)
+int agent_resolve(const char *path, int flags, const char *what, struct rpath *rp,
+                  struct wr_err *err)
 {
     char buf[RESOLVE_BUF], link[PROTO_MAX_PATH + 1], name[NAME_MAX + 1];
     struct stat rst, st;
@@ -377,7 +367,7 @@ void file_read_start(uint32_t id, const uint8_t *payload, size_t len)
         wr_err_set(&err, EINVAL, "OFFSET past the largest file offset");
         goto fail;
     }
-    if (resolve(path, R_FOLLOW, "read", &rp, &err) < 0)
+    if (agent_resolve(path, R_FOLLOW, "read", &rp, &err) < 0)
         goto fail;
     /* O_NONBLOCK: opening a FIFO must not hang the loop (it is refused below anyway). */
     fd = openat(rp.dir, rp.name, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | O_NOFOLLOW);
@@ -478,10 +468,10 @@ void file_write_start(uint32_t id, const uint8_t *payload, size_t len)
         goto fail;
     }
     /* O_EXCL fails on an existing symlink rather than following it, as open(2) does. */
-    if (resolve(path,
-                ((wflags & PROTO_W_PARENTS) ? R_PARENTS : 0) |
-                    ((wflags & PROTO_W_EXCL) ? 0 : R_FOLLOW),
-                "write", &rp, &err) < 0)
+    if (agent_resolve(path,
+                      ((wflags & PROTO_W_PARENTS) ? R_PARENTS : 0) |
+                          ((wflags & PROTO_W_EXCL) ? 0 : R_FOLLOW),
+                      "write", &rp, &err) < 0)
         goto fail;
     if (rp.slash) {
         wr_err_sys(&err, EISDIR, "write %s", path);
@@ -587,11 +577,11 @@ void file_list_start(uint32_t id, const uint8_t *payload, size_t len)
         return;
     }
     struct rpath rp;
-    if (resolve(path, R_FOLLOW, "list", &rp, &err) < 0) {
+    if (agent_resolve(path, R_FOLLOW, "list", &rp, &err) < 0) {
         chan_error(id, err.code, "%s", err.msg);
         return;
     }
-    int dfd = openat(rp.dir, rp.name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    int dfd = tar_open_dir(rp.dir, rp.name);
     rpath_close(&rp);
     DIR *d = dfd < 0 ? NULL : fdopendir(dfd);
     if (!d) {
@@ -698,7 +688,7 @@ void file_stat(uint32_t id, const uint8_t *payload, size_t len)
         return;
     }
     struct rpath rp;
-    if (resolve(path, 0, "stat", &rp, &err) < 0) {
+    if (agent_resolve(path, 0, "stat", &rp, &err) < 0) {
         chan_error(id, err.code, "%s", err.msg);
         return;
     }
@@ -718,7 +708,7 @@ static int is_dir(const char *path)
 {
     struct rpath rp;
     struct stat st;
-    if (resolve(path, R_FOLLOW, "mkdir", &rp, NULL) < 0)
+    if (agent_resolve(path, R_FOLLOW, "mkdir", &rp, NULL) < 0)
         return 0;
     int r = fstatat(rp.dir, rp.name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode);
     rpath_close(&rp);
@@ -736,7 +726,7 @@ void file_mkdir(uint32_t id, const uint8_t *payload, size_t len)
     if (req_path(payload, len, "FILE_MKDIR", path, &err) < 0 ||
         (have_mode = get_mode(payload, len, &mode, &err)) < 0 ||
         get_wflags(payload, len, &wflags, &err) < 0 ||
-        resolve(path, (wflags & PROTO_W_PARENTS) ? R_PARENTS : 0, "mkdir", &rp, &err) < 0)
+        agent_resolve(path, (wflags & PROTO_W_PARENTS) ? R_PARENTS : 0, "mkdir", &rp, &err) < 0)
         goto fail;
     if (mkdirat(rp.dir, rp.name, (mode_t)mode) < 0) {
         int e = errno;
@@ -750,7 +740,7 @@ void file_mkdir(uint32_t id, const uint8_t *payload, size_t len)
     }
     /* mkdir's mode passes through the umask; an explicit MODE is meant exactly. */
     if (have_mode) {
-        int fd = openat(rp.dir, rp.name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        int fd = tar_open_dir(rp.dir, rp.name);
         if (fd < 0 || fchmod(fd, (mode_t)mode) < 0) {
             wr_err_sys(&err, errno, "mkdir %s", path);
             if (fd >= 0)
@@ -810,8 +800,7 @@ static int remove_tree(int dfd, char *shown, size_t shown_len, int depth, struct
                     ret = wr_err_set(err, ELOOP, "remove %s: more than %d levels deep", shown,
                                      AGENT_REMOVE_DEPTH);
                 } else {
-                    int cfd =
-                        openat(dirfd(d), name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                    int cfd = tar_open_dir(dirfd(d), name);
                     if (cfd < 0)
                         ret = errno == ENOENT ? 0 : wr_err_sys(err, errno, "remove %s", shown);
                     else
@@ -851,7 +840,7 @@ void file_remove(uint32_t id, const uint8_t *payload, size_t len)
     size_t n = strlen(path);
     while (n > 1 && path[n - 1] == '/')
         path[--n] = '\0';
-    if (resolve(path, 0, "remove", &rp, &err) < 0)
+    if (agent_resolve(path, 0, "remove", &rp, &err) < 0)
         goto fail;
     if (fstatat(rp.dir, rp.name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
         wr_err_sys(&err, errno, "remove %s", path);
@@ -864,7 +853,7 @@ void file_remove(uint32_t id, const uint8_t *payload, size_t len)
         }
     } else {
         if (wflags & PROTO_W_RECURSIVE) {
-            int dfd = openat(rp.dir, rp.name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            int dfd = tar_open_dir(rp.dir, rp.name);
             if (dfd < 0) {
                 wr_err_sys(&err, errno, "remove %s", path);
                 goto fail;

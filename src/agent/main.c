@@ -142,7 +142,10 @@ static void req_cancel(struct req *r)
         return;
     }
     req_remove(r);
-    file_free(r);
+    if (r->kind == REQ_ARCHIVE || r->kind == REQ_EXTRACT)
+        archive_free(r);
+    else
+        file_free(r);
 }
 
 /* ---- ending ---- */
@@ -178,7 +181,9 @@ static int is_request(uint16_t type)
     case PROTO_FILE_LIST:
     case PROTO_FILE_STAT:
     case PROTO_FILE_MKDIR:
-    case PROTO_FILE_REMOVE: return 1;
+    case PROTO_FILE_REMOVE:
+    case PROTO_FILE_ARCHIVE:
+    case PROTO_FILE_EXTRACT: return 1;
     default: return 0;
     }
 }
@@ -238,6 +243,8 @@ static void dispatch(const struct proto_header *h, const uint8_t *payload, const
     case PROTO_FILE_STAT: file_stat(h->id, payload, h->len); break;
     case PROTO_FILE_MKDIR: file_mkdir(h->id, payload, h->len); break;
     case PROTO_FILE_REMOVE: file_remove(h->id, payload, h->len); break;
+    case PROTO_FILE_ARCHIVE: archive_start(h->id, payload, h->len); break;
+    case PROTO_FILE_EXTRACT: extract_start(h->id, payload, h->len); break;
     default:
         /* HELLO, PONG, STDOUT, ... only ever travel towards the daemon. */
         protocol_fatal("frame type the daemon never sends", hdr);
@@ -438,7 +445,8 @@ int main(int argc, char **argv)
         for (struct req *r = ag.head; r; r = r->next) {
             if (r->kind == REQ_EXEC)
                 exec_pollfds(r, fds, owners, &n, may_read);
-            else if (r->kind == REQ_LIST || (r->kind == REQ_READ && req_room(r, 1)))
+            else if (r->kind == REQ_LIST || r->kind == REQ_EXTRACT ||
+                     ((r->kind == REQ_READ || r->kind == REQ_ARCHIVE) && req_room(r, 1)))
                 jobs = 1; /* a read without credit waits for CREDIT on the channel */
         }
         if (jobs && may_read)
@@ -465,6 +473,9 @@ int main(int argc, char **argv)
             if ((r->kind == REQ_READ || r->kind == REQ_LIST) && file_job_step(r)) {
                 req_remove(r);
                 file_free(r);
+            } else if ((r->kind == REQ_ARCHIVE || r->kind == REQ_EXTRACT) && archive_job_step(r)) {
+                req_remove(r);
+                archive_free(r);
             }
         }
         uint64_t now = now_ms_monotonic();

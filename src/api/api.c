@@ -51,6 +51,8 @@ enum {
     H_F_STAT,
     H_F_MKDIR,
     H_F_REMOVE,
+    H_F_ARCHIVE,
+    H_F_EXTRACT,
     H_KEYS_CREATE,
     H_KEYS_LIST,
     H_KEY_GET,
@@ -93,6 +95,8 @@ static const handler_fn handlers[] = {
     [H_F_STAT] = api_files_stat,
     [H_F_MKDIR] = api_files_mkdir,
     [H_F_REMOVE] = api_files_remove,
+    [H_F_ARCHIVE] = api_files_archive,
+    [H_F_EXTRACT] = api_files_extract,
     [H_KEYS_CREATE] = api_keys_create,
     [H_KEYS_LIST] = api_keys_list,
     [H_KEY_GET] = api_keys_get,
@@ -178,6 +182,8 @@ static const struct route routes[] = {
     {"GET", "/v1/sandboxes/{id}/files/stat", H_F_STAT, "path"},
     {"POST", "/v1/sandboxes/{id}/files/mkdir", H_F_MKDIR, NULL},
     {"DELETE", "/v1/sandboxes/{id}/files", H_F_REMOVE, "path,recursive"},
+    {"GET", "/v1/sandboxes/{id}/files/archive", H_F_ARCHIVE, "path"},
+    {"POST", "/v1/sandboxes/{id}/files/extract", H_F_EXTRACT, NULL},
 };
 
 static const char *pattern_of(int handler)
@@ -321,8 +327,8 @@ void api_reply_hook(struct http_req *req, int status, void *ctx)
             metrics_add(status >= 500 ? MC_CREATES_FAILED : MC_CREATES_REFUSED, 1);
         }
     }
-    if (!c || !c->let_in || !c->route || !strcmp(c->method, "GET") ||
-        !strcmp(c->method, "HEAD") || c->handler == H_CMD_WAIT)
+    if (!c || !c->let_in || !c->route || !strcmp(c->method, "GET") || !strcmp(c->method, "HEAD") ||
+        c->handler == H_CMD_WAIT)
         return; /* the audit keeps what changes things */
     svc_audit_record(ctx, &c->who, c->method, c->route, c->sandbox_id, status);
 }

@@ -105,6 +105,8 @@ void api_files_list(struct daemon *d, struct http_req *req, struct route_match *
 void api_files_stat(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_files_mkdir(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_files_remove(struct daemon *d, struct http_req *req, struct route_match *m);
+void api_files_archive(struct daemon *d, struct http_req *req, struct route_match *m);
+void api_files_extract(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_commands_list(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_commands_get(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_commands_output(struct daemon *d, struct http_req *req, struct route_match *m);

@@ -122,3 +122,34 @@ void api_files_remove(struct daemon *d, struct http_req *req, struct route_match
     if (path)
         svc_file_remove(d, m->params[0], path, recursive, api_sink_new(req));
 }
+
+void api_files_archive(struct daemon *d, struct http_req *req, struct route_match *m)
+{
+    const char *path = path_param(req, NULL);
+    if (path)
+        svc_file_archive(d, m->params[0], path, api_sink_new(req));
+}
+
+static const char *const extract_fields[] = {"archive", "path", "remove_archive", NULL};
+
+void api_files_extract(struct daemon *d, struct http_req *req, struct route_match *m)
+{
+    json_t *o = api_json_body(d, req, 0);
+    if (!o)
+        return;
+    struct wr_err err = {0};
+    const char *path = NULL, *archive = NULL;
+    int remove_archive;
+    if (jv_only(o, extract_fields, &err) < 0 ||
+        jv_string(o, "path", MAX_PATH_BYTES, &path, &err) < 0 ||
+        jv_string(o, "archive", MAX_PATH_BYTES, &archive, &err) < 0 ||
+        jv_bool(o, "remove_archive", 0, &remove_archive, &err) < 0)
+        api_reply_err(req, &err);
+    else if (!path)
+        api_reply_invalid(req, "path: required");
+    else if (!archive)
+        api_reply_invalid(req, "archive: required");
+    else
+        svc_file_extract(d, m->params[0], archive, path, remove_archive, api_sink_new(req));
+    json_decref(o);
+}

@@ -5,10 +5,13 @@
  * before the first daemon starts).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -16,6 +19,39 @@
 #include "driver/doctor.h"
 #include "image/image.h"
 #include "net/gateway.h"
+
+/* How a build's progress is shown: on a terminal one line redrawn in place (a bar, the stage,
+ * the time left), mmdebstrap's own output going to a log file; elsewhere a plain line at each
+ * stage, beside mmdebstrap's output. */
+struct shown {
+    const char *name;
+    int tty;
+    int last_permille; /* plain lines: the stage last printed */
+    int drawn;         /* terminal: a progress line is on the screen */
+};
+
+static void show_progress(void *arg, int permille, const char *stage, int64_t left_ms)
+{
+    struct shown *s = arg;
+    char left[48] = "";
+    if (left_ms >= 0 && permille < 1000)
+        snprintf(left, sizeof(left), ", about %lld s left", (long long)((left_ms + 999) / 1000));
+    if (!s->tty) {
+        if (permille == s->last_permille)
+            return;
+        s->last_permille = permille;
+        fprintf(stderr, "withruntime: image %s: %d%% %s%s\n", s->name, permille / 10, stage, left);
+        return;
+    }
+    char bar[25];
+    int full = permille * 24 / 1000;
+    for (int i = 0; i < 24; i++)
+        bar[i] = i < full ? '#' : '.';
+    bar[24] = '\0';
+    fprintf(stderr, "\r\033[Kimage %s [%s] %3d%% %s%s", s->name, bar, permille / 10, stage, left);
+    fflush(stderr);
+    s->drawn = 1;
+}
 
 int cli_image_build(struct cli_ctx *c, int argc, char **argv)
 {
@@ -45,7 +81,32 @@ int cli_image_build(struct cli_ctx *c, int argc, char **argv)
         return CLI_EXIT_ERR;
     }
     struct wr_err err = {0};
-    if (image_build(c->state_dir, name, force, 2, &err) < 0)
+    struct shown shown = {.name = name, .tty = isatty(2), .last_permille = -1};
+    struct image_progress pr = {.fn = show_progress, .arg = &shown};
+    int log_fd = 2;
+    char log_path[PATH_MAX];
+    char rootfs[PATH_MAX];
+    struct wr_err ignored = {0};
+    int built = image_rootfs(c->state_dir, name, rootfs, sizeof(rootfs), &ignored) == 0;
+    if (shown.tty && (force || !built)) { /* mmdebstrap's lines would scroll the bar away */
+        char images[PATH_MAX];
+        snprintf(images, sizeof(images), "%s/images", c->state_dir);
+        (void)mkdir(c->state_dir, 0755);
+        (void)mkdir(images, 0755);
+        snprintf(log_path, sizeof(log_path), "%s/%s.build.log", images, name);
+        log_fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+        if (log_fd < 0)
+            log_fd = 2;
+    }
+    int rc = image_build_progress(c->state_dir, name, force, log_fd, &pr, &err);
+    if (shown.drawn)
+        fputc('\n', stderr);
+    if (log_fd != 2) {
+        close(log_fd);
+        if (rc < 0)
+            fprintf(stderr, "withruntime: the build's log: %s\n", log_path);
+    }
+    if (rc < 0)
         return cli_fail(&err);
     fprintf(stderr, "withruntime: image %s is built in %s/images/%s\n", name, c->state_dir, name);
     return CLI_EXIT_OK;

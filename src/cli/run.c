@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cli/sandbox.h"
+#include "cli/spinner.h"
 
 /* Seconds the lease of a `run` sandbox outlasts its command's time limit. */
 #define RUN_LEASE_SLACK 60
@@ -107,7 +108,10 @@ static int run_create(struct run *run, const struct cli_endpoint *ep)
 
     struct wr_err err = {0};
     json_t *sb = NULL;
-    if (cli_json_call(ep, "POST", "/v1/sandboxes", body, &sb, &err) < 0)
+    struct spinner *spin = spinner_start("starting a sandbox");
+    int rc = cli_json_call(ep, "POST", "/v1/sandboxes", body, &sb, &err);
+    spinner_stop(spin);
+    if (rc < 0)
         return cli_create_failed(&err);
     const char *id = json_string_value(json_object_get(sb, "id"));
     snprintf(run->id, sizeof(run->id), "%s", id ? id : "");

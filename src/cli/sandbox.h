@@ -167,6 +167,9 @@ int cli_sandbox_cat(struct cli_ctx *c, int argc, char **argv);
 /** `sandbox write` (files.c). */
 int cli_sandbox_write(struct cli_ctx *c, int argc, char **argv);
 
+/** `sandbox cp` (cp.c). */
+int cli_sandbox_cp(struct cli_ctx *c, int argc, char **argv);
+
 /** `sandbox ls` (files.c). */
 int cli_sandbox_ls(struct cli_ctx *c, int argc, char **argv);
 

@@ -44,7 +44,8 @@ const struct cli_command cli_commands[] = {
             "for the codes of errors before CMD runs.\n"
             "\n"
             "CMD and its arguments are an argv list, run without a shell even when there\n"
-            "is only one word. To run a shell string, use sh -c.\n"
+            "is only one word. To run a shell string, use sh -c. While the sandbox starts,\n"
+            "a spinner shows on stderr if it is a terminal (nothing otherwise).\n"
             "\n"
             "Options:\n"
             "  --image NAME     image to start from (default: \"default\")\n"
@@ -353,6 +354,34 @@ const struct cli_command cli_commands[] = {
             "  withruntime sandbox ls sb-... /etc\n",
     },
     {
+        .group = "sandbox", .name = "cp", .fn = cli_sandbox_cp,
+        .args = "[--max-bytes N] [--max-entries N] SRC DEST",
+        .summary = "copy a file or a directory tree in or out (one of SRC, DEST is ID:PATH)",
+        .options = "--max-bytes= --max-entries=",
+        .help =
+            "Copies a file or a directory tree into or out of a sandbox. One of SRC and DEST\n"
+            "is ID:PATH (PATH absolute, or relative to /workspace), the other a local path.\n"
+            "\n"
+            "A directory's contents go into DEST, which is made if missing; what DEST holds\n"
+            "already stays, and an entry replaces only what has its own name. A file is\n"
+            "written to DEST itself; a symlink named as SRC is followed. Kept: directories,\n"
+            "files, symlinks inside a tree (as symlinks, never followed), permission bits\n"
+            "(not setuid/setgid) and mtimes. Skipped with a warning: devices, FIFOs,\n"
+            "sockets. A hard-linked file is copied once per name.\n"
+            "An archive entry that would land outside DEST (an absolute name, '..', a path\n"
+            "through a symlink) stops the copy with an error; what was copied before stays.\n"
+            "\n"
+            "Examples:\n"
+            "  withruntime sandbox cp ./project sb-abc...:/workspace/project\n"
+            "  withruntime sandbox cp sb-abc...:/workspace/out ./out\n"
+            "  withruntime sandbox cp sb-abc...:report.pdf ./report.pdf\n"
+            "\n"
+            "Options:\n"
+            "  --max-bytes N     refuse a download of more than N bytes of files (default 64 GiB)\n"
+            "  --max-entries N   refuse a download of more than N entries (default 1000000)\n"
+            "  -h, --help        this help\n",
+    },
+    {
         .group = "sandbox", .name = "rm", .aliases = "delete", .fn = cli_sandbox_rm,
         .args = "ID [ID...]",
         .summary = "delete sandboxes",
@@ -398,7 +427,10 @@ const struct cli_command cli_commands[] = {
             "Builds image NAME (default \"default\": Debian bookworm with python3, pip, venv,\n"
             "git, curl, build tools) with mmdebstrap from this host's apt sources, into\n"
             "DIR/images/NAME (DIR: --state-dir). Does nothing if it is already built, unless\n"
-            "--force. Progress goes to stderr. Needs root; no daemon needs to be running.\n"
+            "--force. Needs root; no daemon needs to be running. Progress goes to stderr: on a\n"
+            "terminal a bar with the stage and the time left (estimated from the last build),\n"
+            "mmdebstrap's own output going to DIR/images/NAME.build.log; elsewhere a line per\n"
+            "stage (\"withruntime: image default: 33% installing the base system\") beside it.\n"
             "\n"
             "Example:\n"
             "  sudo withruntime image build\n",

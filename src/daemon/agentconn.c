@@ -169,6 +169,7 @@ static int agent_may_send(uint16_t type)
     case PROTO_DATA:
     case PROTO_STAT_RESULT:
     case PROTO_DIR_ENTRIES:
+    case PROTO_EXTRACTED:
     case PROTO_OK:
     case PROTO_ERROR: return 1;
     default: return 0;
@@ -189,6 +190,8 @@ static int answer_fits(uint16_t asked, uint16_t got)
     case PROTO_FILE_MKDIR: return got == PROTO_STAT_RESULT || got == PROTO_OK;
     case PROTO_FILE_LIST: return got == PROTO_DIR_ENTRIES || got == PROTO_OK;
     case PROTO_FILE_REMOVE: return got == PROTO_OK;
+    case PROTO_FILE_ARCHIVE: return got == PROTO_DATA || got == PROTO_OK;
+    case PROTO_FILE_EXTRACT: return got == PROTO_EXTRACTED || got == PROTO_OK;
     default: return 0;
     }
 }

@@ -35,7 +35,16 @@
  */
 #define LIST_MAX_ENTRIES 100000
 
-enum fop_kind { FOP_READ, FOP_WRITE, FOP_LIST, FOP_STAT, FOP_MKDIR, FOP_REMOVE };
+enum fop_kind {
+    FOP_READ,
+    FOP_WRITE,
+    FOP_LIST,
+    FOP_STAT,
+    FOP_MKDIR,
+    FOP_REMOVE,
+    FOP_ARCHIVE,
+    FOP_EXTRACT
+};
 
 struct file_op {
     struct daemon *d;
@@ -263,6 +272,19 @@ static void on_ok(struct file_op *op)
     case FOP_REMOVE:
         sink_reply(op->sink, SINK_OK, json_pack("{s:s, s:b}", "path", op->path, "removed", 1));
         break;
+    case FOP_ARCHIVE:
+        if (!op->started)
+            sink_begin(op->sink, "application/x-tar");
+        sink_end(op->sink);
+        break;
+    case FOP_EXTRACT:
+        if (!op->result) {
+            fop_fail(op, WR_E_SANDBOX_FAILED, 0,
+                     "the agent ended an extraction without its counts");
+            return;
+        }
+        sink_reply(op->sink, SINK_OK, json_incref(op->result));
+        break;
     }
     fop_free(op);
 }
@@ -333,6 +355,41 @@ static void read_cancelled(void *arg)
     fop_fail(op, WR_E_UNAVAILABLE, 0, "the caller went away");
 }
 
+/* EXTRACTED: the agent's counts so far (progress, then the last before OK). */
+static void extracted(struct file_op *op, const uint8_t *payload, size_t len)
+{
+    struct proto_field f;
+    uint64_t entries = 0, bytes = 0, skipped = 0;
+    char name[1024] = "", kind[64] = "";
+    if (proto_find(payload, len, PT_ENTRIES, &f) == 1)
+        proto_field_u64(&f, &entries);
+    if (proto_find(payload, len, PT_SIZE, &f) == 1)
+        proto_field_u64(&f, &bytes);
+    if (proto_find(payload, len, PT_SKIPPED, &f) == 1)
+        proto_field_u64(&f, &skipped);
+    if (proto_find(payload, len, PT_NAME, &f) == 1 && proto_field_str(&f, name, sizeof(name)) < 0)
+        name[0] = '\0';
+    if (proto_find(payload, len, PT_MESSAGE, &f) == 1 &&
+        proto_field_str(&f, kind, sizeof(kind)) < 0)
+        kind[0] = '\0';
+    if (!utf8_valid((const unsigned char *)name, strlen(name)))
+        name[0] = '\0';
+    if (!utf8_valid((const unsigned char *)kind, strlen(kind)))
+        kind[0] = '\0';
+    json_decref(op->result);
+    op->result = json_pack("{s:s, s:I, s:I, s:I}", "path", op->path, "entries",
+                           (json_int_t)(entries > INT64_MAX ? INT64_MAX : entries), "bytes",
+                           (json_int_t)(bytes > INT64_MAX ? INT64_MAX : bytes), "skipped",
+                           (json_int_t)(skipped > INT64_MAX ? INT64_MAX : skipped));
+    if (skipped && name[0]) {
+        char msg[1200];
+        snprintf(msg, sizeof(msg), "%s '%s' skipped%s", kind[0] ? kind : "entry", name,
+                 skipped > 1 ? " (and others: only directories, files and symlinks are extracted)"
+                             : " (only directories, files and symlinks are extracted)");
+        json_object_set_new(op->result, "skipped_note", json_string(msg));
+    }
+}
+
 static void on_frame(void *arg, const struct proto_header *h, const uint8_t *payload)
 {
     struct file_op *op = arg;
@@ -368,6 +425,17 @@ static void on_frame(void *arg, const struct proto_header *h, const uint8_t *pay
         }
         return;
     case PROTO_DATA:
+        if (op->kind == FOP_ARCHIVE) {
+            if (!op->started) {
+                op->started = 1;
+                sink_begin(op->sink, "application/x-tar");
+            }
+            op->bytes += h->len;
+            if (h->len)
+                sink_write(op->sink, payload, h->len);
+            read_topup(op);
+            return;
+        }
         if (op->kind == FOP_READ && op->started) {
             /* The agent may send more than was asked for; the caller never gets it. */
             uint64_t room = op->length - op->bytes;
@@ -393,6 +461,10 @@ static void on_frame(void *arg, const struct proto_header *h, const uint8_t *pay
                 on_ok(op);
             }
         }
+        return;
+    case PROTO_EXTRACTED:
+        if (op->kind == FOP_EXTRACT)
+            extracted(op, payload, h->len);
         return;
     case PROTO_OK: on_ok(op); return;
     case PROTO_ERROR:
@@ -567,6 +639,51 @@ void svc_file_write(struct daemon *d, const char *id, const char *path, unsigned
         return;
     op->total = total;
     upload_pump(op);
+}
+
+void svc_file_archive(struct daemon *d, const char *id, const char *path, struct sink *s)
+{
+    struct file_op *op = fop_new(d, id, FOP_ARCHIVE, path, s);
+    if (!op)
+        return;
+    struct wr_err err = {0};
+    if (daemon_reserve_output(d, 2 * (size_t)READ_WINDOW, "download", &err) < 0) {
+        sink_fail(s, &err);
+        fop_free(op);
+        return;
+    }
+    op->reserved = 2 * (size_t)READ_WINDOW;
+    op->length = UINT64_MAX;
+    struct proto_buf b = {0};
+    proto_put_str(&b, PT_PATH, op->path);
+    op->id =
+        agentconn_request_windowed(op->sb->conn, PROTO_FILE_ARCHIVE, &b, READ_WINDOW, on_frame, op);
+    proto_buf_free(&b);
+    if (!op->id) {
+        fop_fail(op, WR_E_CONFLICT, 0, "the sandbox's agent is not reachable");
+        return;
+    }
+    log_info(op->sb->id, "files.archive", "path=\"%s\"", op->path);
+    sink_on_cancel(s, read_cancelled, op);
+}
+
+void svc_file_extract(struct daemon *d, const char *id, const char *archive, const char *path,
+                      int remove_archive, struct sink *s)
+{
+    size_t n = strlen(archive);
+    if (n == 0 || n > PROTO_MAX_PATH || !utf8_valid((const unsigned char *)archive, n)) {
+        sink_failf(s, WR_E_INVALID, 0, "archive: must be 1 to %d bytes of UTF-8", PROTO_MAX_PATH);
+        return;
+    }
+    struct file_op *op = fop_new(d, id, FOP_EXTRACT, path, s);
+    if (!op)
+        return;
+    struct proto_buf b = {0};
+    proto_put_str(&b, PT_PATH, op->path);
+    proto_put_str(&b, PT_SOURCE, archive);
+    proto_put_u32(&b, PT_WFLAGS, remove_archive ? PROTO_W_REMOVE_SOURCE : 0);
+    if (fop_send(op, PROTO_FILE_EXTRACT, &b) == 0)
+        log_info(op->sb->id, "files.extract", "path=\"%s\" archive=\"%s\"", op->path, archive);
 }
 
 void svc_file_list(struct daemon *d, const char *id, const char *path, struct sink *s)

@@ -177,6 +177,20 @@ void svc_file_write(struct daemon *d, const char *id, const char *path, unsigned
 /** Answers {"path", "entries": [...]}, sorted by name. */
 void svc_file_list(struct daemon *d, const char *id, const char *path, struct sink *s);
 
+/**
+ * Streams a tar archive of path (application/x-tar): a directory's contents, names relative
+ * to it, or a single file or symlink under its own name. Flow-controlled like a read.
+ */
+void svc_file_archive(struct daemon *d, const char *id, const char *path, struct sink *s);
+
+/**
+ * Extracts the tar file `archive` (in the sandbox) under the directory path (made if missing),
+ * refusing entries that would land outside it; removes the archive after when remove_archive.
+ * Answers {path, entries, bytes, skipped[, skipped_note]}.
+ */
+void svc_file_extract(struct daemon *d, const char *id, const char *archive, const char *path,
+                      int remove_archive, struct sink *s);
+
 /** Answers the entry of path. */
 void svc_file_stat(struct daemon *d, const char *id, const char *path, struct sink *s);
 

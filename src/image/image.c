@@ -16,6 +16,7 @@
 #include <ftw.h>
 #include <jansson.h>
 #include <limits.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -528,7 +529,85 @@ int image_rootfs(const char *state_dir, const char *name, char *out, size_t outl
 
 /* Runs argv with stdout and stderr copied to log_fd; keeps the last output line for the
  * error message. Returns 0 or -1. */
-static int run_logged(char *const argv[], int log_fd, struct wr_err *err)
+/* mmdebstrap's stage lines (Debian 12's mmdebstrap 1.3), how far a build is when each starts
+ * (measured on the default recipe: most of the time goes to installing packages), and the
+ * stage in a user's words. */
+static const struct {
+    const char *prefix;
+    int permille;
+    const char *words;
+} stages[] = {
+    {"I: running apt-get update", 20, "reading the package lists"},
+    {"I: downloading packages", 80, "downloading packages"},
+    {"I: extracting archives", 250, "unpacking the base system"},
+    {"I: installing essential packages", 330, "installing the base system"},
+    {"I: installing remaining packages", 450, "installing python, git and the build tools"},
+    {"I: running --customize-hook", 930, "finishing the image"},
+    {"I: cleaning package lists", 960, "cleaning up"},
+    {"I: success", 990, "copying into place"},
+};
+
+int image_stage_of(const char *line, int *permille, const char **words)
+{
+    for (size_t i = 0; i < sizeof(stages) / sizeof(stages[0]); i++)
+        if (strncmp(line, stages[i].prefix, strlen(stages[i].prefix)) == 0) {
+            *permille = stages[i].permille;
+            *words = stages[i].words;
+            return 1;
+        }
+    return 0;
+}
+
+int64_t image_eta_ms(uint64_t elapsed_ms, int permille, uint64_t prev_ms)
+{
+    if (prev_ms > 0)
+        return elapsed_ms < prev_ms ? (int64_t)(prev_ms - elapsed_ms) : 0;
+    if (permille < 50 || elapsed_ms < 2000)
+        return -1;
+    uint64_t total = elapsed_ms * 1000 / (uint64_t)permille;
+    return total > elapsed_ms ? (int64_t)(total - elapsed_ms) : 0;
+}
+
+struct build_watch {
+    const struct image_progress *pr;
+    uint64_t t0, prev_ms;
+    int permille;
+    const char *stage;
+    char line[1024];
+    size_t len;
+};
+
+static void report(struct build_watch *w)
+{
+    if (w->pr && w->pr->fn)
+        w->pr->fn(w->pr->arg, w->permille, w->stage,
+                  image_eta_ms(now_ms_monotonic() - w->t0, w->permille, w->prev_ms));
+}
+
+/* Feeds mmdebstrap's output to the watcher a line at a time (long lines cut). */
+static void watch_bytes(struct build_watch *w, const char *buf, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (buf[i] != '\n') {
+            if (w->len < sizeof(w->line) - 1)
+                w->line[w->len++] = buf[i];
+            continue;
+        }
+        w->line[w->len] = '\0';
+        w->len = 0;
+        int pm;
+        const char *words;
+        if (image_stage_of(w->line, &pm, &words) && pm > w->permille) {
+            w->permille = pm;
+            w->stage = words;
+            report(w);
+        }
+    }
+}
+
+/* Runs argv with its output (both streams) to log_fd, keeping the tail for the error; w (may
+ * be NULL) watches the output for progress and is told about twice a second. */
+static int run_logged(char *const argv[], int log_fd, struct build_watch *w, struct wr_err *err)
 {
     int pfd[2];
     if (pipe2(pfd, O_CLOEXEC) < 0)
@@ -540,7 +619,18 @@ static int run_logged(char *const argv[], int log_fd, struct wr_err *err)
         return -1;
     char tail[512];
     size_t tail_len = 0;
+    uint64_t last_report = now_ms_monotonic();
     for (;;) {
+        struct pollfd pf = {.fd = rfd, .events = POLLIN};
+        int pr = poll(&pf, 1, w ? 500 : -1);
+        if (pr < 0 && errno != EINTR)
+            break;
+        if (w && now_ms_monotonic() - last_report >= 500) {
+            report(w);
+            last_report = now_ms_monotonic();
+        }
+        if (pr <= 0)
+            continue;
         char buf[8192];
         ssize_t n = read(rfd, buf, sizeof(buf));
         if (n < 0 && errno == EINTR)
@@ -549,6 +639,8 @@ static int run_logged(char *const argv[], int log_fd, struct wr_err *err)
             break;
         if (log_fd >= 0)
             (void)write_all(log_fd, buf, (size_t)n);
+        if (w)
+            watch_bytes(w, buf, (size_t)n);
         size_t k = (size_t)n;
         if (k >= sizeof(tail)) {
             memcpy(tail, buf + k - sizeof(tail), sizeof(tail));
@@ -588,17 +680,18 @@ static int write_text(const char *path, const char *text, struct wr_err *err)
 
 static int write_metadata(const char *path, const struct recipe *r, const char *build,
                           int64_t created, uint64_t size, const char *sources_from,
-                          struct wr_err *err)
+                          uint64_t build_ms, struct wr_err *err)
 {
     char ts[32];
     format_rfc3339(created, ts, sizeof(ts));
     json_t *pk = json_array();
     for (const char *const *p = r->packages; *p; p++)
         json_array_append_new(pk, json_string(*p));
-    json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:s, s:s, s:o, s:I, s:s, s:s}", "name", r->name,
-                          "build", build, "created_at", (json_int_t)created, "created", ts, "suite",
-                          r->suite, "variant", r->variant, "packages", pk, "size_bytes",
-                          (json_int_t)size, "sources_from", sources_from, "builder", "mmdebstrap");
+    json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:s, s:s, s:o, s:I, s:s, s:s, s:I}", "name",
+                          r->name, "build", build, "created_at", (json_int_t)created, "created", ts,
+                          "suite", r->suite, "variant", r->variant, "packages", pk, "size_bytes",
+                          (json_int_t)size, "sources_from", sources_from, "builder", "mmdebstrap",
+                          "build_ms", (json_int_t)build_ms);
     if (!j)
         return wr_err_set(err, ENOMEM, "building image metadata");
     cleanup_free char *text = json_dumps(j, JSON_INDENT(2));
@@ -645,6 +738,12 @@ static void remove_stale_tmp(const struct img_paths *p, int log_fd)
 
 int image_build(const char *state_dir, const char *name, int force, int log_fd, struct wr_err *err)
 {
+    return image_build_progress(state_dir, name, force, log_fd, NULL, err);
+}
+
+int image_build_progress(const char *state_dir, const char *name, int force, int log_fd,
+                         const struct image_progress *pr, struct wr_err *err)
+{
     if (check_name(state_dir, name, err) < 0)
         return -1;
     const struct recipe *r = recipe_find(name);
@@ -673,9 +772,9 @@ int image_build(const char *state_dir, const char *name, int force, int log_fd, 
     /* The lock is released when `lock` is closed. */
 
     remove_stale_tmp(&p, log_fd);
-    char cur[PATH_MAX];
-    if (current_build(state_dir, name, cur, sizeof(cur), NULL, 0, NULL) < 0)
-        cur[0] = '\0';
+    char cur[PATH_MAX], cur_meta[PATH_MAX];
+    if (current_build(state_dir, name, cur, sizeof(cur), cur_meta, sizeof(cur_meta), NULL) < 0)
+        cur[0] = cur_meta[0] = '\0';
     if (!force && cur[0]) {
         blog(log_fd, "image %s is already built (%s); use --force to rebuild", name, cur);
         return 0;
@@ -726,12 +825,22 @@ int image_build(const char *state_dir, const char *name, int force, int log_fd, 
     blog(log_fd, "image %s: building Debian %s (%s) into %s with sources from %s", name, r->suite,
          include + 10, final_dir, sources_from);
     uint64_t t0 = now_ms_monotonic();
-    if (run_logged(argv, log_fd, err) < 0) {
+    struct build_watch watch = {.pr = pr, .t0 = t0, .stage = "starting"};
+    if (cur_meta[0]) { /* the last build of this image is the estimate */
+        json_t *prev = read_json(cur_meta);
+        json_t *ms = json_object_get(prev, "build_ms");
+        if (json_is_integer(ms) && json_integer_value(ms) > 0)
+            watch.prev_ms = (uint64_t)json_integer_value(ms);
+        json_decref(prev);
+    }
+    report(&watch);
+    if (run_logged(argv, log_fd, pr ? &watch : NULL, err) < 0) {
         wr_err_prefix(err, "building image %s", name);
         goto out;
     }
     uint64_t size = disk_usage(target);
-    if (write_metadata(meta, r, build, created, size, sources_from, err) < 0)
+    if (write_metadata(meta, r, build, created, size, sources_from, now_ms_monotonic() - t0, err) <
+        0)
         goto out;
     if (rename(tmp_dir, final_dir) < 0) {
         wr_err_sys(err, errno, "renaming %s", tmp_dir);
@@ -740,6 +849,9 @@ int image_build(const char *state_dir, const char *name, int force, int log_fd, 
     tmp_dir[0] = '\0';
     if (swap_link(&p, build, err) < 0)
         goto out;
+    watch.permille = 1000;
+    watch.stage = "done";
+    report(&watch);
     blog(log_fd, "image %s: built in %.1f s, %.0f MB, at %s/rootfs", name,
          (double)(now_ms_monotonic() - t0) / 1000.0, (double)size / 1e6, final_dir);
     if (cur[0] && force)

@@ -42,6 +42,27 @@ int image_name_valid(const char *name);
  */
 int image_build(const char *state_dir, const char *name, int force, int log_fd, struct wr_err *err);
 
+/** What a build reports as it goes: how far (0..1000), the stage in words, and an estimate of
+ * the milliseconds left (-1: unknown). */
+struct image_progress {
+    void (*fn)(void *arg, int permille, const char *stage, int64_t left_ms);
+    void *arg;
+};
+
+/** image_build, calling pr->fn (pr may be NULL) at every stage and about twice a second while
+ * mmdebstrap runs, and once with 1000 at the end of a build. The estimate comes from the
+ * image's previous build time when there is one. */
+int image_build_progress(const char *state_dir, const char *name, int force, int log_fd,
+                         const struct image_progress *pr, struct wr_err *err);
+
+/** Whether line is one of mmdebstrap's stage lines ("I: extracting archives..."): returns 1
+ * with how far the build is once the stage starts (permille) and the stage in words. */
+int image_stage_of(const char *line, int *permille, const char **words);
+
+/** The estimated milliseconds left: from the previous build's time (prev_ms > 0) or, without
+ * one, from how far the build is after elapsed_ms; -1 when there is nothing to go on yet. */
+int64_t image_eta_ms(uint64_t elapsed_ms, int permille, uint64_t prev_ms);
+
 /**
  * Writes the path of image `name`'s current root filesystem (a resolved, build-specific
  * path: store it with the sandbox) into out. Fails with ENOENT and "image <name> is not

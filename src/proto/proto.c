@@ -45,7 +45,10 @@ int proto_type_known(uint16_t type)
     case PROTO_STAT_RESULT:
     case PROTO_DIR_ENTRIES:
     case PROTO_OK:
-    case PROTO_ERROR: return 1;
+    case PROTO_ERROR:
+    case PROTO_FILE_ARCHIVE:
+    case PROTO_FILE_EXTRACT:
+    case PROTO_EXTRACTED: return 1;
     default: return 0;
     }
 }
@@ -95,6 +98,9 @@ const char *proto_type_name(uint16_t type)
     case PROTO_DIR_ENTRIES: return "DIR_ENTRIES";
     case PROTO_OK: return "OK";
     case PROTO_ERROR: return "ERROR";
+    case PROTO_FILE_ARCHIVE: return "FILE_ARCHIVE";
+    case PROTO_FILE_EXTRACT: return "FILE_EXTRACT";
+    case PROTO_EXTRACTED: return "EXTRACTED";
     default: return "UNKNOWN";
     }
 }

@@ -95,6 +95,20 @@ enum proto_type {
     PROTO_OK = 33,
     /* agent -> daemon: fields ERRNO (u32), MESSAGE; ends the request */
     PROTO_ERROR = 34,
+
+    /* daemon -> agent: fields PATH, WINDOW. A tar archive (ustar, pax records for long names)
+     * of PATH (a final symlink followed): a directory's contents, names relative to it, or a
+     * single file or symlink under its own name. Answered by DATA frames (against credit) then
+     * OK, or ERROR (which may come after some DATA). */
+    PROTO_FILE_ARCHIVE = 50,
+    /* daemon -> agent: fields PATH (the target directory, made with its parents if missing),
+     * SOURCE (a tar file in the sandbox), WFLAGS (PROTO_W_REMOVE_SOURCE honoured). Extracts
+     * SOURCE under PATH, refusing entries that would land outside it. Answered by EXTRACTED
+     * frames (progress, at least every 5 s, and one at the end) then OK, or ERROR. */
+    PROTO_FILE_EXTRACT = 51,
+    /* agent -> daemon: fields ENTRIES, SIZE (bytes of file data), SKIPPED, and NAME and
+     * MESSAGE (the first skipped entry and its kind) when SKIPPED > 0 */
+    PROTO_EXTRACTED = 52,
 };
 
 enum proto_flag {
@@ -138,13 +152,19 @@ enum proto_tag {
     /* u64, on EXIT (optional): microseconds from the agent reaping the command's main process
      * to its sending EXIT (waiting for the pipes to close, sending the last output). */
     PT_EXIT_WAIT = 24,
+    /* bytes, on FILE_EXTRACT: the archive's path in the sandbox */
+    PT_SOURCE = 50,
+    /* u64, on EXTRACTED: entries extracted, entries skipped */
+    PT_ENTRIES = 51,
+    PT_SKIPPED = 52,
 };
 
 enum proto_wflags {
-    PROTO_W_PARENTS = 1 << 0,   /* create missing parent directories */
-    PROTO_W_APPEND = 1 << 1,    /* FILE_WRITE: append instead of truncating */
-    PROTO_W_RECURSIVE = 1 << 2, /* FILE_REMOVE: remove a directory and its contents */
-    PROTO_W_EXCL = 1 << 3,      /* FILE_WRITE: fail if it exists */
+    PROTO_W_PARENTS = 1 << 0,       /* create missing parent directories */
+    PROTO_W_APPEND = 1 << 1,        /* FILE_WRITE: append instead of truncating */
+    PROTO_W_RECURSIVE = 1 << 2,     /* FILE_REMOVE: remove a directory and its contents */
+    PROTO_W_EXCL = 1 << 3,          /* FILE_WRITE: fail if it exists */
+    PROTO_W_REMOVE_SOURCE = 1 << 4, /* FILE_EXTRACT: remove SOURCE when done (or failed) */
 };
 
 enum proto_ftype {
