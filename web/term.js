@@ -125,12 +125,12 @@
       requestAnimationFrame(() => {
         pending = false;
         if (!screen) return;
-        const lines = screen.lines.map((l) => l.join(""));
+        const lines = screen.lines.map((l) => l.join("").replace(/\s+$/, ""));
         let last = lines.length - 1;
         while (last > screen.y && !lines[last].trim()) last--;
         const frag = document.createDocumentFragment();
         const before = screen.scroll.concat(lines.slice(0, screen.y)).join("\n");
-        const row = lines[screen.y];
+        const row = screen.lines[screen.y].join("");
         const cx = Math.min(screen.x, screen.cols - 1);
         frag.append(document.createTextNode((before ? before + "\n" : "") + row.slice(0, cx)));
         const cur = document.createElement("span");

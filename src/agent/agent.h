@@ -152,8 +152,13 @@ int chan_flush(void);
 
 /* ---- commands (exec.c) ---- */
 
-/** Starts the command an EXEC frame describes, or answers ERROR. */
-void exec_start(uint32_t id, const uint8_t *payload, size_t len);
+/**
+ * Starts the command an EXEC frame (session 0) or a SESSION frame (session 1: stdin always
+ * fed, a pseudo-terminal when it asks for TTY) describes, or answers ERROR.
+ */
+void exec_start(uint32_t id, const uint8_t *payload, size_t len, int session);
+/** Handles RESIZE for a session on a terminal (anything else: ignored). */
+void exec_resize(struct req *r, const uint8_t *payload, size_t len);
 /** Feeds STDIN bytes (and FIN) to a command. */
 void exec_stdin(struct req *r, const uint8_t *data, size_t len, int fin);
 /** Handles a SIGNAL frame for a command. */

@@ -17,11 +17,14 @@
 #include <sched.h>
 #include <signal.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include "agent/agent.h"
@@ -44,6 +47,7 @@ struct exec_req {
     uint64_t exit_ms;
     uint64_t exit_us; /* when it was reaped, for PT_EXIT_WAIT */
     int cancelled;    /* CANCEL came: output is read and dropped */
+    int tty_fd;       /* a session's terminal (its master side), for RESIZE; -1: none */
     /* Until the child has exec'd (the pipe closes) or reported a failure: */
     int report_fd;           /* -1 once the start is settled */
     int start_failed;        /* the child reported a failure: answer ERROR, not EXIT */
@@ -67,6 +71,9 @@ struct spawn {
     const char *search; /* PATH to search when argv[0] has no '/'; NULL: found nowhere */
     char cwd[AGENT_PATH_BUF];
     int in_r, out_w, err_w, report_w;
+    int tty;           /* a session on a terminal: in_r is its slave side, made the
+                          child's controlling terminal */
+    struct winsize ws; /* its size */
 };
 
 static struct exec_req *as_exec(struct req *r)
@@ -209,6 +216,8 @@ static __attribute__((noreturn)) void child_run(const struct spawn *s)
 
     if (setsid() < 0)
         child_fail(s->report_w, STAGE_SETUP, errno);
+    if (s->tty && ioctl(s->in_r, TIOCSCTTY, 0) < 0)
+        child_fail(s->report_w, STAGE_SETUP, errno);
     /* The command is the subreaper of everything it starts (the attribute survives exec): a
      * process whose parent exits, double-forked or `setsid -f`, is handed to the command, not
      * to the namespace's init, so the tree a timeout kills (tree.c) still holds it. Once the
@@ -228,7 +237,7 @@ static __attribute__((noreturn)) void child_run(const struct spawn *s)
 
 /* Parses EXEC into s. Returns 0, or -1 with err set (the answer to the daemon). */
 static int parse_exec(const uint8_t *payload, size_t len, struct spawn *s, int *want_stdin,
-                      struct wr_err *err)
+                      int session, struct wr_err *err)
 {
     struct proto_iter it;
     struct proto_field f, cwd = {0};
@@ -255,8 +264,20 @@ static int parse_exec(const uint8_t *payload, size_t len, struct spawn *s, int *
                 return wr_err_set(err, EINVAL, "STDIN_PIPE must be a u32 0 or 1");
             *want_stdin = (int)v;
             have_stdin = 1;
+        } else if (session && (f.tag == PT_TTY || f.tag == PT_ROWS || f.tag == PT_COLS)) {
+            uint32_t v;
+            if (proto_field_u32(&f, &v) < 0 || (f.tag == PT_TTY ? v > 1 : v < 1 || v > 10000))
+                return wr_err_set(err, EINVAL, "TTY must be a u32 0 or 1, ROWS and COLS 1..10000");
+            if (f.tag == PT_TTY)
+                s->tty = (int)v;
+            else if (f.tag == PT_ROWS)
+                s->ws.ws_row = (unsigned short)v;
+            else
+                s->ws.ws_col = (unsigned short)v;
         }
     }
+    if (session)
+        *want_stdin = 1; /* a session's input always comes from the daemon */
     if (argc == 0)
         return wr_err_set(err, EINVAL, "EXEC without ARG");
     if (argc > PROTO_MAX_ARGS || envc > PROTO_MAX_ENVS)
@@ -377,16 +398,43 @@ static const char *search_start(const char *search, const char *name)
 static int spawn_child(struct spawn *s, int want_stdin, struct exec_req *e, struct wr_err *err)
 {
     int outp[2] = {-1, -1}, errp[2] = {-1, -1}, inp[2] = {-1, -1}, rep[2] = {-1, -1};
+    int master = -1, slave = -1, tty_fd = -1;
     int ret = -1;
 
-    if (pipe2(outp, O_CLOEXEC) < 0 || pipe2(errp, O_CLOEXEC) < 0 ||
-        (want_stdin && pipe2(inp, O_CLOEXEC) < 0) || pipe2(rep, O_CLOEXEC) < 0) {
-        wr_err_sys(err, errno, "pipe");
-        goto out;
+    if (s->tty) {
+        /* A pseudo-terminal instead of the three pipes: its slave side is the child's stdin,
+         * stdout and stderr (and controlling terminal); the master is read as stdout and
+         * written as stdin, through two descriptors so each is closed on its own. */
+        char name[64];
+        if ((master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC)) < 0 || grantpt(master) < 0 ||
+            unlockpt(master) < 0 || ptsname_r(master, name, sizeof(name)) != 0 ||
+            (slave = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC)) < 0) {
+            wr_err_sys(err, errno, "opening a pseudo-terminal");
+            goto out;
+        }
+        if (s->ws.ws_row == 0)
+            s->ws.ws_row = 24;
+        if (s->ws.ws_col == 0)
+            s->ws.ws_col = 80;
+        ioctl(master, TIOCSWINSZ, &s->ws);
+        outp[0] = master;
+        master = -1;
+        if ((inp[1] = fcntl(outp[0], F_DUPFD_CLOEXEC, 0)) < 0 ||
+            (tty_fd = fcntl(outp[0], F_DUPFD_CLOEXEC, 0)) < 0 || pipe2(rep, O_CLOEXEC) < 0) {
+            wr_err_sys(err, errno, "pipe");
+            goto out;
+        }
+        s->in_r = s->out_w = s->err_w = slave;
+    } else {
+        if (pipe2(outp, O_CLOEXEC) < 0 || pipe2(errp, O_CLOEXEC) < 0 ||
+            (want_stdin && pipe2(inp, O_CLOEXEC) < 0) || pipe2(rep, O_CLOEXEC) < 0) {
+            wr_err_sys(err, errno, "pipe");
+            goto out;
+        }
+        s->in_r = inp[0];
+        s->out_w = outp[1];
+        s->err_w = errp[1];
     }
-    s->in_r = inp[0];
-    s->out_w = outp[1];
-    s->err_w = errp[1];
     s->report_w = rep[1];
 
     if (!strchr(s->argv_all[1], '/'))
@@ -409,8 +457,9 @@ static int spawn_child(struct spawn *s, int want_stdin, struct exec_req *e, stru
     close_fd(&inp[0]);
     /* The report is read by the loop (exec_event): it closes when the child execs, or brings
      * the step that failed; the failed child is reaped by the loop like any other. */
-    if (set_nonblock(rep[0]) < 0 || set_nonblock(outp[0]) < 0 || set_nonblock(errp[0]) < 0 ||
-        (inp[1] >= 0 && set_nonblock(inp[1]) < 0)) {
+    close_fd(&slave);
+    if (set_nonblock(rep[0]) < 0 || set_nonblock(outp[0]) < 0 ||
+        (errp[0] >= 0 && set_nonblock(errp[0]) < 0) || (inp[1] >= 0 && set_nonblock(inp[1]) < 0)) {
         /* Cannot happen on a pipe; if it did, blocking reads would stall every command. */
         wr_err_sys(err, errno, "fcntl");
         kill(pid, SIGKILL);
@@ -421,6 +470,7 @@ static int spawn_child(struct spawn *s, int want_stdin, struct exec_req *e, stru
     e->err_fd = steal_fd(&errp[0]);
     e->in_fd = steal_fd(&inp[1]);
     e->report_fd = steal_fd(&rep[0]);
+    e->tty_fd = steal_fd(&tty_fd);
     e->name = xstrdup(s->argv_all[1]);
     e->cwd = xstrdup(s->cwd);
     e->spawn_ms = now_ms_monotonic();
@@ -437,10 +487,13 @@ out:
     close_fd(&inp[1]);
     close_fd(&rep[0]);
     close_fd(&rep[1]);
+    close_fd(&master);
+    close_fd(&slave);
+    close_fd(&tty_fd);
     return ret;
 }
 
-void exec_start(uint32_t id, const uint8_t *payload, size_t len)
+void exec_start(uint32_t id, const uint8_t *payload, size_t len, int session)
 {
     struct spawn s = {.in_r = -1, .out_w = -1, .err_w = -1, .report_w = -1};
     struct wr_err err = {0};
@@ -449,10 +502,10 @@ void exec_start(uint32_t id, const uint8_t *payload, size_t len)
     if (req_admit(id) < 0)
         return;
     struct exec_req *e = xcalloc(1, sizeof(*e));
-    e->out_fd = e->err_fd = e->in_fd = e->report_fd = -1;
+    e->out_fd = e->err_fd = e->in_fd = e->report_fd = e->tty_fd = -1;
     if (req_window(&e->r, payload, len) < 0)
         wr_err_set(&err, EINVAL, "malformed WINDOW");
-    if (err.msg[0] || parse_exec(payload, len, &s, &want_stdin, &err) < 0 ||
+    if (err.msg[0] || parse_exec(payload, len, &s, &want_stdin, session, &err) < 0 ||
         pidns_ready(&err) < 0 || spawn_child(&s, want_stdin, e, &err) < 0) {
         chan_error(id, err.code, "%s", err.msg);
         free(e);
@@ -505,7 +558,9 @@ void exec_stdin(struct req *r, const uint8_t *data, size_t len, int fin)
         return;
     }
     obuf_append(&e->in, data, len);
-    if (fin)
+    if (fin && e->tty_fd >= 0)
+        obuf_append(&e->in, "\x04", 1); /* a terminal's end of file: its VEOF character */
+    else if (fin)
         e->in_fin = 1;
     stdin_pump(e);
 }
@@ -522,6 +577,28 @@ void exec_signal(struct req *r, const uint8_t *payload, size_t len)
     }
     /* Once the main process is reaped its pid may be reused: only its group is still ours. */
     tree_signal(e->exited ? 0 : e->pid, e->pid, (int)sig);
+}
+
+void exec_resize(struct req *r, const uint8_t *payload, size_t len)
+{
+    struct exec_req *e = as_exec(r);
+    struct proto_field f;
+    uint32_t rows, cols;
+    if (e->tty_fd < 0)
+        return;
+    if (proto_find(payload, len, PT_ROWS, &f) != 1 || proto_field_u32(&f, &rows) < 0 ||
+        proto_find(payload, len, PT_COLS, &f) != 1 || proto_field_u32(&f, &cols) < 0 || rows < 1 ||
+        rows > 10000 || cols < 1 || cols > 10000) {
+        log_warn(NULL, "agent.bad_resize", "id=%u", e->r.id);
+        return;
+    }
+    struct winsize ws = {.ws_row = (unsigned short)rows, .ws_col = (unsigned short)cols};
+    if (ioctl(e->tty_fd, TIOCSWINSZ, &ws) < 0)
+        return;
+    /* The kernel tells the foreground group itself; not every kernel (gVisor's) does. */
+    pid_t pg = tcgetpgrp(e->tty_fd);
+    if (pg > 1)
+        kill(-pg, SIGWINCH);
 }
 
 void exec_pollfds(struct req *r, struct pollfd *fds, struct req **owners, size_t *n, int may_read)
@@ -694,6 +771,7 @@ void exec_free(struct req *r)
     close_fd(&e->out_fd);
     close_fd(&e->err_fd);
     close_fd(&e->report_fd);
+    close_fd(&e->tty_fd);
     stdin_close(e);
     free(e->name);
     free(e->cwd);

@@ -176,6 +176,7 @@ static int is_request(uint16_t type)
     switch (type) {
     case PROTO_PING:
     case PROTO_EXEC:
+    case PROTO_SESSION:
     case PROTO_FILE_READ:
     case PROTO_FILE_WRITE:
     case PROTO_FILE_LIST:
@@ -221,7 +222,14 @@ static void dispatch(const struct proto_header *h, const uint8_t *payload, const
         if ((r = req_find(h->id)))
             req_credit(r, payload, h->len);
         break;
-    case PROTO_EXEC: exec_start(h->id, payload, h->len); break;
+    case PROTO_EXEC: exec_start(h->id, payload, h->len, 0); break;
+    case PROTO_SESSION: exec_start(h->id, payload, h->len, 1); break;
+    case PROTO_RESIZE:
+        if (fin)
+            log_warn(NULL, "agent.bad_resize", "id=%u flags=FIN", h->id);
+        else if ((r = req_find(h->id)) && r->kind == REQ_EXEC)
+            exec_resize(r, payload, h->len);
+        break;
     case PROTO_STDIN:
         /* Frames for a request that just ended race with its end: not an error. */
         if ((r = req_find(h->id)) && r->kind == REQ_EXEC)

@@ -61,6 +61,11 @@ enum {
     H_AUDIT,
     H_USAGE,
     H_METRICS,
+    H_SES_CREATE,
+    H_SES_LIST,
+    H_SES_GET,
+    H_SES_DELETE,
+    H_SES_CONNECT,
     H_WHOAMI,
 };
 
@@ -105,6 +110,11 @@ static const handler_fn handlers[] = {
     [H_AUDIT] = api_audit_list,
     [H_USAGE] = api_usage,
     [H_METRICS] = api_metrics,
+    [H_SES_CREATE] = api_sessions_create,
+    [H_SES_LIST] = api_sessions_list,
+    [H_SES_GET] = api_sessions_get,
+    [H_SES_DELETE] = api_sessions_delete,
+    [H_SES_CONNECT] = api_sessions_connect,
     [H_WHOAMI] = api_whoami,
 };
 
@@ -126,7 +136,8 @@ static enum access access_of(int handler, const char *method)
     case H_KEY_REVOKE:
     case H_AUDIT: return A_ADMIN;
     case H_METRICS: return A_METRICS;
-    case H_CMD_WAIT: return A_READ; /* a POST for its body, but it changes nothing */
+    case H_CMD_WAIT: return A_READ;     /* a POST for its body, but it changes nothing */
+    case H_SES_CONNECT: return A_WRITE; /* a GET that types into a shell */
     default: return strcmp(method, "GET") == 0 ? A_READ : A_WRITE;
     }
 }
@@ -184,6 +195,11 @@ static const struct route routes[] = {
     {"DELETE", "/v1/sandboxes/{id}/files", H_F_REMOVE, "path,recursive"},
     {"GET", "/v1/sandboxes/{id}/files/archive", H_F_ARCHIVE, "path"},
     {"POST", "/v1/sandboxes/{id}/files/extract", H_F_EXTRACT, NULL},
+    {"POST", "/v1/sandboxes/{id}/sessions", H_SES_CREATE, NULL},
+    {"GET", "/v1/sandboxes/{id}/sessions", H_SES_LIST, NULL},
+    {"GET", "/v1/sandboxes/{id}/sessions/{sid}", H_SES_GET, NULL},
+    {"DELETE", "/v1/sandboxes/{id}/sessions/{sid}", H_SES_DELETE, NULL},
+    {"GET", "/v1/sandboxes/{id}/sessions/{sid}/connect", H_SES_CONNECT, NULL},
 };
 
 static const char *pattern_of(int handler)

@@ -73,6 +73,9 @@ int api_query_u64(struct http_req *req, const char *name, uint64_t def, uint64_t
 /** Answers 400 invalid_request with msg. Frees req. */
 void api_reply_invalid(struct http_req *req, const char *msg);
 
+/** A signal given as a name ("INT", "SIGINT") or a number 1..64; NULL: SIGTERM. -1: neither. */
+int api_signal_number(json_t *v);
+
 /** Returns 1 if method and path ask for one of the dashboard's files (api/web.c); a NULL
  * method: if path is one, whatever the method. */
 int api_web_is_asset(const char *method, const char *path);
@@ -82,6 +85,11 @@ int api_web_is_asset(const char *method, const char *path);
 void api_web_serve(struct daemon *d, struct http_req *req);
 
 /* Handlers, by resource. */
+void api_sessions_create(struct daemon *d, struct http_req *req, struct route_match *m);
+void api_sessions_list(struct daemon *d, struct http_req *req, struct route_match *m);
+void api_sessions_get(struct daemon *d, struct http_req *req, struct route_match *m);
+void api_sessions_delete(struct daemon *d, struct http_req *req, struct route_match *m);
+void api_sessions_connect(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_sandboxes_create(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_sandboxes_list(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_sandboxes_get(struct daemon *d, struct http_req *req, struct route_match *m);

@@ -53,7 +53,7 @@ void api_commands_wait(struct daemon *d, struct http_req *req, struct route_matc
 
 static const char *const signal_fields[] = {"signal", NULL};
 
-static int signal_number(json_t *v)
+int api_signal_number(json_t *v)
 {
     static const struct {
         const char *name;
@@ -84,7 +84,7 @@ void api_commands_signal(struct daemon *d, struct http_req *req, struct route_ma
     if (!o)
         return;
     struct wr_err err = {0};
-    int sig = signal_number(json_object_get(o, "signal"));
+    int sig = api_signal_number(json_object_get(o, "signal"));
     int bad = jv_only(o, signal_fields, &err) < 0;
     json_decref(o);
     if (bad) {

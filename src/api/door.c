@@ -208,12 +208,37 @@ static void reply_unauthorized(struct http_req *req)
                      "by the admin with `withruntime keys create`)");
 }
 
-/* The token of "Authorization: Bearer <token>"; NULL if there is none; "" if malformed. */
-static const char *bearer(struct http_req *req)
+/* A WebSocket handshake's key offered as a subprotocol, "withruntime.key.<key>" (a browser
+ * cannot set Authorization on a WebSocket), copied into buf; NULL if there is none. Only on a
+ * GET with Upgrade: a handshake (a page's fetch can set neither header). */
+static const char *ws_key(struct http_req *req, char *buf, size_t len)
+{
+    static const char prefix[] = "withruntime.key.";
+    const char *h = http_req_header(req, "Sec-WebSocket-Protocol");
+    if (!h || !http_req_header(req, "Upgrade") || strcmp(http_req_method(req), "GET") != 0)
+        return NULL;
+    for (const char *p = h; *p;) {
+        while (*p == ' ' || *p == '\t' || *p == ',')
+            p++;
+        size_t l = strcspn(p, ", \t");
+        if (l > sizeof(prefix) - 1 && l - (sizeof(prefix) - 1) < len &&
+            strncmp(p, prefix, sizeof(prefix) - 1) == 0) {
+            memcpy(buf, p + sizeof(prefix) - 1, l - (sizeof(prefix) - 1));
+            buf[l - (sizeof(prefix) - 1)] = '\0';
+            return buf;
+        }
+        p += l;
+    }
+    return NULL;
+}
+
+/* The token of "Authorization: Bearer <token>" (or a WebSocket's, ws_key); NULL if there is
+ * none; "" if malformed. */
+static const char *bearer(struct http_req *req, char *buf, size_t len)
 {
     const char *h = http_req_header(req, "Authorization");
     if (!h)
-        return NULL;
+        return ws_key(req, buf, len);
     if (strncasecmp(h, "Bearer ", 7) != 0)
         return "";
     h += 7;
@@ -264,7 +289,8 @@ int door_check(struct daemon *d, struct http_req *req, struct principal *who)
     memset(who, 0, sizeof(*who));
     if (door_where(d, req, &peer) < 0)
         return -1;
-    const char *token = bearer(req);
+    char wsbuf[256];
+    const char *token = bearer(req, wsbuf, sizeof(wsbuf));
     if (!token && peer.unix_socket && peer.uid == 0) {
         who->admin = 1;
         return 0;

@@ -51,7 +51,7 @@ void api_serve_usage(FILE *out)
             "                         [--memory-overcommit F] [--disk-overcommit F]\n"
             "                         [--disk-reserve-mib N] [--max-loop-devices N]\n"
             "                         [--max-agent-log-kib N] [--stopped-retention DURATION]\n"
-            "                         [--freeze-after SECONDS]\n"
+            "                         [--freeze-after SECONDS] [--session-grace SECONDS]\n"
             "                         [--egress auto|on|off] [--dns-upstream ADDR[:PORT]]\n"
             "                         [--public-ranges CIDR,...] [--extra-ca-file PEM]\n"
             "                         [--host-name NAME]... [--tls-cert PEM --tls-key PEM]\n"
@@ -108,6 +108,10 @@ void api_serve_usage(FILE *out)
             "uses no CPU (gVisor's systrap otherwise polls, ~2 %% of a core each) and is thawed\n"
             "by its next request in a few ms. Its lease runs on; frozen time is billed memory\n"
             "and no CPU floor. GET /v1/sandboxes/{id} says \"frozen\": true meanwhile.\n"
+            "\n"
+            "--session-grace SECONDS: an interactive session (POST /v1/sandboxes/{id}/sessions)\n"
+            "whose client went away is killed after this long (default 60; 1..86400); a client\n"
+            "that connects again within it gets the output it missed (the last 64 KiB).\n"
             "\n"
             "Sandbox networking (a sandbox's `network` policy, enforced on the host):\n"
             "  --egress auto|on|off   auto (default): on if this host can (see `withruntime\n"
@@ -246,6 +250,7 @@ const struct option api_serve_options[] = {{"state-dir", required_argument, NULL
                                            {"meter-clock", required_argument, NULL, 1004},
                                            {"pool", required_argument, NULL, 1005},
                                            {"freeze-after", required_argument, NULL, 1006},
+                                           {"session-grace", required_argument, NULL, 1007},
                                            {"tls-cert", required_argument, NULL, 'c'},
                                            {"tls-key", required_argument, NULL, 'k'},
                                            {"help", no_argument, NULL, 'h'},
@@ -307,6 +312,18 @@ static int parse_args(int argc, char **argv, struct server *srv)
                 return -1;
             }
             cfg->freeze_after_ms = (uint64_t)(v * 1000 + 0.5);
+            break;
+        }
+        case 1007: {
+            char *end;
+            long v = strtol(optarg, &end, 10);
+            if (*end || end == optarg || v < 1 || v > 86400) {
+                fprintf(stderr,
+                        "withruntime serve: --session-grace wants 1..86400 seconds, got %s\n",
+                        optarg);
+                return -1;
+            }
+            cfg->session_grace_s = (int)v;
             break;
         }
         case 'X': {

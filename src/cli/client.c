@@ -759,3 +759,75 @@ int cli_json_call(const struct cli_endpoint *ep, const char *method, const char 
     cli_response_free(&resp);
     return r;
 }
+
+/* ---- a raw connection ---- */
+
+struct cli_conn {
+    struct io io;
+    struct cli_request req; /* io's: no timeout after the connect, not cancelable */
+};
+
+struct cli_conn *cli_conn_open(const struct cli_endpoint *ep, struct wr_err *err)
+{
+    if (ep->key[0] && !cli_url_key_safe(&ep->url)) {
+        wr_err_set(err, EPERM,
+                   "refusing to send the API key in clear text to %s: use https:// (the "
+                   "daemon's serve --tls-cert), or reach it on a loopback address (an SSH "
+                   "tunnel)",
+                   ep->desc);
+        return NULL;
+    }
+    struct cli_conn *c = xcalloc(1, sizeof(*c));
+    cli_request_init(&c->req, "GET", "/");
+    c->io = (struct io){.fd = -1, .req = &c->req, .ep = ep};
+    c->io.deadline_ms = now_ms_monotonic() + CONNECT_TIMEOUT_MS;
+    int r = ep->url.is_unix ? connect_unix(&c->io, err) : connect_tcp(&c->io, err);
+    if (r == 0 && ep->url.tls && tls_start(&c->io, err) < 0)
+        r = -1;
+    if (r < 0) {
+        cli_conn_close(c);
+        return NULL;
+    }
+    io_progress(&c->io);
+    return c;
+}
+
+int cli_conn_fd(const struct cli_conn *c)
+{
+    return c->io.fd;
+}
+
+size_t cli_conn_buffered(const struct cli_conn *c)
+{
+    return c->io.ssl ? (size_t)SSL_pending(c->io.ssl) : 0;
+}
+
+int cli_conn_send(struct cli_conn *c, const void *p, size_t n, struct wr_err *err)
+{
+    return io_send(&c->io, p, n, err);
+}
+
+ssize_t cli_conn_recv(struct cli_conn *c, void *buf, size_t cap, struct wr_err *err)
+{
+    return io_recv(&c->io, buf, cap, err);
+}
+
+void cli_conn_host(const struct cli_endpoint *ep, char *out, size_t len)
+{
+    if (ep->url.is_unix)
+        snprintf(out, len, "localhost");
+    else if (strchr(ep->url.host, ':'))
+        snprintf(out, len, "[%s]:%s", ep->url.host, ep->url.port);
+    else
+        snprintf(out, len, "%s:%s", ep->url.host, ep->url.port);
+}
+
+void cli_conn_close(struct cli_conn *c)
+{
+    if (!c)
+        return;
+    SSL_free(c->io.ssl);
+    if (c->io.fd >= 0)
+        close(c->io.fd);
+    free(c);
+}

@@ -94,6 +94,28 @@ int cli_json_call(const struct cli_endpoint *ep, const char *method, const char 
                   json_t **out, struct wr_err *err);
 
 /** The stop signal (SIGINT, SIGTERM, SIGHUP) received since cli_signals_setup, or 0. */
+/* ---- a raw connection (a WebSocket after its handshake: cli/shell.c) ---- */
+
+struct cli_conn;
+
+/**
+ * Connects to the daemon (TCP, the Unix socket, TLS as the URL says; the key is refused in
+ * clear text off loopback as for requests). Returns the connection, or NULL with err set.
+ */
+struct cli_conn *cli_conn_open(const struct cli_endpoint *ep, struct wr_err *err);
+/** The socket, to poll (with cli_conn_buffered: TLS may hold bytes already read). */
+int cli_conn_fd(const struct cli_conn *c);
+/** Bytes already decrypted and waiting (TLS), readable without the socket. */
+size_t cli_conn_buffered(const struct cli_conn *c);
+/** Sends all of p[n] (waiting as needed). Returns 0, or -1 with err set. */
+int cli_conn_send(struct cli_conn *c, const void *p, size_t n, struct wr_err *err);
+/** Reads what is there, waiting for something. Bytes read, 0 at the end, -1 with err set. */
+ssize_t cli_conn_recv(struct cli_conn *c, void *buf, size_t cap, struct wr_err *err);
+/** The Host header's value for the endpoint, into out[len]. */
+void cli_conn_host(const struct cli_endpoint *ep, char *out, size_t len);
+/** Closes and frees the connection. */
+void cli_conn_close(struct cli_conn *c);
+
 extern volatile sig_atomic_t cli_stop_signal;
 
 /**

@@ -83,13 +83,14 @@ int cli_exec_set_stdin(json_t *exec)
 
 /* One `sandbox exec` as its words are read. Owns exec and env. */
 struct exec_args {
-    json_t *exec;    /* the request, as options fill it in */
-    json_t *env;     /* --env K=V */
-    const char *id;  /* the sandbox */
-    bool use_stdin;  /* --stdin */
-    bool background; /* --background */
-    bool as_json;    /* --json */
-    int argc;        /* CMD: argv[0..argc-1] */
+    json_t *exec;     /* the request, as options fill it in */
+    json_t *env;      /* --env K=V */
+    const char *id;   /* the sandbox */
+    bool use_stdin;   /* --stdin */
+    bool interactive; /* -i */
+    bool background;  /* --background */
+    bool as_json;     /* --json */
+    int argc;         /* CMD: argv[0..argc-1] */
     char **argv;
 };
 
@@ -117,6 +118,7 @@ static int exec_opt(struct exec_args *ea, int opt, int argc, char **argv)
     case OPT_STDIN: ea->use_stdin = true; break;
     case OPT_BACKGROUND: ea->background = true; break;
     case OPT_JSON: ea->as_json = true; break;
+    case 'i': ea->interactive = true; break;
     default: return cli_bad_option(cmd, argc, argv);
     }
     return CLI_GO_ON;
@@ -136,6 +138,7 @@ static int exec_parse(struct exec_args *ea, int argc, char **argv)
         {"stdin", no_argument, 0, OPT_STDIN},
         {"background", no_argument, 0, OPT_BACKGROUND},
         {"json", no_argument, 0, OPT_JSON},
+        {"interactive", no_argument, 0, 'i'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -145,7 +148,7 @@ static int exec_parse(struct exec_args *ea, int argc, char **argv)
     optind = 0;
     opterr = 0;
     for (;;) {
-        int opt = getopt_long(ac, av, "+h", opts, NULL);
+        int opt = getopt_long(ac, av, "+hi", opts, NULL);
         if (opt != -1) {
             int r = exec_opt(ea, opt, ac, av);
             if (r != CLI_GO_ON)
@@ -208,6 +211,16 @@ int cli_sandbox_exec(struct cli_ctx *c, int argc, char **argv)
         goto out;
     if (json_object_size(ea.env))
         json_object_set(ea.exec, "env", ea.env);
+    if (ea.interactive) {
+        if (ea.use_stdin || ea.background || json_object_get(ea.exec, "timeout_seconds")) {
+            code = cli_usage_error("sandbox exec", "-i streams stdin itself and has no timeout: "
+                                                   "drop --stdin, --background and --timeout");
+            goto out;
+        }
+        code = cli_session_run(c, ea.id, json_object_get(ea.exec, "argv"), ea.env,
+                               json_string_value(json_object_get(ea.exec, "cwd")), 0);
+        goto out;
+    }
     if (ea.use_stdin && (code = cli_exec_set_stdin(ea.exec)) != CLI_GO_ON)
         goto out;
     if (cli_endpoint(c, &ep) != 0) {

@@ -53,6 +53,17 @@ enum {
 int cli_bad_option(const char *cmd, int argc, char **argv);
 
 /**
+ * Runs an interactive session (cli/shell.c) of argv (NULL: a login shell) in sandbox id, on a
+ * terminal when want_tty and stdin and stdout are one, else on pipes. Returns the exit code:
+ * the remote command's, 128+N for signal N, CLI_EXIT_ERR on errors (printed).
+ */
+int cli_session_run(struct cli_ctx *ctx, const char *id, json_t *argv, json_t *env, const char *cwd,
+                    int want_tty);
+
+/** `sandbox shell` (cli/shell.c). */
+int cli_sandbox_shell(struct cli_ctx *c, int argc, char **argv);
+
+/**
  * Parses the options of a command that has only --json and --help (as_json NULL: only --help).
  * Leaves optind at the first operand. Returns CLI_GO_ON, or the exit code to leave with.
  */

@@ -132,11 +132,15 @@ const struct cli_command cli_commands[] = {
         .group = "sandbox", .name = "exec", .fn = cli_sandbox_exec,
         .args = "[OPTIONS] ID -- CMD [ARG...]",
         .summary = "run CMD in a running sandbox",
-        .options = "--cwd= --env= --timeout= --stdin --background --json",
+        .options = "--cwd= --env= --timeout= --stdin --interactive --background --json",
         .help =
             "Runs CMD (an argv list, no shell; use sh -c for a shell string) in a running\n"
             "sandbox with its output streamed here, and exits with its status (as for\n"
             "'sandbox run').\n"
+            "\n"
+            "With -i, our stdin is streamed to CMD as it comes and its output back as it\n"
+            "comes (an interactive session on pipes: stdout and stderr both arrive on stdout;\n"
+            "Ctrl-C is passed on as SIGINT; no --timeout).\n"
             "\n"
             "With --background, CMD is started as a background command: its id (cmd-N) is\n"
             "printed at once (the command object with --json) and it runs on; see its output\n"
@@ -148,13 +152,37 @@ const struct cli_command cli_commands[] = {
             "  --timeout SECS   time limit for CMD (default: the daemon's, 300; none for a\n"
             "                   background command)\n"
             "  --stdin          send our stdin (read to the end first, up to 512 KiB) to CMD\n"
+            "  -i, --interactive  stream our stdin to CMD, and its output back, as they come\n"
             "  --background     start CMD in the background and print its id\n"
             "  --json           with --background: print the command object\n"
             "  -h, --help       this help\n"
             "\n"
             "Examples:\n"
             "  withruntime sandbox exec sb-... -- sh -c 'echo hi > f.txt && cat f.txt'\n"
+            "  printf 'a\\nb\\n' | withruntime sandbox exec -i sb-... -- wc -l\n"
             "  CMD=$(withruntime sandbox exec --background sb-... -- python3 -m http.server)\n",
+    },
+    {
+        .group = "sandbox", .name = "shell", .fn = cli_sandbox_shell,
+        .args = "[--cwd DIR] [--env K=V] ID [-- CMD [ARG...]]",
+        .summary = "open a terminal in a running sandbox (a login shell, or CMD)",
+        .options = "--cwd= --env=",
+        .help =
+            "Opens an interactive session in a running sandbox: a login shell (bash where there\n"
+            "is one), or CMD. On a terminal you get a real one (raw mode, window size kept in\n"
+            "step, the terminal restored however it ends); with stdin not a terminal the\n"
+            "command gets pipes instead. Exits with the remote command's status (128+N when\n"
+            "signal N ended it). A session outlives a dropped connection for the daemon's\n"
+            "--session-grace (60 s) and ends with its sandbox.\n"
+            "\n"
+            "Options:\n"
+            "  --cwd DIR        working directory (default /workspace)\n"
+            "  --env K=V        environment variable (repeatable)\n"
+            "  -h, --help       this help\n"
+            "\n"
+            "Examples:\n"
+            "  withruntime sandbox shell sb-...\n"
+            "  withruntime sandbox shell sb-... -- python3\n",
     },
     {
         .group = "sandbox", .name = "stop", .fn = cli_sandbox_stop,

@@ -183,7 +183,8 @@ static int answer_fits(uint16_t asked, uint16_t got)
         return asked != PROTO_PING;
     switch (asked) {
     case PROTO_PING: return got == PROTO_PONG;
-    case PROTO_EXEC: return got == PROTO_STDOUT || got == PROTO_STDERR || got == PROTO_EXIT;
+    case PROTO_EXEC:
+    case PROTO_SESSION: return got == PROTO_STDOUT || got == PROTO_STDERR || got == PROTO_EXIT;
     case PROTO_FILE_READ: return got == PROTO_STAT_RESULT || got == PROTO_DATA || got == PROTO_OK;
     case PROTO_FILE_WRITE:
     case PROTO_FILE_STAT:
@@ -371,8 +372,8 @@ static void on_hello_timeout(evutil_socket_t fd, short what, void *p)
  * request out of credit, or an exec, whose own timer bounds it). */
 static int waits_on_agent(const struct req *r)
 {
-    if (r->type == PROTO_EXEC || r->type == PROTO_PING)
-        return 0;
+    if (r->type == PROTO_EXEC || r->type == PROTO_SESSION || r->type == PROTO_PING)
+        return 0; /* a session waits on its user, for as long as the sandbox lives */
     return !r->windowed || r->received < r->allowed;
 }
 

@@ -89,6 +89,15 @@ void command_wait(struct command *c, struct sink *s, double timeout_s);
  */
 json_t *exec_encode_bytes(const unsigned char *b, size_t n, const char **enc);
 
+struct exec_request;
+/**
+ * Builds an EXEC payload (ARG, ENV with the sandbox's defaults, its secrets' placeholders, its
+ * env and r's, CWD, STDIN_PIPE) into b, leaving room for a few more fields (a SESSION's).
+ * Returns 0, or -1 with err set (too large).
+ */
+int exec_build(struct sandbox *sb, const struct exec_request *r, struct proto_buf *b,
+               struct wr_err *err);
+
 /** Frees every command of sb (the channel must already be closed). */
 void command_free_all(struct sandbox *sb);
 

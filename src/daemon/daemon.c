@@ -31,6 +31,7 @@
 #include "daemon/pool.h"
 #include "daemon/sandbox.h"
 #include "daemon/secrets.h"
+#include "daemon/session.h"
 #include "daemon/work.h"
 #include "driver/driver.h"
 #include "net/addr.h"
@@ -76,6 +77,7 @@ void daemon_config_defaults(struct daemon_config *cfg)
     cfg->agent_log_max = 1 << 20;
     cfg->stopped_retention = 7 * 86400;
     cfg->freeze_after_ms = IDLE_DEFAULT_FREEZE_AFTER_MS;
+    cfg->session_grace_s = SESSION_DEFAULT_GRACE_S;
     snprintf(cfg->egress, sizeof(cfg->egress), "auto");
 }
 

@@ -56,6 +56,7 @@ struct daemon_config {
     char meter_clock_file[PATH_MAX]; /* tests: the meter's clock (unix ms) is read from here */
     uint64_t freeze_after_ms;        /* an idle sandbox is frozen after this long; 0: never
                                         (daemon/idle.h) */
+    int session_grace_s; /* a session with no client is killed after this long (session.h) */
 };
 
 struct driver_ops;

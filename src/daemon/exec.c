@@ -408,9 +408,8 @@ static void exec_send(struct exec_op *op, struct proto_buf *b, const struct exec
     sink_on_cancel(op->sink, on_cancel, op); /* last: it may run at once */
 }
 
-/* Builds the EXEC payload. Returns 0, or -1 with err set. */
-static int build_exec(struct sandbox *sb, const struct exec_request *r, struct proto_buf *b,
-                      struct wr_err *err)
+int exec_build(struct sandbox *sb, const struct exec_request *r, struct proto_buf *b,
+               struct wr_err *err)
 {
     if (r->command) {
         proto_put_str(b, PT_ARG, "/bin/sh");
@@ -460,7 +459,7 @@ void svc_exec(struct daemon *d, const char *id, const struct exec_request *r, st
     struct sandbox *sb = sandbox_lookup(d, id, s->who, &err);
     struct proto_buf b = {0};
     if (!sb || sandbox_check_running(sb, &err) < 0 || meter_check_exec(sb, &err) < 0 ||
-        build_exec(sb, r, &b, &err) < 0) {
+        exec_build(sb, r, &b, &err) < 0) {
         proto_buf_free(&b);
         sink_fail(s, &err);
         return;

@@ -21,6 +21,7 @@
 #include "daemon/meter.h"
 #include "daemon/metrics.h"
 #include "daemon/netlog.h"
+#include "daemon/session.h"
 #include "daemon/work.h"
 #include "driver/logcap.h"
 #include "net/gateway.h"
@@ -113,6 +114,7 @@ static void sandbox_free(struct sandbox *sb)
 {
     meter_end(sb); /* gives back a reservation a create that never ran still held */
     command_free_all(sb);
+    session_free_all(sb);
     json_decref(sb->env);
     json_decref(sb->metadata);
     json_decref(sb->network);

@@ -25,6 +25,7 @@ enum sb_state {
 
 struct agentconn;
 struct command;
+struct session;
 struct netlog;
 struct sandbox_job;
 
@@ -62,6 +63,8 @@ struct sandbox {
     struct sandbox_job *create_job; /* while CREATING or STARTING and waiting for HELLO */
     struct command *commands;       /* background commands (daemon/command.h), newest first */
     unsigned command_seq;
+    struct session *sessions; /* interactive sessions (daemon/session.h), newest first */
+    unsigned session_seq;
     uint32_t ping_id;      /* the watchdog's outstanding PING, 0 if none */
     uint64_t ping_sent_ms; /* monotonic */
     uint64_t last_pong_ms;

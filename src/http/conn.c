@@ -727,6 +727,25 @@ int conns_request_begin(struct conns *cs, struct evhttp_connection *evcon, void 
     return 1;
 }
 
+void conns_upgrade(struct conns *cs, struct evhttp_connection *evcon, void (*gone)(void *arg),
+                   void *arg)
+{
+    struct conn *c = evcon ? find(cs, evcon) : NULL;
+    if (!c)
+        return;
+    c->gone = gone;
+    c->gone_arg = arg;
+    if (c->in_cb) {
+        evbuffer_remove_cb_entry(bufferevent_get_input(c->bev), c->in_cb);
+        c->in_cb = NULL;
+    }
+    disarm(c);
+    release(c);
+    c->state = C_BUSY; /* with its request in flight for good: never idle */
+    touch(c);
+    admit_waiting(cs);
+}
+
 void conns_request_end(struct conns *cs, struct evhttp_connection *evcon)
 {
     struct conn *c = evcon ? find(cs, evcon) : NULL;

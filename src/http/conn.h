@@ -78,6 +78,14 @@ int conns_request_begin(struct conns *cs, struct evhttp_connection *evcon, void 
 /** The request on evcon was answered (or given up). */
 void conns_request_end(struct conns *cs, struct evhttp_connection *evcon);
 
+/**
+ * The request on evcon switched protocols (a WebSocket): the layer stops looking at the bytes
+ * (no header deadline, no body accounting; it is never taken for idle and evicted) and calls
+ * gone(arg) when the connection closes, whoever closes it.
+ */
+void conns_upgrade(struct conns *cs, struct evhttp_connection *evcon, void (*gone)(void *arg),
+                   void *arg);
+
 /** The layer's counters (struct http_conn_stats, http.h). */
 void conns_stats(struct conns *cs, struct http_conn_stats *out);
 

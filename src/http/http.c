@@ -841,3 +841,66 @@ void http_req_on_close(struct http_req *r, void (*cb)(void *arg), void *arg)
         evtimer_add(r->probe, &tv);
     }
 }
+
+/* ------------------------------------------------------------------ switching protocols */
+
+struct http_upgraded {
+    struct evhttp_connection *evcon; /* NULL once closed */
+    void (*gone)(void *);
+    void *gone_arg;
+};
+
+static void on_upgraded_gone(void *arg)
+{
+    struct http_upgraded *u = arg;
+    u->evcon = NULL;
+    void (*cb)(void *) = u->gone;
+    u->gone = NULL;
+    if (cb)
+        cb(u->gone_arg);
+}
+
+struct http_upgraded *http_req_upgrade(struct http_req *r, const char *const *headers,
+                                       void (*gone)(void *arg), void *arg)
+{
+    struct evhttp_connection *evcon = r->gone ? NULL : r->evcon;
+    struct bufferevent *bev = evcon ? evhttp_connection_get_bufferevent(evcon) : NULL;
+    if (!bev || !r->tracked) {
+        http_reply_error(r, 500, "internal", "this connection cannot switch protocols");
+        return NULL;
+    }
+    if (r->server->reply_hook)
+        r->server->reply_hook(r, 101, r->server->reply_hook_ctx);
+    struct http_upgraded *u = xcalloc(1, sizeof(*u));
+    u->evcon = evcon;
+    u->gone = gone;
+    u->gone_arg = arg;
+    /* evhttp keeps the request, unanswered, until the connection is freed; it reads and writes
+     * nothing of it any more: its callbacks are replaced by the caller's. */
+    conns_upgrade(r->server->conns, evcon, on_upgraded_gone, u);
+    r->evcon = NULL;
+    r->tracked = 0;
+    req_free(r);
+    bufferevent_set_timeouts(bev, NULL, NULL);
+    bufferevent_setcb(bev, NULL, NULL, NULL, NULL);
+    struct evbuffer *out = bufferevent_get_output(bev);
+    evbuffer_add_printf(out, "HTTP/1.1 101 Switching Protocols\r\n");
+    for (const char *const *h = headers; h && *h; h++)
+        evbuffer_add_printf(out, "%s\r\n", *h);
+    evbuffer_add(out, "\r\n", 2);
+    return u;
+}
+
+struct bufferevent *http_upgraded_bev(struct http_upgraded *u)
+{
+    return u->evcon ? evhttp_connection_get_bufferevent(u->evcon) : NULL;
+}
+
+void http_upgraded_close(struct http_upgraded *u)
+{
+    struct evhttp_connection *evcon = u->evcon;
+    u->gone = NULL;
+    if (evcon)
+        evhttp_connection_free(evcon); /* the layer's close callback clears u->evcon */
+    free(u);
+}

@@ -200,4 +200,26 @@ void http_stream_abort(struct http_req *r);
  */
 void http_req_on_close(struct http_req *r, void (*cb)(void *arg), void *arg);
 
+/* ---- switching protocols (a WebSocket, http/wsconn.h) ---- */
+
+struct http_upgraded;
+struct bufferevent;
+
+/**
+ * Answers r with 101 Switching Protocols and the given header lines (each "Name: value", NULL
+ * ends the list), and takes its connection away from evhttp: from here on its bufferevent
+ * (http_upgraded_bev) is the caller's to read and write, with no timeouts set. r is freed.
+ * gone(arg) is called once if the connection is closed by anything but http_upgraded_close
+ * (the server being freed); the caller must still call http_upgraded_close then. Returns NULL
+ * (r answered 500 and freed) if the connection cannot be taken over.
+ */
+struct http_upgraded *http_req_upgrade(struct http_req *r, const char *const *headers,
+                                       void (*gone)(void *arg), void *arg);
+
+/** The upgraded connection's bufferevent (NULL once gone). */
+struct bufferevent *http_upgraded_bev(struct http_upgraded *u);
+
+/** Closes the upgraded connection (what is queued and unsent is dropped) and frees u. */
+void http_upgraded_close(struct http_upgraded *u);
+
 #endif

@@ -49,6 +49,8 @@ int proto_type_known(uint16_t type)
     case PROTO_FILE_ARCHIVE:
     case PROTO_FILE_EXTRACT:
     case PROTO_EXTRACTED: return 1;
+    case PROTO_SESSION:
+    case PROTO_RESIZE: return 1;
     default: return 0;
     }
 }
@@ -101,6 +103,8 @@ const char *proto_type_name(uint16_t type)
     case PROTO_FILE_ARCHIVE: return "FILE_ARCHIVE";
     case PROTO_FILE_EXTRACT: return "FILE_EXTRACT";
     case PROTO_EXTRACTED: return "EXTRACTED";
+    case PROTO_SESSION: return "SESSION";
+    case PROTO_RESIZE: return "RESIZE";
     default: return "UNKNOWN";
     }
 }

@@ -22,7 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PROTO_VERSION 2
+#define PROTO_VERSION 3
 #define PROTO_HEADER_LEN 12
 #define PROTO_MAX_PAYLOAD (1u << 20)  /* 1 MiB */
 #define PROTO_CHUNK 65536             /* preferred size of a data frame */
@@ -109,6 +109,17 @@ enum proto_type {
     /* agent -> daemon: fields ENTRIES, SIZE (bytes of file data), SKIPPED, and NAME and
      * MESSAGE (the first skipped entry and its kind) when SKIPPED > 0 */
     PROTO_EXTRACTED = 52,
+    /* daemon -> agent: start an interactive session. Fields as EXEC (ARG, ENV, CWD, WINDOW;
+     * stdin is always a pipe or the terminal), plus TTY (u32 1 = a pseudo-terminal is the
+     * process's stdin, stdout and stderr and its controlling terminal; 0 = pipes as EXEC),
+     * ROWS and COLS (u32, the terminal's size; default 24x80). Answered like EXEC: STDOUT
+     * (and, without TTY, STDERR) frames then one EXIT, or one ERROR. STDIN, SIGNAL, CANCEL and
+     * CREDIT work as for EXEC; STDIN with FIN on a terminal sends its end-of-file character. */
+    PROTO_SESSION = 40,
+    /* daemon -> agent, for a live SESSION with TTY: fields ROWS, COLS. The terminal's size is
+     * set (TIOCSWINSZ) and its foreground process group gets SIGWINCH. No answer; ignored for
+     * any other id. */
+    PROTO_RESIZE = 41,
 };
 
 enum proto_flag {
@@ -157,6 +168,11 @@ enum proto_tag {
     /* u64, on EXTRACTED: entries extracted, entries skipped */
     PT_ENTRIES = 51,
     PT_SKIPPED = 52,
+    /* u32, on SESSION: 1 = a pseudo-terminal, 0 = pipes */
+    PT_TTY = 25,
+    /* u32, on SESSION and RESIZE: the terminal's size, 1 ... 10000 */
+    PT_ROWS = 26,
+    PT_COLS = 27,
 };
 
 enum proto_wflags {

@@ -302,3 +302,34 @@ def test_browser_sign_in_list_stop_files_and_read_only(daemon, browser, two):
     finally:
         drv.set_window_size(1280, 1000)
 
+
+@pytest.mark.timeout(60)
+def test_browser_terminal_runs_a_typed_command(daemon, browser, two):
+    from selenium.webdriver.common.keys import Keys
+
+    drv = browser
+    a, _ = two
+    sign_in(drv, daemon, daemon.key)
+    wait_for(drv, lambda d: row_state(d, a).startswith("running"), "the list")
+    drv.get(f"http://127.0.0.1:{daemon.port}/#/sandbox/{a}")
+    wait_for(drv, lambda d: by_css(d, "#term-open") and by_css(d, "#term-open")[0].is_enabled(),
+             "the terminal's open button")
+    by_css(drv, "#term-open")[0].click()
+    term = wait_for(drv, lambda d: by_css(d, "#term") and by_css(d, "#term")[0].is_displayed()
+                    and by_css(d, "#term")[0].text.rstrip().endswith(("#", "$"))
+                    and by_css(d, "#term")[0],
+                    "a shell prompt in the terminal")
+    term.click()
+    term.send_keys("echo $((6 * 7))dash")
+    # line editing: two characters rubbed out, then typed again
+    term.send_keys(Keys.BACKSPACE, Keys.BACKSPACE, "sh", Keys.ENTER)
+    wait_for(drv, lambda d: "\n42dash\n" in by_css(d, "#term")[0].text,
+             "the command's output in the terminal")
+    shot(drv, "terminal")
+    sessions = daemon.client.expect(200, "GET", f"/v1/sandboxes/{a}/sessions").json()["sessions"]
+    assert any(s["state"] == "running" and s["connected"] for s in sessions), sessions
+    by_css(drv, "#term-close")[0].click()
+    wait_for(drv, lambda d: not any(
+        s["state"] == "running" for s in daemon.client.expect(
+            200, "GET", f"/v1/sandboxes/{a}/sessions").json()["sessions"]),
+        "the session gone after Close")

@@ -166,6 +166,19 @@ def test_cli_lists_and_runs_over_https(tls, key):
     assert r.returncode == 0 and r.stdout == "over tls\n", r
 
 
+def test_cli_exec_interactive_over_https(tls, key):
+    # a session's WebSocket on the TLS listener: the upgraded connection stays TLS
+    r = cli(tls, "sandbox", "create", env=https_env(tls, key))
+    assert r.returncode == 0, r
+    sid = r.stdout.strip()
+    try:
+        r = cli(tls, "sandbox", "exec", "-i", sid, "--", "sh", "-c", "tr a-z A-Z; exit 6",
+                env=https_env(tls, key), stdin="over a websocket\n")
+        assert r.returncode == 6 and r.stdout == "OVER A WEBSOCKET\n", r
+    finally:
+        cli(tls, "sandbox", "rm", sid, env=https_env(tls, key))
+
+
 def test_cli_without_the_ca_refuses_the_certificate(tls, key):
     r = cli(tls, "sandbox", "list", env=https_env(tls, key, ca=False))
     assert r.returncode != 0, r

@@ -15,10 +15,12 @@ MAX_PAYLOAD = 1 << 20
 
 T = dict(HELLO=1, PING=2, PONG=3, EXEC=10, STDIN=11, SIGNAL=12, STDOUT=13, STDERR=14, EXIT=15,
          FILE_READ=20, FILE_WRITE=21, FILE_LIST=22, FILE_STAT=23, FILE_MKDIR=24,
-         FILE_REMOVE=25, DATA=30, STAT_RESULT=31, DIR_ENTRIES=32, OK=33, ERROR=34)
+         FILE_REMOVE=25, DATA=30, STAT_RESULT=31, DIR_ENTRIES=32, OK=33, ERROR=34, SESSION=40,
+         RESIZE=41)
 PT = dict(VERSION=1, PID=2, ARG=3, ENV=4, CWD=5, STDIN_PIPE=6, SIGNUM=7, EXIT_CODE=8,
           TERM_SIGNAL=9, PATH=10, OFFSET=11, LENGTH=12, MODE=13, WFLAGS=14, NAME=15, TYPE=16,
-          SIZE=17, MTIME=18, ERRNO=19, MESSAGE=20, TARGET=21)
+          SIZE=17, MTIME=18, ERRNO=19, MESSAGE=20, TARGET=21, WINDOW=22, PROCS=23, EXIT_WAIT=24,
+          TTY=25, ROWS=26, COLS=27)
 FIN = 1
 W_PARENTS, W_APPEND, W_RECURSIVE, W_EXCL = 1, 2, 4, 8
 
@@ -60,6 +62,11 @@ def corpus():
     c["exec-stdin"] = (frame(T["EXEC"], 2, fb("ARG", "cat") + u32("STDIN_PIPE", 1))
                        + frame(T["STDIN"], 2, b"hello ") + frame(T["STDIN"], 2, b"world", FIN))
     c["signal"] = frame(T["SIGNAL"], 2, u32("SIGNUM", 9))
+    c["session"] = (frame(T["SESSION"], 3, fb("ARG", "sh") + u32("TTY", 1) + u32("ROWS", 24)
+                          + u32("COLS", 80) + u64("WINDOW", 65536))
+                    + frame(T["RESIZE"], 3, u32("ROWS", 50) + u32("COLS", 132))
+                    + frame(T["STDIN"], 3, b"exit\n", FIN))
+    c["resize-bad"] = frame(T["RESIZE"], 3, u32("ROWS", 0) + fb("COLS", "xy"))
     c["output"] = (frame(T["STDOUT"], 1, b"hi\n") + frame(T["STDERR"], 1, b"oops\n")
                    + frame(T["EXIT"], 1, u32("EXIT_CODE", 0) + u32("TERM_SIGNAL", 0)))
     c["exit-killed"] = frame(T["EXIT"], 3, u32("EXIT_CODE", -1) + u32("TERM_SIGNAL", 9))

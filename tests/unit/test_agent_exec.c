@@ -322,6 +322,95 @@ static void test_pong_procs(struct agent *a)
     ok(n == 0, "and once it has, none again (%ld)", n);
 }
 
+/* A SESSION running script under sh, on a terminal (tty) of rows x cols or on pipes. */
+static uint32_t session_req(struct agent *a, const char *script, int tty, int rows, int cols)
+{
+    struct proto_buf b = {0};
+    uint32_t id = next_id++;
+    proto_put_str(&b, PT_ARG, "sh");
+    proto_put_str(&b, PT_ARG, "-c");
+    proto_put_str(&b, PT_ARG, script);
+    proto_put_str(&b, PT_ENV, base_env[0]);
+    proto_put_str(&b, PT_CWD, tmpdir);
+    proto_put_u32(&b, PT_TTY, (uint32_t)tty);
+    if (rows)
+        proto_put_u32(&b, PT_ROWS, (uint32_t)rows);
+    if (cols)
+        proto_put_u32(&b, PT_COLS, (uint32_t)cols);
+    send_fields(a, id, PROTO_SESSION, &b);
+    proto_buf_free(&b);
+    return id;
+}
+
+static int out_has(const struct result *r, const char *needle)
+{
+    return r->out.len && memmem(r->out.data, r->out.len, needle, strlen(needle)) != NULL;
+}
+
+static void test_session(struct agent *a)
+{
+    struct result r = {0};
+    /* On a terminal: sized as asked, its controlling terminal, stdin and stdout both. */
+    uint32_t id = session_req(a,
+                              "stty size; [ -t 0 ] && [ -t 1 ] && [ -t 2 ] && echo all-tty; "
+                              "read x; echo got-$x; exit 5",
+                              1, 7, 33);
+    ok(collect_until(a, id, &r, 2) == 1 && out_has(&r, "7 33") && out_has(&r, "all-tty"),
+       "SESSION with TTY: the size asked for, stdin/stdout/stderr a terminal");
+    send_frame(a, id, PROTO_STDIN, 0, "abc\n", 4);
+    ok(collect(a, id, &r) == 0 && r.exited && r.exit_code == 5 && out_has(&r, "got-abc") &&
+           r.err.len == 0,
+       "typed input reaches it (echoed by the terminal), output comes as STDOUT, EXIT 5");
+    result_free(&r);
+
+    /* RESIZE: the new size, and SIGWINCH to the foreground group */
+    id = session_req(a, "trap 'echo winch' WINCH; echo ready; read x; stty size; read y; echo end",
+                     1, 0, 0);
+    ok(collect_until(a, id, &r, 1) == 1 && out_has(&r, "ready"), "a session with default size");
+    struct proto_buf b = {0};
+    proto_put_u32(&b, PT_ROWS, 50);
+    proto_put_u32(&b, PT_COLS, 132);
+    send_fields(a, id, PROTO_RESIZE, &b);
+    proto_buf_free(&b);
+    send_frame(a, id, PROTO_STDIN, 0, "go\n", 3);
+    ok(collect_until(a, id, &r, 4) == 1 && out_has(&r, "50 132") && out_has(&r, "winch"),
+       "RESIZE sets the terminal's size and the shell gets SIGWINCH");
+    /* FIN on a terminal is its end-of-file character: read sees EOF, the script goes on */
+    send_frame(a, id, PROTO_STDIN, PROTO_F_FIN, NULL, 0);
+    ok(collect(a, id, &r) == 0 && r.exited && r.exit_code == 0 && out_has(&r, "end"),
+       "STDIN FIN on a terminal is ^D");
+    result_free(&r);
+
+    /* Without TTY: pipes, stdin always fed, FIN closes it */
+    id = session_req(a, "[ -t 0 ] || echo not-tty; wc -c; echo oops >&2", 0, 0, 0);
+    send_frame(a, id, PROTO_STDIN, PROTO_F_FIN, "12345", 5);
+    ok(collect(a, id, &r) == 0 && r.exit_code == 0 && out_has(&r, "not-tty") && out_has(&r, "5") &&
+           r.err.len == 5,
+       "SESSION without TTY: pipes, stdin fed, stderr apart");
+    result_free(&r);
+
+    /* SIGNAL reaches a session's tree; a bad TTY value is refused */
+    id = session_req(a, "echo up; sleep 30", 1, 0, 0);
+    collect_until(a, id, &r, 1);
+    proto_put_u32(&b, PT_SIGNUM, SIGKILL);
+    send_fields(a, id, PROTO_SIGNAL, &b);
+    proto_buf_free(&b);
+    ok(collect(a, id, &r) == 0 && r.exited && r.term_signal == SIGKILL,
+       "SIGNAL KILL ends a session on a terminal");
+    result_free(&r);
+    id = session_req(a, "true", 2, 0, 0);
+    ok(collect(a, id, &r) == 0 && r.error && r.err_no == EINVAL, "TTY 2 is ERROR EINVAL");
+    result_free(&r);
+    id = session_req(a, "true", 1, 0, 0);
+    proto_put_u32(&b, PT_ROWS, 0);
+    proto_put_u32(&b, PT_COLS, 80);
+    send_fields(a, id, PROTO_RESIZE, &b); /* out of range: logged, ignored */
+    proto_buf_free(&b);
+    ok(collect(a, id, &r) == 0 && r.exited && r.exit_code == 0,
+       "a bad RESIZE is ignored, the session is not disturbed");
+    result_free(&r);
+}
+
 int main(int argc, char **argv)
 {
     struct agent a;
@@ -333,6 +422,7 @@ int main(int argc, char **argv)
     test_many(&a);
     test_signal(&a);
     test_pong_procs(&a);
+    test_session(&a);
     harness_stop_agent(&a);
     return harness_done();
 }

@@ -57,6 +57,11 @@ static void test_header(void)
     }
     ok(all, "proto_type_known and proto_type_name agree on all 65536 types");
     ok(!strcmp(proto_type_name(PROTO_FILE_REMOVE), "FILE_REMOVE"), "type name");
+    ok(proto_type_known(PROTO_SESSION) && proto_type_known(PROTO_RESIZE) &&
+           !strcmp(proto_type_name(PROTO_SESSION), "SESSION") &&
+           !strcmp(proto_type_name(PROTO_RESIZE), "RESIZE") && !proto_type_known(42) &&
+           !proto_type_is_raw(PROTO_SESSION) && !proto_type_is_raw(PROTO_RESIZE),
+       "SESSION (40) and RESIZE (41) are field frames; 42 is unknown");
     ok(proto_type_is_raw(PROTO_STDIN) && proto_type_is_raw(PROTO_DATA) &&
            !proto_type_is_raw(PROTO_EXEC) && !proto_type_is_raw(PROTO_ERROR),
        "raw types are STDIN/STDOUT/STDERR/DATA");
