@@ -7,12 +7,19 @@
         print(sbx.exec("python3 -c 'print(6 * 7)'").stdout)   # 42
         tools = sandbox_tools(sbx)     # runtime_exec, runtime_read_file, ... for an agent
 
+For asyncio, :class:`AsyncSandbox` is the same with every call a coroutine::
+
+    async with AsyncSandbox.create(on_lease_end="delete") as sbx:
+        print((await sbx.exec("echo hi")).stdout)
+        tools = async_sandbox_tools(sbx)   # the same four tools, as coroutines
+
 The daemon is found from ``RUNTIME_URL`` and ``RUNTIME_API_KEY``, else the connection saved by
 ``withruntime login``, else the local Unix socket (see :mod:`withruntime.client`). Standard
 library only.
 """
 
 from ._archive import DirTransfer, UnsafeArchive
+from .async_client import AsyncClient
 from .client import Client, Connection, resolve_connection
 from .errors import (
     AuthError,
@@ -32,14 +39,31 @@ from .errors import (
     ServerError,
     WithruntimeError,
 )
-from .sandbox import Command, CommandOutput, ExecEvent, ExecResult, FileInfo, Files, Sandbox
+from .sandbox import (
+    CreateProgress,
+    AsyncCommand,
+    AsyncFiles,
+    AsyncSandbox,
+    Command,
+    CommandOutput,
+    ExecEvent,
+    ExecResult,
+    FileInfo,
+    Files,
+    Sandbox,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Sandbox",
+    "AsyncSandbox",
+    "AsyncFiles",
+    "AsyncCommand",
+    "AsyncClient",
     "ExecResult",
     "ExecEvent",
+    "CreateProgress",
     "FileInfo",
     "Files",
     "Command",

@@ -539,8 +539,11 @@ def upload_dir(files: "Files", local: str, remote: str, piece_size: int) -> DirT
     offset = 0
     try:
         for piece in tar_pieces(local, piece_size, skipped):
-            files._put(staging, piece, 0o600 if offset == 0 else None, True,
-                       offset if offset else None)
+            files._sbx._client.request_json(
+                "PUT", files._path("/content"),
+                query={"path": staging, "mode": "0600" if offset == 0 else None,
+                       "offset": offset if offset else None},
+                body=piece, content_type="application/octet-stream")
             offset += len(piece)
     except BaseException:
         if offset:
@@ -576,11 +579,11 @@ def download_dir(files: "Files", remote: str, local: str, max_bytes: Optional[in
                  max_entries: Optional[int]) -> DirTransfer:
     client = files._sbx._client
     timeout = client.timeout
-    conn, resp = client._open("GET", files._path("/archive"), {"path": remote}, None, None,
-                              timeout)
+    conn, resp = client._open("GET", client._target(files._path("/archive"), {"path": remote}),
+                              None, None, timeout)
     try:
         if resp.status >= 400:
-            client._fail(resp, timeout)
+            raise client._error(resp.status, client._read(resp, timeout))
 
         def pieces() -> Iterator[bytes]:
             while True:

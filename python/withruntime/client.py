@@ -21,12 +21,14 @@ An ``https://`` daemon's certificate must chain to the system's CAs, or to the C
 ``RUNTIME_CA_FILE`` (a PEM file; else the saved connection's ``ca_file``, else the ``ca_file``
 argument) when given, and name the URL's host.
 
-Every call opens its own connection, so one :class:`Client` (and every sandbox that uses it) can
-be shared between threads.
+Every call of a :class:`Client` opens its own connection, so one client (and every sandbox that
+uses it) can be shared between threads. :class:`~withruntime.AsyncClient` (``async_client``)
+finds the daemon the same way and shares everything here but the I/O.
 """
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import ipaddress
 import json
@@ -38,11 +40,19 @@ import subprocess
 import threading
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, Dict, Generator, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Generator, List, Mapping, Optional, Tuple, Type, TypeVar, Union
 
-from .errors import ConfigurationError, DaemonUnavailable, ServerError, error_from_response
+from ._ops import Call, operation, steps, sync_face
+from .errors import (
+    ConfigurationError,
+    DaemonUnavailable,
+    ServerError,
+    WithruntimeError,
+    error_from_response,
+)
 
-__all__ = ["Client", "Connection", "resolve_connection", "DEFAULT_STATE_DIR"]
+__all__ = ["Client", "ClientBase", "Connection", "Response", "resolve_connection",
+           "DEFAULT_STATE_DIR"]
 
 DEFAULT_STATE_DIR = "/var/lib/withruntime"
 SOCKET_NAME = "withruntime.sock"
@@ -50,6 +60,8 @@ USER_AGENT = "withruntime-python/0.1.0"
 
 # Seconds to wait on any one socket operation of a call that has no better bound.
 DEFAULT_TIMEOUT = 120.0
+
+_C = TypeVar("_C", bound="ClientBase")
 
 
 @dataclass(frozen=True)
@@ -159,20 +171,11 @@ class Response:
         return json.loads(self.body) if self.body else None
 
 
-class Client:
-    """A connection to one withruntime daemon.
-
-    Args:
-        url: ``https://host:port`` (a daemon started with ``serve --tls-cert``),
-            ``http://host:port`` or ``unix:/path/to/withruntime.sock``. Without it the daemon is
-            found from the environment (see the module docstring).
-        api_key: The bearer key. Without it (and without ``url``) it comes from
-            ``RUNTIME_API_KEY`` or the saved connection. It is never sent over plain
-            ``http://`` to a host that is not loopback.
-        timeout: Seconds to wait on one socket operation of an ordinary call. Commands get
-            their own timeout plus a margin.
-        ca_file: For ``https://``: trust only the CAs in this PEM file (default
-            ``RUNTIME_CA_FILE``, else the saved connection's, else the system's CAs).
+class ClientBase:
+    """What :class:`Client` and :class:`~withruntime.AsyncClient` share: where the daemon is,
+    the key, TLS, how a request is addressed and how its answer or error is read, and the calls
+    themselves (``request``, ``request_json``, ``health``, ``images``) written once. Only the
+    I/O (``_exchange`` and ``stream_ndjson``) is theirs. Arguments: see :class:`Client`.
     """
 
     def __init__(
@@ -205,7 +208,7 @@ class Client:
         self._parse_url(conn.url)
 
     @classmethod
-    def from_env(cls, *, timeout: float = DEFAULT_TIMEOUT) -> "Client":
+    def from_env(cls: Type[_C], *, timeout: float = DEFAULT_TIMEOUT) -> _C:
         """A client for the daemon that the environment names (the default everywhere)."""
         return cls(timeout=timeout)
 
@@ -240,9 +243,9 @@ class Client:
         return self._conn
 
     def __repr__(self) -> str:
-        return f"Client(url={self.url!r})"
+        return f"{type(self).__name__}(url={self.url!r})"
 
-    # ---- transport ----
+    # ---- what both transports share ----
 
     def _tls_context(self) -> ssl.SSLContext:
         """The context for https: the system's CAs or the CA file; hostnames checked."""
@@ -266,14 +269,6 @@ class Client:
                 f"refusing to send the API key in clear text to {self.url}: use https:// (the "
                 f"daemon's serve --tls-cert), or reach it on a loopback address (an SSH tunnel)")
 
-    def _new_connection(self, timeout: Optional[float]) -> http.client.HTTPConnection:
-        if self._unix_path is not None:
-            return _UnixHTTPConnection(self._unix_path, timeout)
-        if self._https:
-            return http.client.HTTPSConnection(self._host, self._port, timeout=timeout,
-                                               context=self._tls_context())
-        return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
-
     def _headers(self, content_type: Optional[str], extra: Optional[Mapping[str, str]]) -> Dict[str, str]:
         h = {"User-Agent": USER_AGENT, "Accept": "application/json"}
         if content_type:
@@ -284,15 +279,38 @@ class Client:
             h.update(extra)
         return h
 
-    def _unavailable(self, e: BaseException, timeout: Optional[float], sent: bool) -> DaemonUnavailable:
+    def _target(self, path: str, query: Optional[Mapping[str, Any]]) -> str:
+        """The request target: the URL's path prefix, ``path`` and the encoded query."""
+        target = self._prefix + path
+        if query:
+            items = [(k, _query_value(v)) for k, v in query.items() if v is not None]
+            if items:
+                target += "?" + urllib.parse.urlencode(items, quote_via=urllib.parse.quote)
+        return target
+
+    @staticmethod
+    def _body_of(json_body: Any, body: Optional[bytes],
+                 content_type: Optional[str]) -> Tuple[Optional[bytes], Optional[str]]:
+        if json_body is not None:
+            return json.dumps(json_body).encode("utf-8"), "application/json"
+        return body, content_type
+
+    def _unavailable(self, e: BaseException, timeout: Optional[float],
+                     sent: bool) -> WithruntimeError:
+        """The error for a failure to reach the daemon or to read its answer."""
+        if isinstance(e, ssl.SSLCertVerificationError) and not sent:
+            return ConfigurationError(
+                f"the certificate of the withruntime daemon at {self.url} is not trusted: "
+                f"{e.verify_message} (give its CA with RUNTIME_CA_FILE or ca_file=)")
         if isinstance(e, ssl.SSLError) and not sent:
             msg = f"TLS handshake with the withruntime daemon at {self.url} failed: {e.reason}"
             if e.reason in ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE"):
                 msg += "; is it serving https (serve --tls-cert)?"
             return DaemonUnavailable(msg)
-        if isinstance(e, (socket.timeout, TimeoutError)):
+        if isinstance(e, (socket.timeout, TimeoutError, asyncio.TimeoutError)):
             msg = f"the withruntime daemon at {self.url} did not answer within {timeout:g} s"
-        elif isinstance(e, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)):
+        elif isinstance(e, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
+                            EOFError)):
             msg = f"the withruntime daemon at {self.url} closed the connection"
         else:
             reason = getattr(e, "strerror", None) or str(e) or type(e).__name__
@@ -303,6 +321,11 @@ class Client:
             msg += ("; start it with `withruntime serve` (as root), or set RUNTIME_URL "
                     "(and RUNTIME_API_KEY) to reach a daemon elsewhere")
         return DaemonUnavailable(msg)
+
+    @staticmethod
+    def _may_autostart(e: BaseException, sent: bool) -> bool:
+        """Whether a failure to connect is one that starting the local daemon could cure."""
+        return isinstance(e, (ConnectionRefusedError, FileNotFoundError)) and not sent
 
     def _maybe_autostart(self) -> bool:
         """Asks the ``withruntime`` command to start the local daemon, once. True if it ran."""
@@ -325,51 +348,9 @@ class Client:
                 return False
             return True
 
-    def _open(
-        self,
-        method: str,
-        path: str,
-        query: Optional[Mapping[str, Any]],
-        body: Optional[bytes],
-        content_type: Optional[str],
-        timeout: Optional[float],
-        headers: Optional[Mapping[str, str]] = None,
-    ) -> Tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-        """Sends one request and returns the open connection and its response (any status)."""
-        target = self._prefix + path
-        if query:
-            items = [(k, _query_value(v)) for k, v in query.items() if v is not None]
-            if items:
-                target += "?" + urllib.parse.urlencode(items, quote_via=urllib.parse.quote)
-        self._check_key_safe()
-        hdrs = self._headers(content_type, headers)
-        for attempt in (0, 1):
-            conn = self._new_connection(timeout)
-            sent = False
-            try:
-                conn.connect()
-                conn.request(method, target, body=body, headers=hdrs)
-                sent = True
-                return conn, conn.getresponse()
-            except ssl.SSLCertVerificationError as e:
-                conn.close()
-                raise ConfigurationError(
-                    f"the certificate of the withruntime daemon at {self.url} is not trusted: "
-                    f"{e.verify_message} (give its CA with RUNTIME_CA_FILE or ca_file=)") from None
-            except (OSError, http.client.HTTPException) as e:
-                conn.close()
-                refused = isinstance(e, (ConnectionRefusedError, FileNotFoundError)) and not sent
-                if attempt == 0 and refused and self._maybe_autostart():
-                    continue
-                raise self._unavailable(e, timeout, sent) from None
-        raise AssertionError("unreachable")
-
-    def _fail(self, resp: http.client.HTTPResponse, timeout: Optional[float]) -> None:
-        """Raises the typed error for an answer of 400 or more."""
-        try:
-            raw = resp.read()
-        except (OSError, http.client.HTTPException) as e:
-            raise self._unavailable(e, timeout, True) from None
+    @staticmethod
+    def _error(status: int, raw: bytes) -> WithruntimeError:
+        """The typed error for an answer of 400 or more with body ``raw``."""
         err = None
         try:
             doc = json.loads(raw)
@@ -377,8 +358,33 @@ class Client:
                 err = doc["error"]
         except ValueError:
             pass
-        raise error_from_response(resp.status, err, raw.decode("utf-8", "replace"))
+        return error_from_response(status, err, raw.decode("utf-8", "replace"))
 
+    def _json_of(self, resp: Response, method: str, path: str) -> Any:
+        try:
+            return resp.json()
+        except ValueError:
+            raise ServerError(
+                f"the daemon at {self.url} answered {method} {path} with something that is "
+                f"not JSON: {resp.body[:200]!r}", status=resp.status) from None
+
+    def _stream_object(self, line: bytes) -> Optional[Dict[str, Any]]:
+        """One line of an NDJSON answer as an object, or None for a blank line or a value that
+        is not an object."""
+        line = line.strip()
+        if not line:
+            return None
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            raise ServerError(
+                f"the daemon at {self.url} sent a stream line that is not JSON: "
+                f"{line[:200]!r}") from None
+        return obj if isinstance(obj, dict) else None
+
+    # ---- calls ----
+
+    @operation
     def request(
         self,
         method: str,
@@ -402,31 +408,105 @@ class Client:
             content_type: The body's type.
             timeout: Seconds per socket operation (default: the client's).
         """
-        if json_body is not None:
-            body = json.dumps(json_body).encode("utf-8")
-            content_type = "application/json"
+        body, content_type = self._body_of(json_body, body, content_type)
         t = self.timeout if timeout is None else timeout
-        conn, resp = self._open(method, path, query, body, content_type, t)
-        try:
-            if resp.status >= 400:
-                self._fail(resp, t)
-            try:
-                data = resp.read()
-            except (OSError, http.client.HTTPException) as e:
-                raise self._unavailable(e, t, True) from None
-            return Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data)
-        finally:
-            conn.close()
+        status, headers, data = yield Call(self, "_exchange", method, self._target(path, query),
+                                           body, content_type, t)
+        if status >= 400:
+            raise self._error(status, data)
+        return Response(status, headers, data)
 
+    @operation
     def request_json(self, method: str, path: str, **kwargs: Any) -> Any:
         """:meth:`request`, returning the decoded JSON answer."""
-        resp = self.request(method, path, **kwargs)
+        resp = yield from steps(self.request, method, path, **kwargs)
+        return self._json_of(resp, method, path)
+
+    # ---- system ----
+
+    @operation
+    def health(self) -> Dict[str, Any]:
+        """``GET /v1/health``: ``{"status": "ok", "version": ..., "driver": ..., "sandboxes": N,
+        "network": {"enabled": bool[, "reason": ...]}}``."""
+        return dict((yield from steps(self.request_json, "GET", "/v1/health")))
+
+    @operation
+    def images(self) -> List[Dict[str, Any]]:
+        """``GET /v1/images``: the built images, each ``{"name", "size_bytes", "created_at"}``."""
+        d = yield from steps(self.request_json, "GET", "/v1/images")
+        return list(d.get("images", []))
+
+
+@sync_face
+class Client(ClientBase):
+    """A connection to one withruntime daemon, with blocking calls.
+
+    Args:
+        url: ``https://host:port`` (a daemon started with ``serve --tls-cert``),
+            ``http://host:port`` or ``unix:/path/to/withruntime.sock``. Without it the daemon is
+            found from the environment (see the module docstring).
+        api_key: The bearer key. Without it (and without ``url``) it comes from
+            ``RUNTIME_API_KEY`` or the saved connection. It is never sent over plain
+            ``http://`` to a host that is not loopback.
+        timeout: Seconds to wait on one socket operation of an ordinary call. Commands get
+            their own timeout plus a margin.
+        ca_file: For ``https://``: trust only the CAs in this PEM file (default
+            ``RUNTIME_CA_FILE``, else the saved connection's, else the system's CAs).
+
+    Every call opens its own connection, so threads may share a client.
+    """
+
+    def _new_connection(self, timeout: Optional[float]) -> http.client.HTTPConnection:
+        if self._unix_path is not None:
+            return _UnixHTTPConnection(self._unix_path, timeout)
+        if self._https:
+            return http.client.HTTPSConnection(self._host, self._port, timeout=timeout,
+                                               context=self._tls_context())
+        return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+
+    def _open(
+        self,
+        method: str,
+        target: str,
+        body: Optional[bytes],
+        content_type: Optional[str],
+        timeout: Optional[float],
+        headers: Optional[Mapping[str, str]] = None,
+    ) -> Tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """Sends one request and returns the open connection and its response (any status)."""
+        self._check_key_safe()
+        hdrs = self._headers(content_type, headers)
+        for attempt in (0, 1):
+            conn = self._new_connection(timeout)
+            sent = False
+            try:
+                conn.connect()
+                conn.request(method, target, body=body, headers=hdrs)
+                sent = True
+                return conn, conn.getresponse()
+            except (OSError, http.client.HTTPException) as e:
+                conn.close()
+                if attempt == 0 and self._may_autostart(e, sent) and self._maybe_autostart():
+                    continue
+                raise self._unavailable(e, timeout, sent) from None
+        raise AssertionError("unreachable")
+
+    def _read(self, resp: http.client.HTTPResponse, timeout: Optional[float]) -> bytes:
         try:
-            return resp.json()
-        except ValueError:
-            raise ServerError(
-                f"the daemon at {self.url} answered {method} {path} with something that is "
-                f"not JSON: {resp.body[:200]!r}", status=resp.status) from None
+            return resp.read()
+        except (OSError, http.client.HTTPException) as e:
+            raise self._unavailable(e, timeout, True) from None
+
+    def _exchange(self, method: str, target: str, body: Optional[bytes],
+                  content_type: Optional[str],
+                  timeout: float) -> Tuple[int, Dict[str, str], bytes]:
+        """One request on a connection of its own: the answer's status, headers and body."""
+        conn, resp = self._open(method, target, body, content_type, timeout)
+        try:
+            data = self._read(resp, timeout)
+            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data
+        finally:
+            conn.close()
 
     def stream_ndjson(
         self,
@@ -438,13 +518,13 @@ class Client:
     ) -> Generator[Dict[str, Any], None, None]:
         """Makes one call whose answer is newline-delimited JSON, and yields each object as
         its line arrives. Closing the generator closes the connection."""
-        body = json.dumps(json_body).encode("utf-8") if json_body is not None else None
+        body, content_type = self._body_of(json_body, None, None)
         t = self.timeout if timeout is None else timeout
-        conn, resp = self._open(method, path, None, body, "application/json" if body else None,
-                                t, headers={"Accept": "application/x-ndjson"})
+        conn, resp = self._open(method, self._target(path, None), body, content_type, t,
+                                headers={"Accept": "application/x-ndjson"})
         try:
             if resp.status >= 400:
-                self._fail(resp, t)
+                raise self._error(resp.status, self._read(resp, t))
             while True:
                 try:
                     line = resp.readline()
@@ -452,30 +532,11 @@ class Client:
                     raise self._unavailable(e, t, True) from None
                 if not line:
                     return
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    obj = json.loads(line)
-                except ValueError:
-                    raise ServerError(
-                        f"the daemon at {self.url} sent a stream line that is not JSON: "
-                        f"{line[:200]!r}") from None
-                if isinstance(obj, dict):
+                obj = self._stream_object(line)
+                if obj is not None:
                     yield obj
         finally:
             conn.close()
-
-    # ---- system ----
-
-    def health(self) -> Dict[str, Any]:
-        """``GET /v1/health``: ``{"status": "ok", "version": ..., "driver": ..., "sandboxes": N,
-        "network": {"enabled": bool[, "reason": ...]}}``."""
-        return dict(self.request_json("GET", "/v1/health"))
-
-    def images(self) -> List[Dict[str, Any]]:
-        """``GET /v1/images``: the built images, each ``{"name", "size_bytes", "created_at"}``."""
-        return list(self.request_json("GET", "/v1/images").get("images", []))
 
 
 def _query_value(v: Union[str, int, float, bool]) -> str:

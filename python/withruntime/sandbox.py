@@ -9,17 +9,24 @@
         print(sbx.files.read_text("notes.txt"))
 
 Every method is one HTTP call on its own connection, so threads may share a sandbox.
+
+:class:`AsyncSandbox` is the same for asyncio (``await AsyncSandbox.create()``): both are made
+from one set of operations (``_ops``), so they send the same requests and answer the same.
 """
 
 from __future__ import annotations
 
 import base64
+import time
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import (
+from typing import (  # AsyncIterator: named by the async classes' annotations
     Any,
+    AsyncIterator,  # noqa: F401
     BinaryIO,
+    Callable,
     Dict,
+    Generator,
     Iterator,
     List,
     Mapping,
@@ -31,10 +38,26 @@ from typing import (
 from urllib.parse import quote
 
 from . import _archive
+from ._ops import (
+    Call,
+    Emit,
+    NextLine,
+    ReadPiece,
+    Steps,
+    async_face,
+    class_context_operation,
+    class_operation,
+    iteration,
+    operation,
+    steps,
+    sync_face,
+)
+from .async_client import AsyncClient
 from .client import Client
 from .errors import FileTooLarge, NotFound, WithruntimeError, error_from_response
 
-__all__ = ["Sandbox", "ExecResult", "ExecEvent", "FileInfo", "Files", "Command", "CommandOutput"]
+__all__ = ["Sandbox", "AsyncSandbox", "ExecResult", "ExecEvent", "FileInfo", "Files",
+           "AsyncFiles", "Command", "AsyncCommand", "CommandOutput"]
 
 # sbx.files.read returns at most this many bytes unless told otherwise.
 DEFAULT_READ_MAX = 100 << 20
@@ -199,16 +222,20 @@ def _mode_str(mode: Union[int, str, None]) -> Optional[str]:
     return str(mode)
 
 
-class Files:
+class _FilesCore:
     """File operations in one sandbox (``sbx.files``). A relative path is relative to
     ``/workspace``; every path resolves inside the sandbox, never on the host."""
 
-    def __init__(self, sandbox: "Sandbox") -> None:
+    def __init__(self, sandbox: Any) -> None:
         self._sbx = sandbox
 
     def _path(self, leaf: str) -> str:
         return f"{self._sbx._path}/files{leaf}"
 
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Steps:
+        return steps(getattr(self._sbx._client, method), *args, **kwargs)
+
+    @operation
     def read(
         self,
         path: str,
@@ -233,7 +260,7 @@ class Files:
             raise ValueError("max_bytes must be >= 0 or None")
         want = length
         if max_bytes is not None and (length is None or length > max_bytes):
-            info = self.stat(path)
+            info = yield from steps(self.stat, path)
             if info.is_file:
                 left = max(0, info.size - (offset or 0))
                 if length is not None:
@@ -242,9 +269,9 @@ class Files:
                     raise self._too_large(path, info.size, max_bytes)
             # The size can change (or path be a symlink): never take more than max_bytes + 1.
             want = max_bytes + 1 if length is None else min(length, max_bytes + 1)
-        data = self._sbx._client.request(
-            "GET", self._path("/content"),
-            query={"path": path, "offset": offset, "length": want}).body
+        resp = yield from self._call("request", "GET", self._path("/content"),
+                                query={"path": path, "offset": offset, "length": want})
+        data: bytes = resp.body
         if max_bytes is not None and len(data) > max_bytes:
             raise self._too_large(path, None, max_bytes)
         return data
@@ -257,6 +284,7 @@ class Files:
             f"files.read_stream(path) or files.read(path, offset, length), or pass a larger "
             f"max_bytes (None for no limit)", size=size)
 
+    @iteration
     def read_stream(
         self,
         path: str,
@@ -280,17 +308,18 @@ class Files:
         pos, left = offset, length
         while left is None or left > 0:
             n = chunk_size if left is None else min(chunk_size, left)
-            data = self._sbx._client.request(
-                "GET", self._path("/content"),
-                query={"path": path, "offset": pos, "length": n}).body
+            resp = yield from self._call("request", "GET", self._path("/content"),
+                                    query={"path": path, "offset": pos, "length": n})
+            data = resp.body
             if data:
-                yield data
+                yield Emit(data)
             if len(data) < n:  # the end of the file
                 return
             pos += len(data)
             if left is not None:
                 left -= len(data)
 
+    @operation
     def read_text(
         self,
         path: str,
@@ -301,8 +330,10 @@ class Files:
     ) -> str:
         """Reads a file and decodes it (UTF-8 unless told otherwise); ``max_bytes`` as in
         :meth:`read`."""
-        return self.read(path, max_bytes=max_bytes).decode(encoding, errors)
+        data = yield from steps(self.read, path, max_bytes=max_bytes)
+        return str(data.decode(encoding, errors))
 
+    @operation
     def write(
         self,
         path: str,
@@ -324,83 +355,91 @@ class Files:
             raise ValueError("piece_size must be > 0")
         if isinstance(data, str):
             data = data.encode("utf-8")
+        view: Optional[memoryview] = None
         if isinstance(data, (bytes, bytearray, memoryview)):
             view = memoryview(data).cast("B")
-            pieces: Iterator[bytes] = (
-                bytes(view[i:i + piece_size]) for i in range(0, len(view), piece_size))
-        elif hasattr(data, "read"):
-            pieces = self._file_pieces(data, piece_size)
-        else:
+        elif not hasattr(data, "read"):
             raise TypeError(
                 f"data must be bytes, str or a binary file, not {type(data).__name__}")
         info: Optional[FileInfo] = None
         offset = 0
-        for piece in pieces:
-            info = self._put(path, piece, mode if offset == 0 else None, parents,
-                             offset if info is not None else None)
+        while True:
+            if view is not None:
+                piece = bytes(view[offset:offset + piece_size])
+            else:
+                piece = self._file_piece((yield ReadPiece(data, piece_size)))
+            if not piece:
+                break
+            info = yield from self._put(path, piece, mode if offset == 0 else None, parents,
+                                        offset if info is not None else None)
             offset += len(piece)
         if info is None:  # nothing to send: an empty file
-            info = self._put(path, b"", mode, parents, None)
+            info = yield from self._put(path, b"", mode, parents, None)
         return info
 
     @staticmethod
-    def _file_pieces(f: Any, piece_size: int) -> Iterator[bytes]:
-        while True:
-            piece = f.read(piece_size)
-            if piece is None:  # a non-blocking stream with nothing yet
-                raise TypeError("data is a non-blocking file object; pass a blocking one")
-            if isinstance(piece, str):
-                raise TypeError("data is a text file object; open it in binary mode ('rb')")
-            if not piece:
-                return
-            yield bytes(piece)
+    def _file_piece(piece: Any) -> bytes:
+        if piece is None:  # a non-blocking stream with nothing yet
+            raise TypeError("data is a non-blocking file object; pass a blocking one")
+        if isinstance(piece, str):
+            raise TypeError("data is a text file object; open it in binary mode ('rb')")
+        return bytes(piece)
 
     def _put(self, path: str, body: bytes, mode: Union[int, str, None], parents: bool,
-             offset: Optional[int]) -> FileInfo:
-        d = self._sbx._client.request_json(
-            "PUT", self._path("/content"),
+             offset: Optional[int]) -> Generator[Any, Any, FileInfo]:
+        d = yield from self._call(
+            "request_json", "PUT", self._path("/content"),
             query={"path": path, "mode": _mode_str(mode), "parents": None if parents else False,
                    "offset": offset},
             body=body, content_type="application/octet-stream")
         return FileInfo._from_api(d)
 
+    @operation
     def list(self, path: str = "/workspace") -> List[FileInfo]:
         """Lists a directory's entries."""
-        d = self._sbx._client.request_json("GET", self._path("/list"), query={"path": path})
+        d = yield from self._call("request_json", "GET", self._path("/list"), query={"path": path})
         return [FileInfo._from_api(e) for e in d.get("entries", [])]
 
+    @operation
     def stat(self, path: str) -> FileInfo:
         """Describes a file, directory or symlink (a final symlink is not followed).
 
         Raises:
             NotFound: Nothing is at ``path``.
         """
-        d = self._sbx._client.request_json("GET", self._path("/stat"), query={"path": path})
+        d = yield from self._call("request_json", "GET", self._path("/stat"), query={"path": path})
         return FileInfo._from_api(d)
 
+    @operation
     def exists(self, path: str) -> bool:
         """True when something (even a dangling symlink) is at ``path``."""
         try:
-            self.stat(path)
+            yield from steps(self.stat, path)
             return True
         except NotFound:
             return False
 
+    @operation
     def mkdir(self, path: str, parents: bool = True, mode: Union[int, str, None] = None) -> FileInfo:
         """Makes a directory (and, with ``parents``, its missing parents; an existing directory
         is then fine too)."""
         body: Dict[str, Any] = {"path": path, "parents": parents}
         if mode is not None:
             body["mode"] = _mode_str(mode)
-        d = self._sbx._client.request_json("POST", self._path("/mkdir"), json_body=body)
+        d = yield from self._call("request_json", "POST", self._path("/mkdir"), json_body=body)
         return FileInfo._from_api(d)
 
+    @operation
     def remove(self, path: str, recursive: bool = False) -> None:
         """Removes a file, a symlink or an empty directory; a non-empty directory only with
         ``recursive=True``."""
-        self._sbx._client.request(
-            "DELETE", self._path(""),
-            query={"path": path, "recursive": True if recursive else None})
+        yield from self._call("request", "DELETE", self._path(""),
+                         query={"path": path, "recursive": True if recursive else None})
+
+@sync_face
+class Files(_FilesCore):
+    """File operations in one sandbox (``sbx.files``). A relative path is relative to
+    ``/workspace``; every path resolves inside the sandbox, never on the host."""
 
     def upload_dir(self, local: str, remote: str, *,
                    piece_size: int = PIECE_SIZE) -> "_archive.DirTransfer":
@@ -444,7 +483,34 @@ class Files:
         return _archive.download_dir(self, remote, local, max_bytes, max_entries)
 
 
-class Sandbox:
+@async_face(Iterator="AsyncIterator")
+class AsyncFiles(_FilesCore):
+    """File operations in one :class:`AsyncSandbox` (``sbx.files``), as coroutines
+    (``await sbx.files.read(path)``; ``read_stream`` is an async iterator). A relative path is
+    relative to ``/workspace``; every path resolves inside the sandbox, never on the host."""
+
+
+@dataclass(frozen=True)
+class CreateProgress:
+    """How a :meth:`Sandbox.create` is going (its ``on_progress`` callback gets these)."""
+
+    stage: str  #: "requesting", then "running" or "failed"
+    elapsed_seconds: float  #: since the create began
+    sandbox_id: Optional[str] = None  #: once running
+    error: Optional[BaseException] = None  #: when failed
+
+
+def _progress(cb: Optional[Callable[[CreateProgress], Any]], stage: str, t0: float,
+              **kw: Any) -> None:
+    if cb is None:
+        return
+    try:
+        cb(CreateProgress(stage=stage, elapsed_seconds=time.monotonic() - t0, **kw))
+    except Exception:  # a progress display must never lose the sandbox
+        pass
+
+
+class _SandboxCore:
     """A sandbox on a withruntime daemon. Get one with :meth:`create`, :meth:`connect` or
     :meth:`list`; as a context manager it ends its lease when the block is left (see
     :meth:`__exit__`).
@@ -453,16 +519,28 @@ class Sandbox:
     from the daemon; :meth:`refresh` asks again.
     """
 
-    def __init__(self, info: Mapping[str, Any], client: Client) -> None:
+    # set by each face
+    _client_cls: Any = None
+    _files_cls: Any = None
+    _command_cls: Any = None
+
+    def __init__(self, info: Mapping[str, Any], client: Any) -> None:
+        if not isinstance(client, self._client_cls):
+            raise TypeError(f"{type(self).__name__} needs a {self._client_cls.__name__}, not "
+                            f"{type(client).__name__}")
         self._client = client
+        self._owns_client = False
         self._info: Dict[str, Any] = dict(info)
         self.id: str = str(info["id"])
         self._path = "/v1/sandboxes/" + quote(self.id, safe="")
-        self.files = Files(self)
+        self.files = self._files_cls(self)
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Steps:
+        return steps(getattr(self._client, method), *args, **kwargs)
 
     # ---- getting one ----
 
-    @classmethod
+    @class_context_operation
     def create(
         cls,
         *,
@@ -478,6 +556,7 @@ class Sandbox:
         secrets: Optional[Sequence[str]] = None,
         max_cost_micros: Optional[int] = None,
         client: Optional[Client] = None,
+        on_progress: Optional[Callable[["CreateProgress"], Any]] = None,
         **options: Any,
     ) -> "Sandbox":
         """Creates a sandbox and returns it running. Options left out (or None) take the
@@ -503,6 +582,11 @@ class Sandbox:
                 the daemon stops it (files kept) and later execs raise :class:`CostLimit`. Its
                 ``cost_micros`` so far is in :attr:`info` (after :meth:`refresh`).
             client: The daemon to use (default: found from the environment).
+            on_progress: Called with a :class:`CreateProgress` as the create goes: ``stage``
+                ``"requesting"`` when the request is sent, then ``"running"`` (with the
+                sandbox's id) or ``"failed"`` (with the error), each with the seconds since the
+                start. Called on the caller's thread (or event loop): keep it quick. What it
+                raises is ignored, so a broken progress display never loses a sandbox.
             **options: Any other field of ``POST /v1/sandboxes``, passed through as is: a field
                 the daemon does not know is answered with :class:`InvalidRequest` naming it.
 
@@ -526,32 +610,43 @@ class Sandbox:
         }
         body.update(options)
         body = {k: v for k, v in body.items() if v is not None}
-        c = client if client is not None else Client()
-        return cls(c.request_json("POST", "/v1/sandboxes", json_body=body), c)
+        c = client if client is not None else cls._client_cls()
+        t0 = time.monotonic()
+        _progress(on_progress, "requesting", t0)
+        try:
+            info = yield from steps(c.request_json, "POST", "/v1/sandboxes", json_body=body)
+        except BaseException as e:
+            _progress(on_progress, "failed", t0, error=e)
+            raise
+        sbx = cls(info, c)
+        sbx._owns_client = client is None
+        _progress(on_progress, "running", t0, sandbox_id=sbx.id)
+        return sbx
 
-    @classmethod
+    @class_context_operation
     def connect(cls, sandbox_id: str, *, client: Optional[Client] = None) -> "Sandbox":
         """Returns the existing sandbox ``sandbox_id``.
 
         Raises:
             NotFound: There is no such sandbox.
         """
-        c = client if client is not None else Client()
+        c = client if client is not None else cls._client_cls()
         sbx = cls({"id": sandbox_id}, c)
-        sbx.refresh()
+        sbx._owns_client = client is None
+        yield from steps(sbx.refresh)
         return sbx
 
-    @classmethod
+    @class_operation
     def list(cls, *, client: Optional[Client] = None) -> List["Sandbox"]:
         """Every sandbox the daemon has (that this key may see)."""
-        c = client if client is not None else Client()
-        d = c.request_json("GET", "/v1/sandboxes")
+        c = client if client is not None else cls._client_cls()
+        d = yield from steps(c.request_json, "GET", "/v1/sandboxes")
         return [cls(info, c) for info in d.get("sandboxes", [])]
 
     # ---- what it is ----
 
     @property
-    def client(self) -> Client:
+    def client(self) -> Any:
         return self._client
 
     @property
@@ -611,39 +706,46 @@ class Sandbox:
         return self._info.get("lease_ends_at")
 
     def __repr__(self) -> str:
-        return f"Sandbox(id={self.id!r}, state={self.state!r})"
+        return f"{type(self).__name__}(id={self.id!r}, state={self.state!r})"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Sandbox) and other.id == self.id and other._client.url == self._client.url
+        return (isinstance(other, _SandboxCore) and other._face == self._face
+                and other.id == self.id and other._client.url == self._client.url)
 
     def __hash__(self) -> int:
         return hash(self.id)
 
     # ---- lifecycle ----
 
-    def _update(self, info: Any) -> "Sandbox":
+    def _update(self, info: Any) -> Any:
         if isinstance(info, dict) and info.get("id") == self.id:
             self._info = dict(info)
         return self
 
+    @operation
     def refresh(self) -> "Sandbox":
         """Asks the daemon for the sandbox's current state and settings; returns self."""
-        return self._update(self._client.request_json("GET", self._path))
+        return self._update((yield from self._call("request_json", "GET", self._path)))
 
+    @operation
     def stop(self) -> "Sandbox":
         """Stops the sandbox; its files stay (``start`` brings it back). Stopping a stopped
         sandbox is fine."""
-        return self._update(self._client.request_json("POST", self._path + "/stop"))
+        return self._update((yield from self._call("request_json", "POST", self._path + "/stop")))
 
+    @operation
     def start(self) -> "Sandbox":
         """Starts a stopped sandbox again, with the files it had, and a fresh lease."""
-        return self._update(self._client.request_json("POST", self._path + "/start"))
+        return self._update((yield from self._call("request_json", "POST", self._path + "/start")))
 
+    @operation
     def set_timeout(self, seconds: int) -> "Sandbox":
         """Sets the lease to end ``seconds`` from now (and become its length)."""
-        return self._update(self._client.request_json(
-            "POST", self._path + "/timeout", json_body={"timeout_seconds": seconds}))
+        return self._update((yield from self._call(
+            "request_json", "POST", self._path + "/timeout",
+            json_body={"timeout_seconds": seconds})))
 
+    @operation
     def set_network(self, network: Mapping[str, Any]) -> "Sandbox":
         """Replaces the egress policy, e.g. ``{"internet": True, "allow": ["pypi.org"]}``
         (``"deny"`` entries win over ``"allow"``); new connections follow it at once. A bad
@@ -651,65 +753,63 @@ class Sandbox:
         daemon keeps it (normalised). The host enforces it: DNS answers only allowed names,
         and every connection goes through the daemon's egress proxy, which checks the TLS
         server name or the HTTP ``Host`` of each request."""
-        return self._update(self._client.request_json(
-            "PUT", self._path + "/network", json_body=dict(network)))
+        return self._update((yield from self._call(
+            "request_json", "PUT", self._path + "/network", json_body=dict(network))))
 
+    @operation
     def network_log(self) -> List[Dict[str, Any]]:
         """The sandbox's recent denied lookups and connections, oldest first:
         ``{"time", "via" ("dns" or "proxy"), "host", "port", "reason"}``. The daemon keeps the
         last 200."""
-        return list(self._client.request_json(
-            "GET", self._path + "/network/log").get("entries", []))
+        d = yield from self._call("request_json", "GET", self._path + "/network/log")
+        return list(d.get("entries", []))
 
+    @operation
     def delete(self) -> None:
         """Deletes the sandbox and everything in it."""
-        self._client.request_json("DELETE", self._path)
+        yield from self._call("request_json", "DELETE", self._path)
         info = dict(self._info)
         info["state"] = "deleted"
         self._info = info
 
+    @operation
     def events(self) -> List[Dict[str, Any]]:
         """The sandbox's history, oldest first: ``{"at", "type", "state", "reason"}``."""
-        return list(self._client.request_json("GET", self._path + "/events").get("events", []))
+        d = yield from self._call("request_json", "GET", self._path + "/events")
+        return list(d.get("events", []))
 
+    @operation
     def end_lease(self) -> None:
         """Does what ``on_lease_end`` says now: stop (the default) or delete. A sandbox that is
         already gone is fine."""
         try:
             if self.on_lease_end == "delete":
-                self.delete()
+                yield from steps(self.delete)
             else:
-                self.stop()
+                yield from steps(self.stop)
         except NotFound:
             pass
 
-    def __enter__(self) -> "Sandbox":
-        return self
+    @staticmethod
+    def _note_exit_failure(sandbox_id: str, exc: Optional[BaseException],
+                           error: WithruntimeError) -> None:
+        """Ending the lease on leaving a block failed: raised when the block did not raise, else
+        added as a note to the block's own exception (which is the one that propagates)."""
+        if exc is None:
+            raise error
+        if hasattr(exc, "add_note"):
+            exc.add_note(f"withruntime: also, ending the lease of {sandbox_id} failed: {error}")
 
-    def __exit__(
-        self,
-        exc_type: Optional[Type[BaseException]],
-        exc: Optional[BaseException],
-        tb: Optional[TracebackType],
-    ) -> None:
-        """Ends the lease as ``on_lease_end`` says, also when the block raised. If ending it
-        fails too, the block's own exception is the one that propagates."""
-        try:
-            self.end_lease()
-        except WithruntimeError as e:
-            if exc is None:
-                raise
-            if hasattr(exc, "add_note"):
-                exc.add_note(f"withruntime: also, ending the lease of {self.id} failed: {e}")
-
+    @operation
     def stats(self) -> Dict[str, Any]:
         """Resource use measured on the host since the sandbox last started: ``cpu_usec``,
         ``memory_bytes``, ``pids``, ``oom_kills``."""
-        d: Dict[str, Any] = self._client.request_json("GET", self._path + "/stats")
+        d: Dict[str, Any] = yield from self._call("request_json", "GET", self._path + "/stats")
         return d
 
     # ---- commands ----
 
+    @operation
     def exec_background(
         self,
         command: Union[str, Sequence[str]],
@@ -729,22 +829,25 @@ class Sandbox:
         """
         body = self._exec_body(command, cwd, env, stdin, timeout_seconds, max_output_bytes)
         body["background"] = True
-        return Command(self, self._client.request_json("POST", self._path + "/exec",
-                                                       json_body=body))
+        d = yield from self._call("request_json", "POST", self._path + "/exec", json_body=body)
+        return self._command_cls(self, d)
 
+    @operation
     def commands(self) -> List["Command"]:
         """The sandbox's background commands, oldest first."""
-        d = self._client.request_json("GET", self._path + "/commands")
-        return [Command(self, c) for c in d.get("commands", [])]
+        d = yield from self._call("request_json", "GET", self._path + "/commands")
+        return [self._command_cls(self, c) for c in d.get("commands", [])]
 
+    @operation
     def command(self, command_id: str) -> "Command":
         """The background command ``command_id``.
 
         Raises:
             NotFound: There is no such command.
         """
-        return Command(self, self._client.request_json(
-            "GET", f"{self._path}/commands/{quote(command_id, safe='')}"))
+        d = yield from self._call("request_json", "GET",
+                             f"{self._path}/commands/{quote(command_id, safe='')}")
+        return self._command_cls(self, d)
 
     @staticmethod
     def _exec_body(
@@ -787,6 +890,7 @@ class Sandbox:
             else _DEFAULT_EXEC_TIMEOUT
         return float(t) + _EXEC_MARGIN
 
+    @operation
     def exec(
         self,
         command: Union[str, Sequence[str]],
@@ -812,10 +916,11 @@ class Sandbox:
             Conflict: The sandbox is not running.
         """
         body = self._exec_body(command, cwd, env, stdin, timeout_seconds, max_output_bytes)
-        d = self._client.request_json("POST", self._path + "/exec", json_body=body,
-                                      timeout=self._http_timeout(timeout_seconds))
+        d = yield from self._call("request_json", "POST", self._path + "/exec", json_body=body,
+                             timeout=self._http_timeout(timeout_seconds))
         return ExecResult._from_api(d)
 
+    @iteration
     def exec_stream(
         self,
         command: Union[str, Sequence[str]],
@@ -827,7 +932,8 @@ class Sandbox:
     ) -> Iterator[ExecEvent]:
         """Runs a command and yields its output as it is produced: ``stdout`` and ``stderr``
         events, then one ``exit`` event whose ``result`` holds everything. Arguments as for
-        :meth:`exec`. Leaving the loop early closes the connection.
+        :meth:`exec`. Leaving the loop early closes the connection (the daemon then kills the
+        command).
 
         Raises:
             ExecFailed: The command could not start.
@@ -837,28 +943,97 @@ class Sandbox:
         body["stream"] = True
         return self._stream(body, self._http_timeout(timeout_seconds))
 
-    def _stream(self, body: Dict[str, Any], timeout: float) -> Iterator[ExecEvent]:
+    def _stream(self, body: Dict[str, Any], timeout: float) -> Generator[Any, Any, None]:
         out = bytearray()
         err = bytearray()
-        lines = self._client.stream_ndjson("POST", self._path + "/exec", json_body=body,
-                                           timeout=timeout)
+        lines = yield Call(self._client, "stream_ndjson", "POST", self._path + "/exec",
+                           json_body=body, timeout=timeout)
+        while True:
+            ev = yield NextLine(lines)
+            if ev is None:
+                return
+            kind = ev.get("type")
+            if kind in ("stdout", "stderr"):
+                data = _decode(ev.get("data"), ev.get("encoding"))
+                (out if kind == "stdout" else err).extend(data)
+                yield Emit(ExecEvent(type=kind, data=data, text=_text(data), raw=ev))
+            elif kind == "exit":
+                result = ExecResult._build(ev, bytes(out), bytes(err))
+                yield Emit(ExecEvent(type="exit", result=result, raw=ev))
+                return
+            elif kind == "error":
+                raise error_from_response(None, ev)
+            else:
+                yield Emit(ExecEvent(type=str(kind), raw=ev))
+
+
+@sync_face
+class Sandbox(_SandboxCore):
+    """A sandbox on a withruntime daemon. Get one with :meth:`create`, :meth:`connect` or
+    :meth:`list`; as a context manager it ends its lease when the block is left (see
+    :meth:`__exit__`).
+
+    The attributes (``state``, ``image``, ``timeout_seconds``, ...) are as of the last answer
+    from the daemon; :meth:`refresh` asks again.
+    """
+
+    _client_cls = Client
+    _files_cls = Files
+    files: Files
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        """Ends the lease as ``on_lease_end`` says, also when the block raised. If ending it
+        fails too, the block's own exception is the one that propagates."""
         try:
-            for ev in lines:
-                kind = ev.get("type")
-                if kind in ("stdout", "stderr"):
-                    data = _decode(ev.get("data"), ev.get("encoding"))
-                    (out if kind == "stdout" else err).extend(data)
-                    yield ExecEvent(type=kind, data=data, text=_text(data), raw=ev)
-                elif kind == "exit":
-                    result = ExecResult._build(ev, bytes(out), bytes(err))
-                    yield ExecEvent(type="exit", result=result, raw=ev)
-                    return
-                elif kind == "error":
-                    raise error_from_response(None, ev)
-                else:
-                    yield ExecEvent(type=str(kind), raw=ev)
+            self.end_lease()
+        except WithruntimeError as e:
+            self._note_exit_failure(self.id, exc, e)
+
+
+@async_face(Sandbox="AsyncSandbox", Command="AsyncCommand", Client="AsyncClient",
+            Iterator="AsyncIterator")
+class AsyncSandbox(_SandboxCore):
+    """A sandbox on a withruntime daemon, for asyncio: the same as :class:`Sandbox` with every
+    call a coroutine (``await AsyncSandbox.create()``, ``await sbx.exec(...)``,
+    ``await sbx.files.read(...)``) and ``exec_stream`` an async iterator. ``create`` and
+    ``connect`` may also be used directly in ``async with``
+    (``async with AsyncSandbox.create() as sbx:``). Its
+    :class:`AsyncClient` keeps connections open between calls (a bounded pool per event loop),
+    and any number of calls may run at once (``asyncio.gather``). As an ``async with`` block
+    it ends its lease when the block is left (see :meth:`__aexit__`).
+    """
+
+    _client_cls = AsyncClient
+    _files_cls = AsyncFiles
+    files: AsyncFiles
+
+    async def __aenter__(self) -> "AsyncSandbox":
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        """Ends the lease as ``on_lease_end`` says, also when the block raised (if ending it
+        fails too, the block's own exception is the one that propagates); then closes the idle
+        connections of the client the sandbox made for itself (none was given)."""
+        try:
+            await self.end_lease()
+        except WithruntimeError as e:
+            self._note_exit_failure(self.id, exc, e)
         finally:
-            lines.close()  # closes the connection when the caller stops early
+            if self._owns_client:
+                await self._client.aclose()
 
 
 @dataclass
@@ -885,10 +1060,10 @@ class CommandOutput:
         return _text(self.stderr_bytes)
 
 
-class Command:
+class _CommandCore:
     """A background command started with :meth:`Sandbox.exec_background`."""
 
-    def __init__(self, sandbox: Sandbox, info: Mapping[str, Any]) -> None:
+    def __init__(self, sandbox: Any, info: Mapping[str, Any]) -> None:
         self._sandbox = sandbox
         self._info: Dict[str, Any] = dict(info)
         self.id: str = str(info["id"])
@@ -896,6 +1071,9 @@ class Command:
     @property
     def _path(self) -> str:
         return f"{self._sandbox._path}/commands/{quote(self.id, safe='')}"
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Steps:
+        return steps(getattr(self._sandbox._client, method), *args, **kwargs)
 
     @property
     def info(self) -> Dict[str, Any]:
@@ -925,17 +1103,23 @@ class Command:
         return str(v) if v is not None else None
 
     def __repr__(self) -> str:
-        return f"Command(id={self.id!r}, state={self.state!r}, exit_code={self.exit_code!r})"
+        return (f"{type(self).__name__}(id={self.id!r}, state={self.state!r}, "
+                f"exit_code={self.exit_code!r})")
 
-    def refresh(self) -> "Command":
-        """Asks the daemon for the command's current state."""
-        self._info = self._sandbox._client.request_json("GET", self._path)
+    def _set(self, info: Any) -> Any:
+        self._info = info
         return self
 
+    @operation
+    def refresh(self) -> "Command":
+        """Asks the daemon for the command's current state."""
+        return self._set((yield from self._call("request_json", "GET", self._path)))
+
+    @operation
     def output(self, stdout_offset: int = 0, stderr_offset: int = 0) -> CommandOutput:
         """Its output so far, from the given offsets (bytes)."""
-        d = self._sandbox._client.request_json(
-            "GET", self._path + "/output",
+        d = yield from self._call(
+            "request_json", "GET", self._path + "/output",
             query={"stdout_offset": int(stdout_offset), "stderr_offset": int(stderr_offset)})
         self._info = {k: v for k, v in d.items()
                       if not k.startswith(("stdout", "stderr")) or k.endswith(("_bytes",
@@ -948,14 +1132,16 @@ class Command:
             stdout_offset=int(d.get("stdout_offset", 0)),
             stderr_offset=int(d.get("stderr_offset", 0)))
 
+    @operation
     def wait(self, timeout_seconds: float = 30) -> "Command":
         """Waits until the command ends, or ``timeout_seconds`` pass (then it is still
         ``running``: check :attr:`state`)."""
-        self._info = self._sandbox._client.request_json(
-            "POST", self._path + "/wait", json_body={"timeout_seconds": timeout_seconds},
-            timeout=float(timeout_seconds) + _EXEC_MARGIN)
-        return self
+        return self._set((yield from self._call(
+            "request_json", "POST", self._path + "/wait",
+            json_body={"timeout_seconds": timeout_seconds},
+            timeout=float(timeout_seconds) + _EXEC_MARGIN)))
 
+    @operation
     def send_signal(self, sig: Union[int, str] = "TERM") -> "Command":
         """Sends a signal (a number, or a name like ``"TERM"`` or ``"KILL"``) to the command's
         whole process tree.
@@ -963,10 +1149,31 @@ class Command:
         Raises:
             Conflict: It is not running.
         """
-        self._info = self._sandbox._client.request_json(
-            "POST", self._path + "/signal", json_body={"signal": sig})
-        return self
+        return self._set((yield from self._call(
+            "request_json", "POST", self._path + "/signal", json_body={"signal": sig})))
 
+    @operation
     def kill(self) -> "Command":
         """Sends SIGKILL to the command's whole process tree."""
-        return self.send_signal("KILL")
+        return (yield from steps(self.send_signal, "KILL"))
+
+
+@sync_face
+class Command(_CommandCore):
+    """A background command started with :meth:`Sandbox.exec_background`."""
+
+    def __init__(self, sandbox: Sandbox, info: Mapping[str, Any]) -> None:
+        super().__init__(sandbox, info)
+
+
+@async_face(Command="AsyncCommand")
+class AsyncCommand(_CommandCore):
+    """A background command started with :meth:`AsyncSandbox.exec_background`: the same as
+    :class:`Command`, every call a coroutine (``await cmd.wait()``)."""
+
+    def __init__(self, sandbox: AsyncSandbox, info: Mapping[str, Any]) -> None:
+        super().__init__(sandbox, info)
+
+
+Sandbox._command_cls = Command
+AsyncSandbox._command_cls = AsyncCommand

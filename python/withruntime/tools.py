@@ -7,6 +7,10 @@ and docstrings (Agno, and others) can give to a model.
     run, read, write, ls = sandbox_tools(sbx)
     agent = Agent(model=model, tools=[run, read, write, ls])
 
+``async_sandbox_tools(sbx)`` gives the same four tools as coroutine functions over an
+:class:`~withruntime.AsyncSandbox`, for agents run with ``await agent.arun(...)``; both are
+made from one definition of each tool.
+
 Each tool returns a string meant for a model: it never raises for what happens in the sandbox
 (a failing command, a missing file, a stopped sandbox); it says what happened so the model can
 act on it. Long output is cut to a head and a tail with a note of how much was cut; binary files
@@ -16,7 +20,9 @@ are described, not dumped. The tools never show the API key.
 from __future__ import annotations
 
 import posixpath
-from typing import Callable, List, Optional, Tuple
+from typing import Any, Awaitable, Callable, List, Optional, Tuple
+
+from ._ops import async_function, steps, sync_function
 
 from .errors import (
     Conflict,
@@ -27,9 +33,9 @@ from .errors import (
     NotFound,
     WithruntimeError,
 )
-from .sandbox import ExecResult, FileInfo, Sandbox
+from .sandbox import AsyncSandbox, ExecResult, FileInfo, Sandbox
 
-__all__ = ["sandbox_tools", "trim_middle"]
+__all__ = ["sandbox_tools", "async_sandbox_tools", "trim_middle"]
 
 WORKSPACE = "/workspace"
 
@@ -122,19 +128,8 @@ def _as_text(data: bytes, mid_start: bool, mid_end: bool) -> Optional[Tuple[str,
         return None
 
 
-def sandbox_tools(
-    sbx: Sandbox,
-    *,
-    default_timeout_seconds: int = 300,
-    max_output_chars: int = 12000,
-    max_read_bytes: int = 48000,
-    max_list_entries: int = 300,
-) -> List[Callable[..., str]]:
-    """Returns the four tools for ``sbx``, in this order: ``runtime_exec``,
+_TOOLS_DOC = """Returns the four tools for ``sbx``, in this order: ``runtime_exec``,
     ``runtime_read_file``, ``runtime_write_file``, ``runtime_list_files``.
-
-    Each is a plain function (a closure over ``sbx``) named after its tool, with type hints and
-    a Google-style docstring, safe to call from several threads at once.
 
     Args:
         sbx: The sandbox the tools act on.
@@ -144,6 +139,62 @@ def sandbox_tools(
         max_read_bytes: Most bytes ``runtime_read_file`` returns in one call.
         max_list_entries: Most entries ``runtime_list_files`` shows.
     """
+
+
+def sandbox_tools(
+    sbx: Sandbox,
+    *,
+    default_timeout_seconds: int = 300,
+    max_output_chars: int = 12000,
+    max_read_bytes: int = 48000,
+    max_list_entries: int = 300,
+) -> List[Callable[..., str]]:
+    if not isinstance(sbx, Sandbox):
+        raise TypeError(f"sandbox_tools needs a Sandbox, not {type(sbx).__name__} (for an "
+                        f"AsyncSandbox use async_sandbox_tools)")
+    return [sync_function(t) for t in _tools(sbx, default_timeout_seconds, max_output_chars,
+                                             max_read_bytes, max_list_entries)]
+
+
+sandbox_tools.__doc__ = _TOOLS_DOC + """
+    Each is a plain function (a closure over ``sbx``) named after its tool, with type hints and
+    a Google-style docstring, safe to call from several threads at once.
+    """
+
+
+def async_sandbox_tools(
+    sbx: AsyncSandbox,
+    *,
+    default_timeout_seconds: int = 300,
+    max_output_chars: int = 12000,
+    max_read_bytes: int = 48000,
+    max_list_entries: int = 300,
+) -> List[Callable[..., Awaitable[str]]]:
+    if not isinstance(sbx, AsyncSandbox):
+        raise TypeError(f"async_sandbox_tools needs an AsyncSandbox, not {type(sbx).__name__} "
+                        f"(for a Sandbox use sandbox_tools)")
+    return [async_function(t) for t in _tools(sbx, default_timeout_seconds, max_output_chars,
+                                              max_read_bytes, max_list_entries)]
+
+
+async_sandbox_tools.__doc__ = _TOOLS_DOC + """
+    Each is a coroutine function with the same name, parameters, type hints and docstring as
+    the one :func:`sandbox_tools` gives (so a model sees the same schema), for agents run with
+    ``await agent.arun(...)``: the event loop runs on while a command runs. Wrap one in
+    ``agno.tools.tool(requires_confirmation=True)`` as the sync ones.
+    """
+
+
+def _tools(
+    sbx: Any,
+    default_timeout_seconds: int,
+    max_output_chars: int,
+    max_read_bytes: int,
+    max_list_entries: int,
+) -> List[Callable[..., Any]]:
+    """The four tools as operations (generators of steps, see ``_ops``), run by
+    :func:`sandbox_tools` with blocking calls and by :func:`async_sandbox_tools` as
+    coroutines."""
 
     def runtime_exec(command: str, cwd: Optional[str] = None,
                      timeout_seconds: Optional[int] = None) -> str:
@@ -165,7 +216,7 @@ def sandbox_tools(
         timeout = timeout_seconds if timeout_seconds and timeout_seconds > 0 \
             else default_timeout_seconds
         try:
-            r = sbx.exec(command, cwd=cwd, timeout_seconds=timeout)
+            r = yield from steps(sbx.exec, command, cwd=cwd, timeout_seconds=timeout)
         except WithruntimeError as e:
             return _error_text(e, "running the command")
         return _exec_report(r, timeout, max_output_chars)
@@ -189,11 +240,12 @@ def sandbox_tools(
         start = offset if offset and offset > 0 else 0
         want = length if length and 0 < length < max_read_bytes else max_read_bytes
         try:
-            st = sbx.files.stat(full)
+            st = yield from steps(sbx.files.stat, full)
             if st.type == "directory":
                 return f"error: {st.path} is a directory; use runtime_list_files to see what is in it"
             # One byte more than shown tells whether more follows (a symlink's stat has no size).
-            data = sbx.files.read(full, offset=start or None, length=want + 1)
+            data = yield from steps(sbx.files.read, full, offset=start or None,
+                                    length=want + 1)
         except NotFound:
             return f"error: {full} does not exist"
         except WithruntimeError as e:
@@ -233,7 +285,7 @@ def sandbox_tools(
         """
         full = _abs(path)
         try:
-            info = sbx.files.write(full, content)
+            info = yield from steps(sbx.files.write, full, content)
         except WithruntimeError as e:
             return _error_text(e, f"writing {full}")
         return f"wrote {info.size} bytes to {info.path}"
@@ -249,13 +301,13 @@ def sandbox_tools(
         """
         full = _abs(path or WORKSPACE)
         try:
-            entries = sbx.files.list(full)
+            entries = yield from steps(sbx.files.list, full)
         except NotFound:
             return f"error: {full} does not exist"
         except FileError as e:
             if e.errno == 20:  # ENOTDIR: say what it is instead
                 try:
-                    st = sbx.files.stat(full)
+                    st = yield from steps(sbx.files.stat, full)
                     return f"{st.path} is not a directory: {_entry_line(st)}"
                 except WithruntimeError:
                     pass

@@ -9,6 +9,7 @@ namespace of their own with no route anywhere, so even a broken check could not 
 this host. All traffic goes to loopback.
 """
 
+import asyncio
 import json
 import os
 import pty
@@ -234,6 +235,30 @@ def test_sdk_without_the_ca_refuses_the_certificate(tls, key, monkeypatch):
         withruntime.Client(f"https://localhost:{tls.port}", key,
                            ca_file=tls.pki["ca.pem"]).health()
     assert "not trusted" in ei.value.message
+
+
+def test_async_sdk_over_https(tls, key, monkeypatch):
+    monkeypatch.delenv("RUNTIME_CA_FILE", raising=False)
+
+    async def main():
+        c = withruntime.AsyncClient(tls.url, key, ca_file=tls.pki["ca.pem"])
+        async with withruntime.AsyncSandbox.create(client=c, memory_mib=256,
+                                                   on_lease_end="delete") as sbx:
+            assert (await sbx.exec("echo sdk")).stdout == "sdk\n"
+            got = [e.data async for e in sbx.exec_stream("echo s") if e.type == "stdout"]
+            assert got == [b"s\n"]
+            await sbx.files.write("t.txt", b"tls")
+            assert await sbx.files.read("t.txt") == b"tls"
+        await c.aclose()
+        with pytest.raises(withruntime.ConfigurationError) as ei:
+            await withruntime.AsyncClient(tls.url, key).health()
+        assert "not trusted" in ei.value.message and key not in str(ei.value)
+        with pytest.raises(withruntime.ConfigurationError) as ei:
+            await withruntime.AsyncClient(f"https://localhost:{tls.port}", key,
+                                          ca_file=tls.pki["ca.pem"]).health()
+        assert "not trusted" in ei.value.message
+
+    asyncio.run(main())
 
 
 # ---- what reaches the TLS port ----

@@ -214,3 +214,42 @@ def test_repr_shows_id_and_state(sandbox):
 def test_errors_are_one_family(daemon):
     with pytest.raises(WithruntimeError):
         Sandbox.connect("sb-" + "b" * 21)
+
+
+def test_create_reports_progress(daemon):
+    import asyncio
+
+    from withruntime import AsyncSandbox, CreateProgress
+
+    seen = []
+    sbx = Sandbox.create(memory_mib=256, on_progress=seen.append)
+    try:
+        assert [p.stage for p in seen] == ["requesting", "running"]
+        assert all(isinstance(p, CreateProgress) for p in seen)
+        assert seen[1].sandbox_id == sbx.id and seen[0].sandbox_id is None
+        assert 0 <= seen[0].elapsed_seconds <= seen[1].elapsed_seconds
+    finally:
+        sbx.delete()
+
+    # a failed create says so, with the error it raises
+    failed = []
+    with pytest.raises(InvalidRequest) as e:
+        Sandbox.create(memory_mib=1, on_progress=failed.append)
+    assert [p.stage for p in failed] == ["requesting", "failed"] and failed[1].error is e.value
+
+    # a callback that raises loses nothing: the sandbox is still made and returned
+    def broken(_p):
+        raise RuntimeError("a broken progress bar")
+
+    sbx = Sandbox.create(memory_mib=256, on_progress=broken)
+    sbx.delete()
+
+    # the async face: the same stages
+    async def main():
+        got = []
+        s = await AsyncSandbox.create(memory_mib=256, on_progress=got.append)
+        await s.delete()
+        return [p.stage for p in got], s.id
+
+    stages, _ = asyncio.run(main())
+    assert stages == ["requesting", "running"]
