@@ -130,6 +130,7 @@
       await v.poll();
       if (v === view) status("");
     } catch (e) {
+      if (v === view && e.status === 404 && v.gone) { status(v.gone, true); return; } // no more polls
       if (v === view && e.status !== 401) status("Could not refresh: " + e.message, true);
     }
     if (v === view) timer = setTimeout(tick, POLL_MS);
@@ -356,6 +357,7 @@
     };
     let n = 0, filesListed = false;
     return {
+      gone: `${id} does not exist (any more): it was deleted, or belongs to another key.`,
       async poll() {
         const r = await api(`/v1/sandboxes/${id}`);
         sb = r.data;
