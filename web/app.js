@@ -69,7 +69,7 @@
     let body;
     if (opts.json !== undefined) { headers["Content-Type"] = "application/json"; body = JSON.stringify(opts.json); }
     const r = await fetch(path, { method, headers, body, cache: "no-store", credentials: "omit", redirect: "error" });
-    if (r.status === 304 && hit) return { data: hit.body, changed: false };
+    if (r.status === 304 && hit) { window.wrNotModified = (window.wrNotModified || 0) + 1; return { data: hit.body, changed: false }; }
     if (opts.raw && r.ok) return r;
     let data = null;
     try { data = await r.json(); } catch (e) { data = null; }

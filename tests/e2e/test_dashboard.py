@@ -178,6 +178,8 @@ def visible_text(drv, css):
 
 
 def sign_in(drv, daemon, key):
+    from selenium.webdriver.common.keys import Keys
+
     drv.get(f"http://127.0.0.1:{daemon.port}/#/signin")
     drv.execute_script("sessionStorage.clear()")
     drv.get(f"http://127.0.0.1:{daemon.port}/#/signin")
@@ -185,8 +187,7 @@ def sign_in(drv, daemon, key):
              "the sign-in form")
     box = by_css(drv, "#key")[0]
     box.clear()
-    box.send_keys(key)
-    by_css(drv, "#signin-form button[type=submit]")[0].click()
+    box.send_keys(key, Keys.ENTER)  # the keyboard is enough
 
 
 def row_state(drv, sid):
@@ -240,6 +241,9 @@ def test_browser_sign_in_list_stop_files_and_read_only(daemon, browser, two):
     wait_for(drv, lambda d: row_state(d, b).startswith("stopped"),
              "the stopped state on the page", timeout=60)
     assert drv.execute_script("return window.__noReload") == 42
+    # the polls that saw nothing new were answered 304 (ETag sent back in If-None-Match)
+    wait_for(drv, lambda d: d.execute_script("return window.wrNotModified || 0") > 0,
+             "a poll answered 304")
     assert c.get(b)["state"] == "stopped"
     assert by_css(drv, f'button[data-action="start"][data-id="{b}"]')[0].is_enabled()
     shot(drv, "sandboxes-stopped")
