@@ -27,7 +27,10 @@ DAEMON_SRC := $(wildcard src/driver/*.c src/image/*.c src/store/*.c src/http/*.c
 LIB_SRC := $(COMMON_SRC) $(filter-out src/cli/main.c,$(DAEMON_SRC))
 AGENT_SRC := $(wildcard src/agent/*.c)
 
-LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
+# The dashboard's files (web/) go into the binary as data: an assembler file that .incbin's
+# them (the C compiler's own assembler; no other tool).
+WEB_FILES := $(wildcard web/*)
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(BUILD)/src/api/web_assets.o
 AGENT_OBJ := $(AGENT_SRC:%.c=$(BUILD)/agent-obj/%.o) $(COMMON_SRC:%.c=$(BUILD)/agent-obj/%.o)
 
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
@@ -42,6 +45,10 @@ all: $(BUILD)/withruntime $(BUILD)/withruntime-agent
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+
+$(BUILD)/src/api/web_assets.o: src/api/web_assets.S $(WEB_FILES)
+	@mkdir -p $(dir $@)
+	$(CC) -c $< -o $@
 
 # The agent is static and runs inside the sandbox; it is never built with sanitizers
 # (their runtimes do not link statically) but gets the same warnings.

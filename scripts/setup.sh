@@ -43,7 +43,8 @@ PKGS="build-essential pkg-config libevent-dev libjansson-dev libsqlite3-dev libs
 nftables libnftables-dev \
 mmdebstrap iproute2 procps ca-certificates \
 python3 python3-venv clang-format e2fsprogs \
-zsh"  # zsh: the tests load `withruntime completion zsh` in it
+zsh chromium chromium-driver"  # zsh: the tests load `withruntime completion zsh` in it;
+# chromium, chromium-driver: tests/e2e/test_dashboard.py drives the dashboard in a real browser
 
 need=""
 for p in $PKGS; do

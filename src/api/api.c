@@ -66,6 +66,7 @@ enum {
     H_SES_GET,
     H_SES_DELETE,
     H_SES_CONNECT,
+    H_WHOAMI,
 };
 
 static const handler_fn handlers[] = {
@@ -114,6 +115,7 @@ static const handler_fn handlers[] = {
     [H_SES_GET] = api_sessions_get,
     [H_SES_DELETE] = api_sessions_delete,
     [H_SES_CONNECT] = api_sessions_connect,
+    [H_WHOAMI] = api_whoami,
 };
 
 /* Who may call a route: anyone let in (reads), a key that is not read-only, the admin, or (for
@@ -155,6 +157,7 @@ static const struct route routes[] = {
     {"GET", "/metrics", H_METRICS, NULL},
     {"GET", "/v1/health", H_HEALTH, NULL},
     {"GET", "/v1/images", H_IMAGES, NULL},
+    {"GET", "/v1/whoami", H_WHOAMI, NULL},
     {"POST", "/v1/keys", H_KEYS_CREATE, NULL},
     {"GET", "/v1/keys", H_KEYS_LIST, NULL},
     {"GET", "/v1/keys/{id}", H_KEY_GET, NULL},
@@ -267,6 +270,10 @@ void api_handle(struct http_req *req, void *ctx)
         http_reply_error(req, 400, "invalid_request", "malformed query string");
         return;
     }
+    if (api_web_is_asset(method, path)) {
+        api_web_serve(d, req);
+        return;
+    }
     if (door_check(d, req, &c->who) < 0)
         return;
     c->let_in = 1;
@@ -292,6 +299,15 @@ void api_handle(struct http_req *req, void *ctx)
         handlers[m.handler](d, req, &m);
         return;
     }
+    case ROUTE_NOT_FOUND:
+        if (api_web_is_asset(NULL, path)) { /* a dashboard file, with a method other than GET */
+            http_reply_header(req, "Allow", "GET");
+            http_reply_error(req, 405, "method_not_allowed",
+                             "%s is not allowed on %.200s (allowed: GET)", method, path);
+            return;
+        }
+        http_reply_error(req, 404, "not_found", "no such route: %s %.200s", method, path);
+        return;
     case ROUTE_BAD_METHOD:
         http_reply_header(req, "Allow", m.allow);
         http_reply_error(req, 405, "method_not_allowed",

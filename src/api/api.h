@@ -76,6 +76,14 @@ void api_reply_invalid(struct http_req *req, const char *msg);
 /** A signal given as a name ("INT", "SIGINT") or a number 1..64; NULL: SIGTERM. -1: neither. */
 int api_signal_number(json_t *v);
 
+/** Returns 1 if method and path ask for one of the dashboard's files (api/web.c); a NULL
+ * method: if path is one, whatever the method. */
+int api_web_is_asset(const char *method, const char *path);
+
+/** Answers a request for one of the dashboard's files (no key needed; Host and Origin
+ * checked). Frees req. */
+void api_web_serve(struct daemon *d, struct http_req *req);
+
 /* Handlers, by resource. */
 void api_sessions_create(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_sessions_list(struct daemon *d, struct http_req *req, struct route_match *m);
@@ -121,6 +129,7 @@ void api_keys_update(struct daemon *d, struct http_req *req, struct route_match 
 void api_keys_revoke(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_audit_list(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_usage(struct daemon *d, struct http_req *req, struct route_match *m);
+void api_whoami(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_metrics(struct daemon *d, struct http_req *req, struct route_match *m);
 
 #endif

@@ -247,14 +247,15 @@ static const char *bearer(struct http_req *req, char *buf, size_t len)
     return h;
 }
 
-int door_check(struct daemon *d, struct http_req *req, struct principal *who)
+/* The Host and Origin checks; fills peer. Answers and returns -1 if they fail. */
+static int door_where(struct daemon *d, struct http_req *req, struct http_peer *out)
 {
     struct http_peer peer;
     if (http_req_peer(req, &peer) < 0) {
         http_reply_error(req, 400, "invalid_request", "cannot tell where the request came from");
         return -1;
     }
-    memset(who, 0, sizeof(*who));
+    *out = peer;
     if (!peer.unix_socket) {
         const char *host = http_req_header(req, "Host");
         if (!host || !names_us(d, &peer, host, strlen(host), peer.local_port)) {
@@ -273,6 +274,21 @@ int door_check(struct daemon *d, struct http_req *req, struct principal *who)
             return -1;
         }
     }
+    return 0;
+}
+
+int door_meant_for_us(struct daemon *d, struct http_req *req)
+{
+    struct http_peer peer;
+    return door_where(d, req, &peer);
+}
+
+int door_check(struct daemon *d, struct http_req *req, struct principal *who)
+{
+    struct http_peer peer;
+    memset(who, 0, sizeof(*who));
+    if (door_where(d, req, &peer) < 0)
+        return -1;
     char wsbuf[256];
     const char *token = bearer(req, wsbuf, sizeof(wsbuf));
     if (!token && peer.unix_socket && peer.uid == 0) {

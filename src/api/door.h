@@ -18,6 +18,12 @@ struct principal;
 int door_check(struct daemon *d, struct http_req *req, struct principal *who);
 
 /**
+ * The first half of door_check, for what needs no key (the dashboard's files): the Host and
+ * Origin checks. 0 if they pass; -1 after answering 400 or 403.
+ */
+int door_meant_for_us(struct daemon *d, struct http_req *req);
+
+/**
  * Returns 1 if req's body may be read as JSON: it says Content-Type: application/json, or it
  * has no body and no Content-Type. (A browser's cross-site form posts text/plain.)
  */

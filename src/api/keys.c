@@ -110,3 +110,8 @@ void api_audit_list(struct daemon *d, struct http_req *req, struct route_match *
     }
     svc_audit_list(d, (int64_t)before, (int)limit, api_sink_new(req));
 }
+
+void api_whoami(struct daemon *d, struct http_req *req, struct route_match *m)
+{
+    svc_whoami(d, api_sink_new(req));
+}

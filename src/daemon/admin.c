@@ -45,6 +45,18 @@ void svc_key_list(struct daemon *d, struct sink *s)
     sink_reply(s, SINK_OK, json_pack("{s:o}", "keys", keys_list_json(d->keys)));
 }
 
+void svc_whoami(struct daemon *d, struct sink *s)
+{
+    const struct api_key *k = s->who && !s->who->admin ? keys_find(d->keys, s->who->key_id) : NULL;
+    if (s->who && !s->who->admin && !k) {
+        sink_failf(s, WR_E_UNAUTHORIZED, 0, "the key is no longer known");
+        return;
+    }
+    sink_reply(s, SINK_OK,
+               json_pack("{s:b, s:o}", "admin", s->who && s->who->admin, "key",
+                         k ? key_to_json(k) : json_null()));
+}
+
 void svc_key_get(struct daemon *d, const char *id, struct sink *s)
 {
     if (admin_only(s) < 0)

@@ -84,6 +84,8 @@ struct key_opts;
 struct principal;
 void svc_key_create(struct daemon *d, const struct key_opts *o, struct sink *s);
 void svc_key_list(struct daemon *d, struct sink *s);
+/** Who is asking: {"admin": bool, "key": the caller's key record, or null for the admin}. */
+void svc_whoami(struct daemon *d, struct sink *s);
 void svc_key_get(struct daemon *d, const char *id, struct sink *s);
 void svc_key_update(struct daemon *d, const char *id, const struct key_opts *o, struct sink *s);
 void svc_key_revoke(struct daemon *d, const char *id, struct sink *s);

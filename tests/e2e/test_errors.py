@@ -56,7 +56,7 @@ def test_unknown_id_in_put(client):
 
 
 @pytest.mark.parametrize("method,path", [
-    ("GET", "/"),
+    ("GET", "/index.html"),  # "/" is the dashboard (test_dashboard.py)
     ("GET", "/v1"),
     ("GET", "/v1/nope"),
     ("GET", "/v2/sandboxes"),

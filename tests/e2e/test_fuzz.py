@@ -64,7 +64,7 @@ def schemathesis_cmd():
     return [exe]
 
 
-ADMIN_PATHS = "^/v1/(keys|audit|secrets)"
+ADMIN_PATHS = "^/(v1/(keys|audit|secrets)|metrics$)"  # /metrics: the admin's or a metrics key's
 # A session's connect is a WebSocket handshake, answered 101 with the connection no longer HTTP,
 # which an HTTP fuzzer cannot follow; test_sessions.py walks its handshake, its refusals and
 # hostile frames.

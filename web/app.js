@@ -1,0 +1,468 @@
+// withruntime dashboard. Every datum comes from the /v1 API with the key the user typed
+// (kept in sessionStorage, sent as Authorization: Bearer). Everything a sandbox or the API
+// returns is shown as text (textContent), never parsed as HTML.
+"use strict";
+
+(function () {
+  const KEY = "withruntime.key";
+  const POLL_MS = 2000;
+  const $ = (id) => document.getElementById(id);
+
+  // ---- small helpers ----
+  function el(tag, attrs, ...kids) {
+    const e = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === "class") e.className = v;
+      else if (k === "text") e.textContent = v;
+      else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+      else e.setAttribute(k, v === true ? "" : String(v));
+    }
+    for (const kid of kids) if (kid !== null && kid !== undefined)
+      e.append(kid instanceof Node ? kid : document.createTextNode(String(kid)));
+    return e;
+  }
+  const SVG = "http://www.w3.org/2000/svg";
+  function svg(tag, attrs) {
+    const e = document.createElementNS(SVG, tag);
+    for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, String(v));
+    return e;
+  }
+  function usd(micros) {
+    if (micros === null || micros === undefined) return "–";
+    const d = micros / 1e6;
+    return d < 0.01 && d > 0 ? "$" + d.toFixed(6) : "$" + d.toFixed(d < 1 ? 4 : 2);
+  }
+  function mib(bytes) {
+    if (bytes === null || bytes === undefined) return "–";
+    return bytes >= 1 << 30 ? (bytes / (1 << 30)).toFixed(2) + " GiB" : (bytes / (1 << 20)).toFixed(1) + " MiB";
+  }
+  function human(secs) {
+    if (secs === null || isNaN(secs)) return "–";
+    const neg = secs < 0; secs = Math.abs(Math.round(secs));
+    const d = Math.floor(secs / 86400), h = Math.floor(secs % 86400 / 3600),
+      m = Math.floor(secs % 3600 / 60), s = secs % 60;
+    const t = d ? `${d}d ${h}h` : h ? `${h}h ${m}m` : m ? `${m}m ${s}s` : `${s}s`;
+    return neg ? "-" + t : t;
+  }
+  const since = (iso) => iso ? (Date.now() - Date.parse(iso)) / 1000 : null;
+  const until = (iso) => iso ? (Date.parse(iso) - Date.now()) / 1000 : null;
+  function setText(node, text) { if (node.textContent !== text) node.textContent = text; }
+  function status(msg, bad) {
+    const s = $("status");
+    setText(s, msg || "");
+    s.classList.toggle("bad", !!bad);
+  }
+
+  // ---- the API, with ETags: a poll whose answer has not changed costs a 304 ----
+  const cache = new Map(); // path -> {etag, body}
+  class ApiError extends Error {
+    constructor(status, code, message) { super(message); this.status = status; this.code = code; }
+  }
+  async function api(path, opts) {
+    opts = opts || {};
+    const key = sessionStorage.getItem(KEY);
+    const headers = { "Authorization": "Bearer " + key };
+    const method = opts.method || "GET";
+    const hit = method === "GET" ? cache.get(path) : null;
+    if (hit) headers["If-None-Match"] = hit.etag;
+    let body;
+    if (opts.json !== undefined) { headers["Content-Type"] = "application/json"; body = JSON.stringify(opts.json); }
+    const r = await fetch(path, { method, headers, body, cache: "no-store", credentials: "omit", redirect: "error" });
+    if (r.status === 304 && hit) { window.wrNotModified = (window.wrNotModified || 0) + 1; return { data: hit.body, changed: false }; }
+    if (opts.raw && r.ok) return r;
+    let data = null;
+    try { data = await r.json(); } catch (e) { data = null; }
+    if (!r.ok) {
+      const err = data && data.error ? data.error : { code: "http_" + r.status, message: r.statusText };
+      if (r.status === 401 && !opts.signin) signOut("The key is no longer accepted; sign in again.");
+      throw new ApiError(r.status, err.code, err.message);
+    }
+    const etag = r.headers.get("ETag");
+    if (method === "GET" && etag) cache.set(path, { etag, body: data });
+    return { data, changed: true };
+  }
+
+  // ---- who is signed in ----
+  let me = null; // the /v1/whoami answer
+  const readOnly = () => !me || (me.key && me.key.read_only);
+
+  async function signIn(key) {
+    sessionStorage.setItem(KEY, key);
+    try {
+      me = (await api("/v1/whoami", { signin: true })).data;
+    } catch (e) {
+      sessionStorage.removeItem(KEY);
+      me = null;
+      if (e.status === 401) throw new Error("That key was not accepted: it is unknown, revoked or mistyped.");
+      if (e.status === 429) throw new Error("Too many wrong keys from here: " + e.message);
+      throw new Error(e.message || "cannot reach the daemon");
+    }
+    const k = me.key;
+    setText($("who"), k ? `${k.name} (${k.id})${k.read_only ? " · read-only" : ""}` : "admin");
+    $("nav").hidden = false;
+    $("signout").hidden = false;
+  }
+  function signOut(msg) {
+    sessionStorage.removeItem(KEY);
+    cache.clear();
+    me = null;
+    $("nav").hidden = true;
+    $("signout").hidden = true;
+    setText($("who"), "");
+    location.hash = "#/signin";
+    route();
+    if (msg) setText($("signin-error"), msg);
+  }
+
+  // ---- views and routing (#/sandboxes, #/sandbox/ID, #/usage) ----
+  let timer = null;
+  let view = null; // {name, poll(), leave()}
+  function show(name) {
+    for (const s of document.querySelectorAll("main > section")) s.hidden = s.id !== "view-" + name;
+    for (const a of document.querySelectorAll("#nav a"))
+      if (a.getAttribute("href") === "#/" + name) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
+  }
+  async function tick() {
+    const v = view;
+    if (!v) return;
+    try {
+      await v.poll();
+      if (v === view) status("");
+    } catch (e) {
+      if (v === view && e.status === 404 && v.gone) { status(v.gone, true); return; } // no more polls
+      if (v === view && e.status !== 401) status("Could not refresh: " + e.message, true);
+    }
+    if (v === view) timer = setTimeout(tick, POLL_MS);
+  }
+  function route() {
+    clearTimeout(timer);
+    if (view && view.leave) view.leave();
+    view = null;
+    status("");
+    const h = location.hash || "#/sandboxes";
+    if (!sessionStorage.getItem(KEY) || !me) {
+      show("signin");
+      document.title = "Sign in · withruntime";
+      $("key").focus();
+      return;
+    }
+    let m;
+    if ((m = h.match(/^#\/sandbox\/(sb-[a-z2-7]{21})$/))) view = sandboxView(m[1]);
+    else if (h === "#/usage") view = usageView();
+    else view = listView();
+    tick();
+  }
+
+  // ---- stop / start / delete ----
+  function actionButtons(id, state, onDone) {
+    const ro = readOnly();
+    const why = ro ? "This key is read-only" : null;
+    const mk = (action, label, cls, enabled) => el("button", {
+      type: "button", class: cls, "data-action": action, "data-id": id, title: why,
+      disabled: ro || !enabled, "aria-label": `${label} ${id}`,
+      onclick: async (ev) => {
+        if (action === "delete" && !confirm(`Delete ${id}? Its files are lost.`)) return;
+        ev.target.disabled = true;
+        status(`${label} ${id}…`);
+        try {
+          await api(`/v1/sandboxes/${id}${action === "delete" ? "" : "/" + action}`,
+            { method: action === "delete" ? "DELETE" : "POST" });
+          status(`${label}: done for ${id}`);
+        } catch (e) { status(`${label} ${id} failed: ${e.message}`, true); }
+        if (onDone) onDone();
+      },
+    }, label);
+    return [
+      mk("stop", "Stop", "secondary", state === "running"),
+      mk("start", "Start", "secondary", state === "stopped" || state === "failed"),
+      mk("delete", "Delete", "danger", state !== "deleting"),
+    ];
+  }
+  function updateButtons(container, state) {
+    if (readOnly()) return;
+    for (const b of container.querySelectorAll("button[data-action]")) {
+      const a = b.dataset.action;
+      b.disabled = a === "stop" ? state !== "running" : a === "start" ? !(state === "stopped" || state === "failed") : state === "deleting";
+    }
+  }
+  function stateText(sb) {
+    return sb.state + (sb.frozen ? " (frozen)" : "") + (sb.state_reason ? ` · ${sb.state_reason}` : "");
+  }
+
+  // ---- the sandboxes page ----
+  function listView() {
+    show("sandboxes");
+    document.title = "Sandboxes · withruntime";
+    const rows = new Map(); // id -> {tr, cells, cpu: {usec, at}}
+    const tbody = $("sb-rows");
+    tbody.replaceChildren();
+    let list = [];
+    async function stats(sb, row) {
+      if (sb.state !== "running") { setText(row.cells.cpu, "–"); setText(row.cells.mem, "–"); row.cpu = null; return; }
+      const st = (await api(`/v1/sandboxes/${sb.id}/stats`)).data;
+      const now = performance.now();
+      if (row.cpu && st.cpu_usec >= row.cpu.usec && now > row.cpu.at)
+        setText(row.cells.cpu, ((st.cpu_usec - row.cpu.usec) / 1000 / (now - row.cpu.at) * 100).toFixed(1) + " %");
+      row.cpu = { usec: st.cpu_usec, at: now };
+      setText(row.cells.mem, mib(st.memory_bytes));
+    }
+    return {
+      async poll() {
+        const r = await api("/v1/sandboxes");
+        list = r.data.sandboxes || [];
+        const seen = new Set();
+        for (const sb of list) {
+          seen.add(sb.id);
+          let row = rows.get(sb.id);
+          if (!row) {
+            const cells = {};
+            const td = (name, cls) => (cells[name] = el("td", { class: cls }));
+            const tr = el("tr", { "data-id": sb.id },
+              el("td", {}, el("a", { href: `#/sandbox/${sb.id}`, text: sb.id })),
+              td("state"), td("image"), td("size"), td("age", "num"), td("lease", "num"),
+              td("cost", "num"), td("cpu", "num"), td("mem", "num"), td("actions"));
+            cells.actions.append(el("div", { class: "actions" }, ...actionButtons(sb.id, sb.state, () => tick())));
+            row = { tr, cells, cpu: null };
+            rows.set(sb.id, row);
+            tbody.append(tr);
+          }
+          const c = row.cells;
+          setText(c.state, stateText(sb));
+          c.state.className = "state-" + sb.state;
+          setText(c.image, sb.image);
+          setText(c.size, `${sb.cpus} vCPU · ${sb.memory_mib} MiB`);
+          setText(c.age, human(since(sb.created_at)));
+          setText(c.lease, sb.state === "running" ? human(until(sb.lease_ends_at)) : "–");
+          setText(c.cost, usd(sb.cost_micros));
+          updateButtons(c.actions, sb.state);
+        }
+        for (const [id, row] of rows) if (!seen.has(id)) { row.tr.remove(); rows.delete(id); }
+        $("sb-empty").hidden = list.length > 0;
+        await Promise.all(list.slice(0, 50).map((sb) => stats(sb, rows.get(sb.id)).catch(() => {})));
+      },
+    };
+  }
+
+  // ---- charts (SVG) ----
+  function barChart(box, values, labels, opts) {
+    const W = 600, H = 200, L = 56, B = 24, T = 10;
+    const max = Math.max(1, opts.limit || 0, ...values) * 1.1;
+    const s = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": opts.label });
+    const y = (v) => T + (H - T - B) * (1 - v / max);
+    const bw = (W - L - 8) / Math.max(1, values.length);
+    s.append(svg("line", { x1: L, y1: H - B, x2: W, y2: H - B, stroke: "#767676" }));
+    const top = svg("text", { x: 4, y: T + 10 }); top.textContent = opts.fmt(max); s.append(top);
+    values.forEach((v, i) => {
+      const r = svg("rect", { class: "bar", x: L + i * bw + 2, y: y(v), width: Math.max(1, bw - 4), height: H - B - y(v) });
+      const t = svg("title", {}); t.textContent = `${labels[i]}: ${opts.fmt(v)}`; r.append(t);
+      s.append(r);
+      if (values.length <= 16 || i % Math.ceil(values.length / 8) === 0) {
+        const lt = svg("text", { x: L + i * bw + 2, y: H - 8 }); lt.textContent = labels[i]; s.append(lt);
+      }
+    });
+    if (opts.limit) {
+      s.append(svg("line", { class: "limit", x1: L, x2: W, y1: y(opts.limit), y2: y(opts.limit), "data-limit": opts.limit }));
+      const lt = svg("text", { x: L + 4, y: y(opts.limit) - 4 }); lt.textContent = "daily limit " + opts.fmt(opts.limit); s.append(lt);
+    }
+    box.replaceChildren(s);
+  }
+  function liveChart(box, samples, memMax) {
+    const W = 600, H = 200, T = 10, B = 10;
+    const s = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "CPU and memory over time" });
+    if (samples.length > 1) {
+      const x = (i) => (W * i) / (samples.length - 1);
+      const yc = (p) => T + (H - T - B) * (1 - Math.min(1, p / 100));
+      const ym = (b) => T + (H - T - B) * (1 - Math.min(1, b / memMax));
+      let area = `M0 ${H - B}`;
+      samples.forEach((p, i) => { area += ` L${x(i)} ${ym(p.mem)}`; });
+      s.append(svg("path", { class: "area", d: area + ` L${W} ${H - B} Z` }));
+      s.append(svg("path", { class: "line", d: samples.map((p, i) => `${i ? "L" : "M"}${x(i)} ${yc(p.cpu)}`).join(" ") }));
+      const last = samples[samples.length - 1];
+      const t = svg("text", { x: 6, y: 20 }); t.textContent = `CPU ${last.cpu.toFixed(1)} % · memory ${mib(last.mem)}`; s.append(t);
+    } else {
+      const t = svg("text", { x: 6, y: 20 }); t.textContent = "collecting…"; s.append(t);
+    }
+    box.replaceChildren(s);
+  }
+  const iso = (ms) => new Date(ms).toISOString().replace(/\.\d{3}Z$/, "Z");
+
+  // ---- one sandbox ----
+  function sandboxView(id) {
+    show("sandbox");
+    document.title = `${id} · withruntime`;
+    setText($("d-title"), id);
+    $("d-facts").replaceChildren();
+    $("d-actions").replaceChildren(...actionButtons(id, "", () => tick()));
+    for (const t of ["f-rows", "c-rows", "e-rows", "n-rows"]) $(t).replaceChildren();
+    $("f-view").hidden = true;
+    $("d-chart-cost").replaceChildren();
+    $("d-chart-live").replaceChildren();
+    const samples = [];
+    let prev = null, sb = null;
+    const term = window.wrTerminal ? window.wrTerminal.mount($("term-panel"), id, readOnly(), api) : null;
+    $("term-h").hidden = !term;
+    $("term-panel").hidden = !term;
+
+    function fact(k, v) { return [el("dt", { text: k }), el("dd", { text: v })]; }
+    async function costChart() {
+      // 12 five-minute windows of the last hour, each a /v1/usage query by sandbox
+      const end = Math.ceil(Date.now() / 300000) * 300000;
+      const slots = [];
+      for (let i = 11; i >= 0; i--) slots.push([end - (i + 1) * 300000, end - i * 300000]);
+      const vals = await Promise.all(slots.map(async ([a, b]) => {
+        const r = (await api(`/v1/usage?group_by=sandbox&from=${iso(a)}&to=${iso(Math.min(b, Date.now()))}`)).data;
+        const row = (r.rows || []).find((x) => x.sandbox_id === id);
+        return row ? row.cost_micros : 0;
+      }));
+      const labels = slots.map(([a]) => new Date(a).toISOString().slice(11, 16));
+      barChart($("d-chart-cost"), vals, labels, { label: "cost per five minutes over the last hour", fmt: usd });
+    }
+    async function files(path) {
+      const r = (await api(`/v1/sandboxes/${id}/files/list?path=${encodeURIComponent(path)}`)).data;
+      $("f-path").value = r.path;
+      $("f-rows").replaceChildren(...r.entries.map((e) => el("tr", { "data-name": e.name },
+        el("td", {}, e.type === "directory"
+          ? el("button", { type: "button", class: "linkish", onclick: () => files(e.path).catch(fail) }, e.name + "/")
+          : e.name),
+        el("td", { text: e.type }), el("td", { class: "num", text: e.type === "file" ? String(e.size) : "" }),
+        el("td", { text: e.mtime || "" }),
+        el("td", {}, e.type === "file" ? el("div", { class: "actions" },
+          el("button", { type: "button", class: "secondary", "data-file-action": "view", "aria-label": `View ${e.name}`, onclick: () => viewFile(e).catch(fail) }, "View"),
+          el("button", { type: "button", class: "secondary", "data-file-action": "download", "aria-label": `Download ${e.name}`, onclick: () => download(e).catch(fail) }, "Download")) : null))));
+    }
+    const fail = (e) => status(e.message, true);
+    async function viewFile(e) {
+      const r = await api(`/v1/sandboxes/${id}/files/content?path=${encodeURIComponent(e.path)}&length=65536`, { raw: true });
+      const text = await r.text();
+      setText($("f-view-name"), e.path + (e.size > 65536 ? " (first 64 KiB)" : ""));
+      $("f-view-text").textContent = text;
+      $("f-view").hidden = false;
+    }
+    async function download(e) {
+      const r = await api(`/v1/sandboxes/${id}/files/content?path=${encodeURIComponent(e.path)}`, { raw: true });
+      const blob = await r.blob();
+      const url = URL.createObjectURL(blob);
+      const a = el("a", { href: url, download: e.name, hidden: true });
+      document.body.append(a);
+      a.click();
+      a.remove();
+      setTimeout(() => URL.revokeObjectURL(url), 60000);
+      status(`Downloaded ${e.path} (${blob.size} bytes)`);
+    }
+    $("f-form").onsubmit = (ev) => { ev.preventDefault(); files($("f-path").value).catch(fail); };
+    $("f-up").onclick = () => {
+      const p = $("f-path").value.replace(/\/+$/, "");
+      files(p.slice(0, p.lastIndexOf("/")) || "/").catch(fail);
+    };
+    let n = 0, filesListed = false;
+    return {
+      gone: `${id} does not exist (any more): it was deleted, or belongs to another key.`,
+      async poll() {
+        const r = await api(`/v1/sandboxes/${id}`);
+        sb = r.data;
+        if (r.changed) {
+          const f = $("d-facts");
+          f.replaceChildren(
+            ...fact("State", stateText(sb)), ...fact("Image", sb.image),
+            ...fact("Size", `${sb.cpus} vCPU · ${sb.memory_mib} MiB`),
+            ...fact("Created", sb.created_at), ...fact("Lease ends", sb.lease_ends_at || "–"),
+            ...fact("Cost so far", usd(sb.cost_micros) + (sb.max_cost_micros ? ` of ${usd(sb.max_cost_micros)}` : "")),
+            ...(sb.state_detail ? fact("Detail", sb.state_detail) : []));
+          f.querySelector("dd").id = "d-state";
+        }
+        updateButtons($("d-actions"), sb.state);
+        if (term) term.state(sb.state);
+        const jobs = [];
+        if (sb.state === "running") {
+          jobs.push(api(`/v1/sandboxes/${id}/stats`).then(({ data }) => {
+            const now = performance.now();
+            const cpu = prev && data.cpu_usec >= prev.usec ? (data.cpu_usec - prev.usec) / 1000 / (now - prev.at) * 100 : 0;
+            prev = { usec: data.cpu_usec, at: now };
+            samples.push({ cpu, mem: data.memory_bytes });
+            if (samples.length > 150) samples.shift();
+            liveChart($("d-chart-live"), samples, sb.memory_mib * 1048576);
+          }));
+          if (!filesListed) { filesListed = true; jobs.push(files($("f-path").value).catch(fail)); }
+        }
+        jobs.push(api(`/v1/sandboxes/${id}/events`).then(({ data, changed }) => {
+          if (!changed && $("e-rows").childElementCount) return;
+          $("e-rows").replaceChildren(...data.events.slice().reverse().slice(0, 200).map((e) =>
+            el("tr", {}, el("td", { text: e.at }), el("td", { text: e.type }), el("td", { text: e.state || "" }), el("td", { text: e.reason || "" }))));
+        }));
+        jobs.push(api(`/v1/sandboxes/${id}/commands`).then(({ data, changed }) => {
+          if (!changed && $("c-rows").childElementCount) return;
+          $("c-rows").replaceChildren(...(data.commands || []).slice().reverse().map((c) =>
+            el("tr", { "data-cmd": c.id }, el("td", { text: c.id }), el("td", {}, el("code", { text: (c.argv || []).join(" ") })),
+              el("td", { text: c.state + (c.error ? ` (${c.error})` : "") }),
+              el("td", { class: "num", text: c.exit_code === null || c.exit_code === undefined ? (c.signal ? "signal " + c.signal : "–") : String(c.exit_code) }),
+              el("td", { text: c.started_at || "" }))));
+        }));
+        jobs.push(api(`/v1/sandboxes/${id}/network/log`).then(({ data }) => {
+          setText($("n-total"), `${data.total} denied since the daemon started` + (data.total ? "" : " (none)"));
+          $("n-rows").replaceChildren(...data.entries.slice().reverse().map((e) =>
+            el("tr", {}, el("td", { text: e.time }), el("td", { text: e.via }), el("td", { text: e.host }), el("td", { class: "num", text: String(e.port || "") }), el("td", { text: e.reason }))));
+        }));
+        if (n++ % 15 === 0) jobs.push(costChart()); // every 30 s
+        const res = await Promise.allSettled(jobs);
+        const bad = res.find((x) => x.status === "rejected");
+        if (bad) throw bad.reason;
+      },
+      leave() { if (term) term.close(); },
+    };
+  }
+
+  // ---- usage ----
+  function usageView() {
+    show("usage");
+    document.title = "Usage · withruntime";
+    let n = 0;
+    return {
+      async poll() {
+        if (n++ % 5) return; // every 10 s is plenty
+        const today = new Date(); today.setUTCHours(0, 0, 0, 0);
+        const from = new Date(today.getTime() - 13 * 86400000).toISOString().slice(0, 10);
+        const [byDay, byKey] = await Promise.all([
+          api(`/v1/usage?group_by=day&from=${from}`), api("/v1/usage?group_by=key")]);
+        const days = [];
+        for (let i = 13; i >= 0; i--) days.push(new Date(today.getTime() - i * 86400000).toISOString().slice(0, 10));
+        const per = new Map((byDay.data.rows || []).map((r) => [r.day, r.cost_micros]));
+        const limit = me && me.key ? me.key.daily_limit_micros : null;
+        barChart($("u-chart"), days.map((d) => per.get(d) || 0), days.map((d) => d.slice(5)),
+          { label: "cost per day over the last 14 days", fmt: usd, limit });
+        setText($("u-caption"), "Cost per UTC day" + (limit ? `; the dashed line is this key's daily limit, ${usd(limit)}` : "; this key has no daily limit"));
+        $("u-key-rows").replaceChildren(...(byKey.data.rows || []).map((r) => el("tr", {},
+          el("td", { text: r.key_id || "admin" }), el("td", { class: "num", text: usd(r.cost_micros) }),
+          el("td", { class: "num", text: human(r.cpu_usec / 1e6) }),
+          el("td", { class: "num", text: (r.memory_mib_ms / 1024 / 3600000).toFixed(3) }))));
+        setText($("u-total"), `Today's total: ${usd(byKey.data.total_micros)}`);
+      },
+    };
+  }
+
+  // ---- start ----
+  document.addEventListener("DOMContentLoaded", async () => {
+    $("signin-form").addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const key = $("key").value.trim();
+      setText($("signin-error"), "");
+      try {
+        await signIn(key);
+        $("key").value = "";
+        if (!location.hash || location.hash === "#/signin") location.hash = "#/sandboxes";
+        else route();
+        $("main").focus();
+      } catch (e) {
+        setText($("signin-error"), e.message);
+        $("key").select();
+      }
+    });
+    $("signout").addEventListener("click", () => signOut());
+    window.addEventListener("hashchange", route);
+    const saved = sessionStorage.getItem(KEY);
+    if (saved) {
+      try { await signIn(saved); } catch (e) { setText($("signin-error"), e.message); }
+    }
+    route();
+  });
+})();
