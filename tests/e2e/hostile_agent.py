@@ -34,6 +34,7 @@ DATA, STAT_RESULT, DIR_ENTRIES, OK, ERROR = 30, 31, 32, 33, 34
 REQUESTS = {PING, EXEC, FILE_READ, FILE_WRITE, FILE_LIST, FILE_STAT, FILE_MKDIR, FILE_REMOVE}
 
 PT_VERSION, PT_PID, PT_EXIT_CODE, PT_TERM_SIGNAL = 1, 2, 8, 9
+PROTO_VERSION = 3  # src/proto/proto.h
 PT_NAME, PT_TYPE, PT_SIZE, PT_MODE, PT_MTIME, PT_ERRNO, PT_MESSAGE = 15, 16, 17, 13, 18, 19, 20
 FT_FILE = 1
 MAX_PAYLOAD = 1 << 20
@@ -79,7 +80,7 @@ def frames():
         yield rid, ftype, read_exact(length) if length else b""
 
 
-def hello(version=2):
+def hello(version=PROTO_VERSION):
     send(frame(HELLO, 0, u32(PT_VERSION, version) + u32(PT_PID, os.getpid())))
 
 
@@ -158,7 +159,7 @@ def main():
         mode = "good"
     print(f"hostile agent: mode {mode}, pid {os.getpid()}", file=sys.stderr, flush=True)
 
-    hello(99 if mode == "bad_version" else 2)
+    hello(99 if mode == "bad_version" else PROTO_VERSION)
     if mode == "hello_twice":
         hello()
     if mode == "exit_after_hello":
