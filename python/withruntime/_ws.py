@@ -160,6 +160,8 @@ class Protocol:
             n, p = struct.unpack_from("!Q", buf, 2)[0], 10
         if n > MAX_MESSAGE:
             raise ProtocolError(f"a frame of {n} bytes (the limit is {MAX_MESSAGE})", 1009)
+        if buf[0] & 0x0F == CONT and self._frag is not None and len(self._frag) + n > MAX_MESSAGE:
+            raise ProtocolError(f"a message over {MAX_MESSAGE} bytes", 1009)
         if len(buf) < p + n:
             return None
         return p, n

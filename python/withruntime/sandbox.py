@@ -48,6 +48,7 @@ from ._ops import (
     async_face,
     class_context_operation,
     class_operation,
+    context_operation,
     iteration,
     operation,
     steps,
@@ -845,7 +846,7 @@ class _SandboxCore:
 
     # ---- interactive sessions ----
 
-    @operation
+    @context_operation
     def terminal(
         self,
         command: Union[str, Sequence[str], None] = None,

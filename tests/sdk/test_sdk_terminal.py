@@ -198,7 +198,7 @@ def test_async_terminal_beside_another_coroutine(sandbox):
             assert await term.wait(timeout=30) == 3
         assert [s["state"] for s in await sbx.sessions() if s["id"] == term.id] == ["exited"]
 
-        async with await sbx.terminal("wc -l", tty=False) as term:
+        async with sbx.terminal("wc -l", tty=False) as term:  # without await: the same
             await term.send(b"a\nb\nc\n")
             await term.eof()
             assert b"".join([chunk async for chunk in term]) == b"3\n"
@@ -395,6 +395,75 @@ def test_the_protocol_over_tls(tmp_path):
         assert [r[0] for r in fake.requests] == ["POST", "GET", "POST", "GET"]
     finally:
         fake.close()
+
+
+def server_frame(op, payload, fin=True, rsv=0, masked=False, length=None):
+    n = len(payload) if length is None else length
+    b0 = (0x80 if fin else 0) | rsv | op
+    if n < 126:
+        head = struct.pack("!BB", b0, (0x80 if masked else 0) | n)
+    elif n < 65536:
+        head = struct.pack("!BBH", b0, (0x80 if masked else 0) | 126, n)
+    else:
+        head = struct.pack("!BBQ", b0, (0x80 if masked else 0) | 127, n)
+    return head + (b"\0\0\0\0" if masked else b"") + payload
+
+
+def unmask(frame):
+    """A client frame's opcode and payload; it must be masked."""
+    assert frame[1] & 0x80
+    n, p = frame[1] & 0x7F, 2
+    if n == 126:
+        n, p = struct.unpack("!H", frame[2:4])[0], 4
+    elif n == 127:
+        n, p = struct.unpack("!Q", frame[2:10])[0], 10
+    mask, data = frame[p:p + 4], frame[p + 4:]
+    assert len(data) == n
+    return frame[0] & 0x0F, bytes(c ^ mask[i % 4] for i, c in enumerate(data))
+
+
+def test_the_websocket_protocol_without_io():
+    from withruntime import _ws
+
+    for payload in (b"", b"x" * 125, b"y" * 300, os.urandom(70000)):
+        f = _ws.frame(_ws.BINARY, payload)
+        assert unmask(f) == (_ws.BINARY, payload)
+        assert f[-len(payload):] != payload or not payload  # masked on the wire
+    p = _ws.Protocol()
+    # a message in pieces, fed a byte at a time, with a ping in its middle
+    wire = (server_frame(2, b"ab", fin=False) + server_frame(9, b"hi")
+            + server_frame(0, b"cd") + server_frame(1, "é".encode()))
+    events = []
+    for i in range(len(wire)):
+        p.feed(wire[i:i + 1])
+        while (ev := p.next_event()) is not None:
+            events.append(ev)
+    assert events == [("binary", b"abcd"), ("text", "é")]
+    assert unmask(p.take_output()) == (_ws.PONG, b"hi") and p.take_output() == b""
+    p.feed(server_frame(8, struct.pack("!H", 1001)))
+    assert p.next_event() == ("close", 1001)
+    assert unmask(p.take_output()) == (_ws.CLOSE, struct.pack("!H", 1001))
+    assert p.send_close() == b""  # once only
+    bad = [
+        (server_frame(2, b"", length=(1 << 20) + 1), 1009),  # refused from its header alone
+        (server_frame(2, b"x" * 1000, fin=False) + server_frame(0, b"", length=1 << 20), 1009),
+        (server_frame(2, b"x", rsv=0x40), 1002),
+        (server_frame(2, b"x", masked=True), 1002),
+        (server_frame(9, b"x" * 126), 1002),
+        (server_frame(0, b"x"), 1002),
+        (server_frame(5, b"x"), 1002),
+        (server_frame(1, b"\xff"), 1007),
+    ]
+    for wire, code in bad:
+        p = _ws.Protocol()
+        p.feed(wire)
+        with pytest.raises(_ws.ProtocolError) as e:
+            while p.next_event() is not None:
+                pass
+        assert e.value.code == code, wire[:20]
+    r = _ws.HandshakeReader()
+    with pytest.raises(_ws.ProtocolError):
+        r.feed(b"HTTP/1.1 101 OK\r\n" + b"X: y\r\n" * 20000)
 
 
 # ---- python/README.md ----
