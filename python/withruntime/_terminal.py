@@ -163,6 +163,10 @@ class _SyncSocket:
 
     def close(self) -> None:
         try:
+            self._sock.shutdown(socket.SHUT_WR)  # what was written is sent before the end
+        except OSError:
+            pass
+        try:
             self._sock.close()
         except OSError:
             pass

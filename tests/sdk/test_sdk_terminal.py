@@ -32,6 +32,7 @@ from withruntime import (
     DirTransfer,
     NotFound,
     Sandbox,
+    ServerError,
     Terminal,
     UnsafeArchive,
     WithruntimeError,
@@ -162,7 +163,14 @@ def run(coro):
     return asyncio.run(coro)
 
 
-def test_async_terminal_beside_another_coroutine(sandbox):
+def read_only_key(daemon):
+    status, body = daemon.admin_request("POST", "/v1/keys", {
+        "name": f"sdk-term-{time.time_ns()}", "read_only": True})
+    assert status == 201, body
+    return json.loads(body)
+
+
+def test_async_terminal_beside_another_coroutine(daemon, sandbox):
     async def main():
         sbx = await AsyncSandbox.connect(sandbox.id)
         async with await sbx.terminal(rows=24, cols=80) as term:
@@ -204,11 +212,20 @@ def test_async_terminal_beside_another_coroutine(sandbox):
             assert b"".join([chunk async for chunk in term]) == b"3\n"
             assert term.exit_code == 0
 
-        ro = AsyncSandbox({"id": sandbox.id}, AsyncClient(api_key="wrong-key"))
-        with pytest.raises(AuthError):
+        ro = AsyncSandbox({"id": sandbox.id}, AsyncClient(api_key=ro_key["key"]))
+        with pytest.raises(AuthError) as e:
             await ro.terminal()
+        assert e.value.status == 403
+        target = f"/v1/sandboxes/{sandbox.id}/sessions/ses-1/connect"
+        with pytest.raises(AuthError) as e:  # the handshake's refusal, the same class
+            await ro.client._ws_open(target, 10)
+        assert e.value.status == 403
 
-    run(main())
+    ro_key = read_only_key(daemon)
+    try:
+        run(main())
+    finally:
+        daemon.admin_request("POST", f"/v1/keys/{ro_key['id']}/revoke")
 
 
 def make_tree(root):
@@ -271,7 +288,8 @@ class FakeSessionDaemon:
     closes. It checks that every client frame is masked and that the pong carries the ping's
     payload."""
 
-    def __init__(self, tmp_path):
+    def __init__(self, tmp_path, hostile=False):
+        self.hostile = hostile
         self.cert = str(tmp_path / "cert.pem")
         key = str(tmp_path / "key.pem")
         subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
@@ -332,6 +350,8 @@ class FakeSessionDaemon:
             sock.sendall(struct.pack("!BB", (0x80 if fin else 0) | op, len(payload)) + payload)
 
         send(0x9, b"ping!")
+        if self.hostile:  # the header of a 2 MiB frame
+            sock.sendall(struct.pack("!BBQ", 0x82, 127, 2 << 20))
         send(0x2, b"frag", fin=False)
         send(0x0, b"mented")
         while True:
@@ -393,6 +413,33 @@ def test_the_protocol_over_tls(tmp_path):
         assert fake.closes.get(timeout=10) == 1000 and fake.problems == []
         assert {r[2] for r in fake.requests} == {"Bearer secret-key"}
         assert [r[0] for r in fake.requests] == ["POST", "GET", "POST", "GET"]
+    finally:
+        fake.close()
+
+
+def test_a_daemon_that_breaks_the_protocol(tmp_path):
+    fake = FakeSessionDaemon(tmp_path, hostile=True)
+    try:
+        client = Client(fake.url, "secret-key", ca_file=fake.cert)
+        with Sandbox({"id": "sb-x"}, client).terminal() as term:
+            with pytest.raises(ServerError) as e:
+                term.recv(timeout=10)
+            assert "WebSocket protocol" in e.value.message and "2097152" in e.value.message
+            assert term.recv(timeout=10) == b""
+        assert fake.closes.get(timeout=10) == 1009 and fake.problems == []
+        assert [r[0] for r in fake.requests] == ["POST", "GET", "DELETE"]
+
+        async def main():
+            sbx = AsyncSandbox({"id": "sb-x"}, AsyncClient(fake.url, "secret-key",
+                                                            ca_file=fake.cert))
+            async with sbx.terminal() as term:
+                with pytest.raises(ServerError):
+                    await term.recv(timeout=10)
+                assert [chunk async for chunk in term] == []
+            await sbx.client.aclose()
+
+        run(main())
+        assert fake.closes.get(timeout=10) == 1009 and fake.problems == []
     finally:
         fake.close()
 
