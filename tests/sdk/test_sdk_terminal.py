@@ -101,6 +101,10 @@ def test_sync_pipes_eof_signal_and_timeout(sandbox):
     with sandbox.terminal("sleep 60", tty=False) as term:
         term.signal("KILL")
         assert term.wait(timeout=30) == -1 and term.exit_signal == 9
+    # a lot of output, read at the caller's pace: all of it arrives, in pieces of at most 1 MiB
+    with sandbox.terminal("head -c 8000000 /dev/zero; echo; echo end", tty=False) as term:
+        sizes = [len(chunk) for chunk in term]
+        assert sum(sizes) == 8000005 and max(sizes) <= 1 << 20 and term.exit_code == 0
     # left without reading: leaving the block kills the session and the daemon forgets it
     with sandbox.terminal("sleep 60", tty=False) as term:
         sid = term.id
