@@ -90,20 +90,35 @@ def test_sync_terminal_types_resizes_and_exits(sandbox):
     assert (s["state"], s["exit_code"], s["rows"], s["cols"]) == ("exited", 3, 30, 100)
 
 
+def drain(term, timeout=30.0):
+    """All the output to the end (b"" from recv), within ``timeout`` seconds."""
+    out = b""
+    deadline = time.monotonic() + timeout
+    while True:
+        data = term.recv(timeout=max(0.01, deadline - time.monotonic()))
+        if not data:
+            return out
+        out += data
+
+
 def test_sync_pipes_eof_signal_and_timeout(sandbox):
-    with sandbox.terminal(["wc", "-l"], tty=False) as term:
+    with sandbox.terminal("echo ready; exec wc -l", tty=False) as term:
+        read_until(term, rb"^ready\n")
         term.send(b"one\ntwo\nthree\n")
         with pytest.raises(TimeoutError):  # wc waits for the end of its input
             term.recv(timeout=0.3)
         term.eof()
-        assert b"".join(term) == b"3\n"
+        assert drain(term) == b"3\n"
         assert term.exit_code == 0
-    with sandbox.terminal("sleep 60", tty=False) as term:
+    with sandbox.terminal("echo ready; exec sleep 60", tty=False) as term:
+        read_until(term, rb"^ready\n")
         term.signal("KILL")
         assert term.wait(timeout=30) == -1 and term.exit_signal == 9
     # a lot of output, read at the caller's pace: all of it arrives, in pieces of at most 1 MiB
     with sandbox.terminal("head -c 8000000 /dev/zero; echo; echo end", tty=False) as term:
-        sizes = [len(chunk) for chunk in term]
+        sizes = []
+        while chunk := term.recv(timeout=30):
+            sizes.append(len(chunk))
         assert sum(sizes) == 8000005 and max(sizes) <= 1 << 20 and term.exit_code == 0
     # left without reading: leaving the block kills the session and the daemon forgets it
     with sandbox.terminal("sleep 60", tty=False) as term:
@@ -147,7 +162,7 @@ def test_over_the_unix_socket(daemon, sandbox):
     with sbx.terminal(["cat"], tty=False) as term:
         term.send("over the socket\n")
         term.eof()
-        assert b"".join(term) == b"over the socket\n" and term.exit_code == 0
+        assert drain(term) == b"over the socket\n" and term.exit_code == 0
 
     async def main():
         asbx = AsyncSandbox({"id": sandbox.id}, AsyncClient("unix:" + daemon.socket_path))
@@ -210,10 +225,15 @@ def test_async_terminal_beside_another_coroutine(daemon, sandbox):
             assert await term.wait(timeout=30) == 3
         assert [s["state"] for s in await sbx.sessions() if s["id"] == term.id] == ["exited"]
 
-        async with sbx.terminal("wc -l", tty=False) as term:  # without await: the same
+        async with sbx.terminal("echo ready; exec wc -l", tty=False) as term:  # no await
+            await aread_until(term, rb"^ready\n")
             await term.send(b"a\nb\nc\n")
             await term.eof()
-            assert b"".join([chunk async for chunk in term]) == b"3\n"
+
+            async def rest():
+                return b"".join([chunk async for chunk in term])
+
+            assert await asyncio.wait_for(rest(), 30) == b"3\n"
             assert term.exit_code == 0
 
         ro = AsyncSandbox({"id": sandbox.id}, AsyncClient(api_key=ro_key["key"]))
