@@ -13,6 +13,9 @@ For asyncio, :class:`AsyncSandbox` is the same with every call a coroutine::
         print((await sbx.exec("echo hi")).stdout)
         tools = async_sandbox_tools(sbx)   # the same four tools, as coroutines
 
+Both have a terminal: ``sbx.terminal()`` gives a :class:`Terminal` (``send``, ``recv``,
+``resize``, ``signal``, ``eof``, ``wait``), ``await sbx.terminal()`` an :class:`AsyncTerminal`.
+
 The daemon is found from ``RUNTIME_URL`` and ``RUNTIME_API_KEY``, else the connection saved by
 ``withruntime login``, else the local Unix socket (see :mod:`withruntime.client`). Standard
 library only.
@@ -52,6 +55,7 @@ from .sandbox import (
     Files,
     Sandbox,
 )
+from ._terminal import AsyncTerminal, Terminal
 
 __version__ = "0.1.0"
 
@@ -61,6 +65,8 @@ __all__ = [
     "AsyncFiles",
     "AsyncCommand",
     "AsyncClient",
+    "Terminal",
+    "AsyncTerminal",
     "ExecResult",
     "ExecEvent",
     "CreateProgress",

@@ -46,6 +46,7 @@ __all__ = [
     "operation",
     "iteration",
     "class_operation",
+    "context_operation",
     "class_context_operation",
     "AwaitableContext",
     "sync_face",
@@ -291,6 +292,13 @@ def iteration(fn: Callable[..., Any]) -> Any:
     """Marks a method returning a generator (of steps and :class:`Emit`) as an operation whose
     caller iterates over what it emits."""
     return _Op(fn, "iter", False)
+
+
+def context_operation(fn: Callable[..., Any]) -> Any:
+    """:func:`operation` whose answer is a context manager (``sbx.terminal``): the async face
+    gives an :class:`AwaitableContext`, so both ``term = await sbx.terminal()`` and
+    ``async with sbx.terminal() as term:`` work."""
+    return _Op(fn, "enter", False)
 
 
 def class_operation(fn: Callable[..., Any]) -> Any:

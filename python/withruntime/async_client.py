@@ -377,6 +377,7 @@ class AsyncClient(ClientBase):
             raise ValueError("max_connections must be >= 1 and max_idle >= 0")
         self.max_connections = max_connections
         self.max_idle = max_idle
+        self._twin: Any = None
         self._pools: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Pool]" = \
             weakref.WeakKeyDictionary()
 
@@ -396,14 +397,6 @@ class AsyncClient(ClientBase):
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.aclose()
-
-    def _host_header(self) -> str:
-        if self._unix_path is not None:
-            return "localhost"
-        host = f"[{self._host}]" if ":" in self._host else self._host
-        if self._port != (443 if self._https else 80):
-            host += f":{self._port}"
-        return host
 
     def _request_head(self, method: str, target: str, headers: Mapping[str, str],
                       body: Optional[bytes]) -> bytes:
@@ -488,6 +481,24 @@ class AsyncClient(ClientBase):
         finally:
             if held:
                 pool.slots.release()
+
+    async def _ws_open(self, target: str, timeout: float) -> Any:
+        """A WebSocket to ``target`` (a terminal's), on a connection of its own."""
+        from ._terminal import _AsyncSocket
+
+        return await _AsyncSocket.open(self, target, timeout)
+
+    def _sync_twin(self) -> Any:
+        """A blocking :class:`~withruntime.Client` for the same daemon, key and CA (what
+        ``AsyncFiles.upload_dir`` runs in a thread)."""
+        if self._twin is None:
+            from .client import Client
+
+            twin = Client(self._conn.url, self._conn.key, timeout=self.timeout,
+                          ca_file=self._conn.ca_file)
+            twin._conn = self._conn  # its source and state directory: messages, autostart
+            self._twin = twin
+        return self._twin
 
     async def _exchange(self, method: str, target: str, body: Optional[bytes],
                         content_type: Optional[str],

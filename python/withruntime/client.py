@@ -269,6 +269,15 @@ class ClientBase:
                 f"refusing to send the API key in clear text to {self.url}: use https:// (the "
                 f"daemon's serve --tls-cert), or reach it on a loopback address (an SSH tunnel)")
 
+    def _host_header(self) -> str:
+        """The ``Host`` header's value."""
+        if self._unix_path is not None:
+            return "localhost"
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        if self._port != (443 if self._https else 80):
+            host += f":{self._port}"
+        return host
+
     def _headers(self, content_type: Optional[str], extra: Optional[Mapping[str, str]]) -> Dict[str, str]:
         h = {"User-Agent": USER_AGENT, "Accept": "application/json"}
         if content_type:
@@ -507,6 +516,12 @@ class Client(ClientBase):
             return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data
         finally:
             conn.close()
+
+    def _ws_open(self, target: str, timeout: float) -> Any:
+        """A WebSocket to ``target`` (a terminal's), on a connection of its own."""
+        from ._terminal import _SyncSocket
+
+        return _SyncSocket.open(self, target, timeout)
 
     def stream_ndjson(
         self,

@@ -37,6 +37,9 @@ from typing import (  # AsyncIterator: named by the async classes' annotations
 )
 from urllib.parse import quote
 
+import asyncio
+import functools
+
 from . import _archive
 from ._ops import (
     Call,
@@ -47,17 +50,19 @@ from ._ops import (
     async_face,
     class_context_operation,
     class_operation,
+    context_operation,
     iteration,
     operation,
     steps,
     sync_face,
 )
+from ._terminal import AsyncTerminal, Terminal
 from .async_client import AsyncClient
 from .client import Client
 from .errors import FileTooLarge, NotFound, WithruntimeError, error_from_response
 
 __all__ = ["Sandbox", "AsyncSandbox", "ExecResult", "ExecEvent", "FileInfo", "Files",
-           "AsyncFiles", "Command", "AsyncCommand", "CommandOutput"]
+           "AsyncFiles", "Command", "AsyncCommand", "CommandOutput", "Terminal", "AsyncTerminal"]
 
 # sbx.files.read returns at most this many bytes unless told otherwise.
 DEFAULT_READ_MAX = 100 << 20
@@ -487,7 +492,32 @@ class Files(_FilesCore):
 class AsyncFiles(_FilesCore):
     """File operations in one :class:`AsyncSandbox` (``sbx.files``), as coroutines
     (``await sbx.files.read(path)``; ``read_stream`` is an async iterator). A relative path is
-    relative to ``/workspace``; every path resolves inside the sandbox, never on the host."""
+    relative to ``/workspace``; every path resolves inside the sandbox, never on the host.
+
+    ``upload_dir`` and ``download_dir`` are the sync ones run in a thread (on a blocking twin
+    of the sandbox's client), so the event loop runs on while a tree is packed, sent, received
+    and extracted; they take the same arguments, make the same checks and give the same
+    :class:`DirTransfer`. A cancelled call stops waiting at once; its thread finishes the piece
+    it is sending or the archive it is reading."""
+
+    def _sync_files(self) -> Files:
+        return Sandbox(self._sbx._info, self._sbx._client._sync_twin()).files
+
+    async def upload_dir(self, local: str, remote: str, *,
+                         piece_size: int = PIECE_SIZE) -> "_archive.DirTransfer":
+        """:meth:`Files.upload_dir`, without blocking the event loop."""
+        run = functools.partial(self._sync_files().upload_dir, local, remote,
+                                piece_size=piece_size)
+        return await asyncio.get_running_loop().run_in_executor(None, run)
+
+    async def download_dir(self, remote: str, local: str, *,
+                           max_bytes: Optional[int] = _archive.DEFAULT_MAX_BYTES,
+                           max_entries: Optional[int] = _archive.DEFAULT_MAX_ENTRIES,
+                           ) -> "_archive.DirTransfer":
+        """:meth:`Files.download_dir`, without blocking the event loop."""
+        run = functools.partial(self._sync_files().download_dir, remote, local,
+                                max_bytes=max_bytes, max_entries=max_entries)
+        return await asyncio.get_running_loop().run_in_executor(None, run)
 
 
 @dataclass(frozen=True)
@@ -523,6 +553,7 @@ class _SandboxCore:
     _client_cls: Any = None
     _files_cls: Any = None
     _command_cls: Any = None
+    _terminal_cls: Any = None
 
     def __init__(self, info: Mapping[str, Any], client: Any) -> None:
         if not isinstance(client, self._client_cls):
@@ -849,6 +880,70 @@ class _SandboxCore:
                              f"{self._path}/commands/{quote(command_id, safe='')}")
         return self._command_cls(self, d)
 
+    # ---- interactive sessions ----
+
+    @context_operation
+    def terminal(
+        self,
+        command: Union[str, Sequence[str], None] = None,
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        tty: bool = True,
+    ) -> "Terminal":
+        """Starts an interactive session and connects to it (a WebSocket on the client's own
+        connection): a :class:`Terminal` to send input to and read output from.
+
+        Args:
+            command: A string for ``/bin/sh -c``, a list of strings run directly, or None for a
+                login shell (bash where there is one).
+            rows: The terminal's height (1..10000).
+            cols: The terminal's width (1..10000).
+            env: More environment variables for the command.
+            cwd: Its working directory (default ``/workspace``).
+            tty: True gives it a pseudo-terminal (``TERM=xterm-256color``); False gives it
+                pipes, its stdout and stderr both arriving as output, and ``eof()`` closing its
+                stdin.
+
+        Raises:
+            AuthError: A read-only key.
+            Conflict: The sandbox is not running, or runs 16 sessions already.
+        """
+        body: Dict[str, Any] = {"tty": bool(tty), "rows": rows, "cols": cols}
+        if isinstance(command, str):
+            body["command"] = command
+        elif isinstance(command, (bytes, bytearray)):
+            raise TypeError("command must be a str (run by /bin/sh -c) or a list of str (argv)")
+        elif command is not None:
+            body["argv"] = [str(a) for a in command]
+        if env is not None:
+            body["env"] = dict(env)
+        if cwd is not None:
+            body["cwd"] = cwd
+        info = yield from self._call("request_json", "POST", self._path + "/sessions",
+                                     json_body=body)
+        path = f"{self._path}/sessions/{quote(str(info['id']), safe='')}"
+        try:
+            io = yield Call(self._client, "_ws_open", self._client._target(path + "/connect", None),
+                            self._client.timeout)
+        except Exception:
+            try:  # no one will connect to it: end it now rather than after its grace period
+                yield from self._call("request", "DELETE", path)
+            except WithruntimeError:
+                pass
+            raise
+        return self._terminal_cls(self, info, io)
+
+    @operation
+    def sessions(self) -> List[Dict[str, Any]]:
+        """The sandbox's interactive sessions, oldest first: the running ones and the 16 newest
+        that ended, each ``{"id", "argv", "state", "tty", "rows", "cols", "connected",
+        "created_at", "ended_at", "exit_code", "signal"}`` (see docs/api.md, Sessions)."""
+        d = yield from self._call("request_json", "GET", self._path + "/sessions")
+        return list(d.get("sessions", []))
+
     @staticmethod
     def _exec_body(
         command: Union[str, Sequence[str]],
@@ -999,7 +1094,7 @@ class Sandbox(_SandboxCore):
 
 
 @async_face(Sandbox="AsyncSandbox", Command="AsyncCommand", Client="AsyncClient",
-            Iterator="AsyncIterator")
+            Iterator="AsyncIterator", Terminal="AsyncTerminal")
 class AsyncSandbox(_SandboxCore):
     """A sandbox on a withruntime daemon, for asyncio: the same as :class:`Sandbox` with every
     call a coroutine (``await AsyncSandbox.create()``, ``await sbx.exec(...)``,
@@ -1177,3 +1272,5 @@ class AsyncCommand(_CommandCore):
 
 Sandbox._command_cls = Command
 AsyncSandbox._command_cls = AsyncCommand
+Sandbox._terminal_cls = Terminal
+AsyncSandbox._terminal_cls = AsyncTerminal
