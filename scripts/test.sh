@@ -73,13 +73,18 @@ fi
 step "end-to-end tests, not slow, against the sanitizer build (build-san/)"
 # The agent runs inside gVisor and is never sanitized (build-san/withruntime-agent is a plain
 # static build); the daemon and CLI are ASan+UBSan. Any sanitizer report in the daemon's log, or
-# a non-zero exit on SIGTERM (LeakSanitizer exits 23), fails the session fixture.
+# a non-zero exit on SIGTERM (LeakSanitizer exits 23), fails the session fixture. Left out here
+# (they run against build/ above): the browser's, the CLI's help/completion/progress, the spec's
+# and the fake internet's own tests, which drive little daemon code the others do not, to keep
+# the whole run under 30 minutes.
 set +e
 WR_BIN=$ROOT/build-san/withruntime WR_AGENT=$ROOT/build-san/withruntime-agent \
     ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=0:detect_leaks=1} \
     UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
     timeout -k 30 1200 "$PY" -m pytest tests/e2e -ra -p no:cacheprovider -m "not slow" \
-    ${PYTEST_ARGS:-}
+    --ignore=tests/e2e/test_dashboard.py --ignore=tests/e2e/test_cli_cover.py \
+    --ignore=tests/e2e/test_progress.py --ignore=tests/e2e/test_spec.py \
+    --ignore=tests/e2e/test_fakenet.py ${PYTEST_ARGS:-}
 rc=$?
 set -e
 if [ "$rc" -ne 0 ]; then
