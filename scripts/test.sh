@@ -62,7 +62,7 @@ failed=0
 step "end-to-end tests (build/)"
 set +e
 WR_BIN=$ROOT/build/withruntime WR_AGENT=$ROOT/build/withruntime-agent \
-    timeout -k 30 1500 "$PY" -m pytest tests/e2e -ra -p no:cacheprovider ${PYTEST_ARGS:-}
+    timeout -k 30 1500 "$PY" -m pytest tests/e2e -ra -p no:cacheprovider --durations=15 --junitxml=build/e2e.xml ${PYTEST_ARGS:-}
 rc=$?
 set -e
 if [ "$rc" -ne 0 ]; then
@@ -81,7 +81,7 @@ set +e
 WR_BIN=$ROOT/build-san/withruntime WR_AGENT=$ROOT/build-san/withruntime-agent \
     ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=0:detect_leaks=1} \
     UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
-    timeout -k 30 1200 "$PY" -m pytest tests/e2e -ra -p no:cacheprovider -m "not slow" \
+    timeout -k 30 1200 "$PY" -m pytest tests/e2e -ra -p no:cacheprovider --durations=15 --junitxml=build-san/e2e.xml -m "not slow" \
     --ignore=tests/e2e/test_dashboard.py --ignore=tests/e2e/test_cli_cover.py \
     --ignore=tests/e2e/test_progress.py --ignore=tests/e2e/test_spec.py \
     --ignore=tests/e2e/test_fakenet.py ${PYTEST_ARGS:-}

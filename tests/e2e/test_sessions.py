@@ -165,17 +165,21 @@ def wait_for(pred, what, timeout=20):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-# Against the normal build only: in the sanitizer run of CI at 1fba05b its shell's output did
-# not arrive within 30 s (once; it passed there before). Not understood yet: see the closing
-# note of 2026-12-02.
-@pytest.mark.slow
 def test_shell_types_and_resizes(daemon, client, sandbox):
     ses = new_session(client, sandbox, rows=24, cols=80)
     assert ses["state"] == "running" and ses["tty"] is True and ses["connected"] is False
     ws = connect(daemon, sandbox, ses)
     try:
         assert ws.status == 101, ws.head
-        ws.read_until(b"# ")  # the prompt: bash drops what was typed before it started
+        try:
+            ws.read_until(b"# ")  # the prompt: bash drops what was typed before it started
+        except AssertionError as e:
+            # seen once in a sanitizer run (CI at 1fba05b) and not reproduced since: say enough
+            # to find out why if it comes back
+            got = client.request("GET", f"/v1/sandboxes/{sandbox}/sessions/{ses['id']}")
+            sb = client.request("GET", f"/v1/sandboxes/{sandbox}")
+            raise AssertionError(f"{e}\nsession: {got.body!r}\nsandbox: {sb.body!r}\n"
+                                 f"daemon log:\n{daemon.log_tail(80)}") from e
         ws.send_bytes(b"echo $((6*7))x\n")
         ws.read_until(b"42x")
         ws.send_bytes(b"stty size\n")
