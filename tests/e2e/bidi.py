@@ -302,8 +302,8 @@ class Firefox:
     # ---- the end ----
 
     def _strays(self):
-        """PIDs of processes still in Firefox's group, and its crash helper (which leaves the
-        group; its first argument is the PID it watches)."""
+        """PIDs of live processes still in Firefox's group, and its crash helper (which leaves
+        the group; its first argument is the PID it watches)."""
         pids = []
         for name in os.listdir("/proc"):
             if not name.isdigit():
@@ -315,10 +315,12 @@ class Firefox:
                     argv = f.read().split(b"\0")
             except OSError:
                 continue
-            pgid = int(stat.rsplit(")", 1)[1].split()[2])
+            state, _, pgid = stat.rsplit(")", 1)[1].split()[:3]
+            if state == "Z":  # dead already; whoever they were reparented to reaps them
+                continue
             helper = (argv[0].endswith(b"/crashhelper") and len(argv) > 1
                       and argv[1] == str(self.proc.pid).encode())
-            if pgid == self.proc.pid or helper:
+            if int(pgid) == self.proc.pid or helper:
                 pids.append(int(name))
         return pids
 
