@@ -43,8 +43,10 @@ PKGS="build-essential pkg-config libevent-dev libjansson-dev libsqlite3-dev libs
 nftables libnftables-dev \
 mmdebstrap iproute2 procps ca-certificates \
 python3 python3-venv clang-format e2fsprogs \
-zsh chromium chromium-driver"  # zsh: the tests load `withruntime completion zsh` in it;
-# chromium, chromium-driver: tests/e2e/test_dashboard.py drives the dashboard in a real browser
+zsh chromium chromium-driver firefox-esr"  # zsh: the tests load `withruntime completion zsh`
+# in it; chromium, chromium-driver: tests/e2e/test_dashboard.py drives the dashboard in a real
+# browser; firefox-esr: tests/e2e/test_dashboard_firefox.py does in Firefox, over the WebDriver
+# BiDi that Firefox speaks itself (Debian has no geckodriver)
 
 need=""
 for p in $PKGS; do
