@@ -26,8 +26,11 @@ struct wsconn {
     struct ws_reader rd;
     struct event *timer;
     uint64_t last_rx_ms;
-    int closing;    /* a close frame was queued: nothing more is read or sent */
-    int want_drain; /* call ops->drained when the queue empties */
+    int closing;     /* a close frame was queued: nothing more is sent, nor handed to the owner */
+    int await_peer;  /* closing, and reading on only to see the peer's close frame (RFC 6455
+                        5.5.1: the TCP connection goes once both sides have sent theirs) */
+    int peer_closed; /* the peer's close frame came */
+    int want_drain;  /* call ops->drained when the queue empties */
     int paused;
     int out_full; /* not reading while the peer does not take what it is sent */
     int in_feed;  /* inside ws_reader_feed: a callback may close */
@@ -87,7 +90,10 @@ static void put_frame(struct wsconn *c, int op, const void *data, size_t len)
         evbuffer_add(out, data, len);
 }
 
-static void send_close(struct wsconn *c, int code, const char *reason)
+/* Queues a close frame and ends the connection once it is out: at once if await_peer is 0 or
+ * the peer's own close came already, else when the peer's close frame comes (or it hangs up),
+ * and after CLOSE_LINGER_S in any case. */
+static void send_close(struct wsconn *c, int code, const char *reason, int await_peer)
 {
     uint8_t b[2 + 123];
     size_t rl = reason ? strlen(reason) : 0;
@@ -99,7 +105,15 @@ static void send_close(struct wsconn *c, int code, const char *reason)
         memcpy(b + 2, reason, rl);
     put_frame(c, WS_OP_CLOSE, b, 2 + rl);
     c->closing = 1;
-    bufferevent_disable(c->bev, EV_READ);
+    c->await_peer = await_peer && !c->peer_closed;
+    if (c->await_peer) {
+        /* paused or not, what comes is read now, and dropped, until the close frame */
+        bufferevent_enable(c->bev, EV_READ);
+        if (evbuffer_get_length(bufferevent_get_input(c->bev)))
+            bufferevent_trigger(c->bev, EV_READ, BEV_TRIG_DEFER_CALLBACKS);
+    } else {
+        bufferevent_disable(c->bev, EV_READ);
+    }
     struct timeval tv = {CLOSE_LINGER_S, 0};
     evtimer_add(c->timer, &tv);
 }
@@ -107,8 +121,16 @@ static void send_close(struct wsconn *c, int code, const char *reason)
 static int on_msg(void *arg, int op, const uint8_t *data, size_t len, int fin, int code)
 {
     struct wsconn *c = arg;
-    if (c->closing || c->dead)
+    if (c->dead)
         return 0;
+    if (c->closing) {
+        if (op == WS_OP_CLOSE && c->await_peer) {
+            c->peer_closed = 1;
+            if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
+                conn_end(c); /* both closes are out: freed once the feed returns */
+        }
+        return 0;
+    }
     switch (op) {
     case WS_OP_BINARY:
         if (len && c->ops->binary)
@@ -122,9 +144,10 @@ static int on_msg(void *arg, int op, const uint8_t *data, size_t len, int fin, i
     case WS_OP_PONG: break;
     case WS_OP_CLOSE:
         /* The peer is done: it hears the same code back, and the owner that it is over. */
+        c->peer_closed = 1;
         if (c->ops->closed)
             c->ops->closed(c->arg);
-        send_close(c, code == 1005 ? WS_CLOSE_NORMAL : code, NULL);
+        send_close(c, code == 1005 ? WS_CLOSE_NORMAL : code, NULL, 0);
         break;
     }
     return 0;
@@ -135,8 +158,12 @@ static void on_read(struct bufferevent *bev, void *arg)
     struct wsconn *c = arg;
     struct evbuffer *in = bufferevent_get_input(bev);
     c->last_rx_ms = now_ms_monotonic();
-    while (!c->closing && !c->dead && !c->paused && evbuffer_get_length(in) > 0) {
-        if (evbuffer_get_length(bufferevent_get_output(bev)) > OUT_MAX) {
+    while (!c->dead && evbuffer_get_length(in) > 0) {
+        if (c->closing && (!c->await_peer || c->peer_closed))
+            break;
+        if (!c->closing && c->paused)
+            break;
+        if (!c->closing && evbuffer_get_length(bufferevent_get_output(bev)) > OUT_MAX) {
             c->out_full = 1;
             bufferevent_disable(bev, EV_READ);
             break;
@@ -152,11 +179,15 @@ static void on_read(struct bufferevent *bev, void *arg)
             conn_free(c);
             return;
         }
-        if (rc && !c->closing) {
+        if (rc && c->closing) {
+            conn_end(c); /* garbage after our close frame: no close of its own will come */
+            return;
+        }
+        if (rc) {
             log_info(NULL, "ws.protocol_error", "close=%d", rc);
             if (c->ops->closed)
                 c->ops->closed(c->arg);
-            send_close(c, rc, rc == WS_CLOSE_TOO_BIG ? "message too big" : "protocol violation");
+            send_close(c, rc, rc == WS_CLOSE_TOO_BIG ? "message too big" : "protocol violation", 0);
         }
     }
     if (c->closing)
@@ -167,7 +198,8 @@ static void on_write(struct bufferevent *bev, void *arg)
 {
     struct wsconn *c = arg;
     if (c->closing) {
-        conn_end(c); /* the close frame is out */
+        if (!c->await_peer || c->peer_closed)
+            conn_end(c); /* the close frame is out (and the peer's came, if awaited) */
         return;
     }
     if (c->out_full) {
@@ -203,7 +235,7 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     if (now - c->last_rx_ms >= (uint64_t)WSCONN_DEAD_S * 1000) {
         if (c->ops->closed)
             c->ops->closed(c->arg);
-        send_close(c, WS_CLOSE_GOING_AWAY, "no sign of life");
+        send_close(c, WS_CLOSE_GOING_AWAY, "no sign of life", 0);
         return;
     }
     put_frame(c, WS_OP_PING, NULL, 0);
@@ -311,7 +343,7 @@ void wsconn_close(struct wsconn *c, int code, const char *reason)
         return;
     }
     if (!c->closing)
-        send_close(c, code, reason);
+        send_close(c, code, reason, 1);
     c->closing = 1;
     c->ops = &no_ops; /* the owner is gone: no more calls */
 }

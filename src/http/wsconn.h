@@ -62,8 +62,10 @@ void wsconn_on_drain(struct wsconn *c);
 void wsconn_pause(struct wsconn *c, int on);
 
 /**
- * Sends a close frame with code and reason, lets what is queued go out (for a few seconds at
- * most), then closes. ops->closed is not called; c must not be used again.
+ * Sends a close frame with code and reason, lets what is queued go out, and closes the TCP
+ * connection once the peer's close frame answers it (or the peer hangs up, or a few seconds
+ * pass): the closing handshake of RFC 6455 5.5.1, so browsers see a clean close. What the peer
+ * sends meanwhile is read and dropped. ops->closed is not called; c must not be used again.
  */
 void wsconn_close(struct wsconn *c, int code, const char *reason);
 

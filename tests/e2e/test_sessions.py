@@ -222,6 +222,24 @@ def test_ctrl_d_ends_the_shell_with_its_status(daemon, client, sandbox):
         ws.close()
 
 
+def test_the_server_hangs_up_after_the_clients_close_frame(daemon, client, sandbox):
+    # RFC 6455 5.5.1: after its close frame the server waits for the client's before it ends
+    # the TCP connection, so a browser sees a clean close (and a client that never answers is
+    # let go after a few seconds)
+    ses = new_session(client, sandbox, argv=["sh", "-c", "exit 3"], tty=False)
+    ws = connect(daemon, sandbox, ses)
+    try:
+        assert ws.read_exit()["exit_code"] == 3 and ws.close_code == 1000
+        ws.sock.settimeout(0.5)
+        with pytest.raises(socket.timeout):
+            ws.sock.recv(1)  # still open: it waits for our close frame
+        ws.send_frame(8, struct.pack("!H", 1000))
+        ws.sock.settimeout(10)
+        assert ws.sock.recv(1) == b""  # answered: it hangs up
+    finally:
+        ws.close()
+
+
 def test_pipes_session_signal_and_eof(daemon, client, sandbox):
     ses = new_session(client, sandbox, argv=["sh", "-c", "wc -c; trap 'echo got-int; exit 9' INT; "
                                               "echo ready; while :; do sleep 0.05; done"],
