@@ -106,8 +106,9 @@ def test_whoami(daemon):
     ro = daemon.make_key(read_only=True, owner_id=me["key"]["id"], daily_limit_micros=5_000_000)
     them = daemon.client.with_key(ro["key"]).expect(200, "GET", "/v1/whoami").json()
     assert them["key"]["id"] == ro["id"] and them["key"]["read_only"] is True
-    assert them["key"]["daily_limit_micros"] == 5_000_000
-    assert daemon.admin.expect(200, "GET", "/v1/whoami").json() == {"admin": True, "key": None}
+    assert them["key"]["daily_limit_micros"] == 5_000_000 and them["auditor"] is False
+    assert daemon.admin.expect(200, "GET", "/v1/whoami").json() == {
+        "admin": True, "auditor": False, "key": None}
     assert plain(daemon).request("GET", "/v1/whoami").status == 401
     metrics = daemon.make_key(metrics=True)
     assert daemon.client.with_key(metrics["key"]).request("GET", "/v1/whoami").status == 403
