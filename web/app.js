@@ -86,6 +86,13 @@
   // ---- who is signed in ----
   let me = null; // the /v1/whoami answer
   const readOnly = () => !me || (me.key && me.key.read_only);
+  const auditor = () => !!(me && me.auditor);
+  // Which nav links this key has use for: an auditor key has no sandboxes but reads keys and
+  // the audit trail; every other key the reverse.
+  function navFor() {
+    for (const a of document.querySelectorAll("#nav a[data-for]"))
+      a.hidden = a.dataset.for === "auditor" ? !auditor() : auditor();
+  }
 
   async function signIn(key) {
     sessionStorage.setItem(KEY, key);
@@ -99,7 +106,8 @@
       throw new Error(e.message || "cannot reach the daemon");
     }
     const k = me.key;
-    setText($("who"), k ? `${k.name} (${k.id})${k.read_only ? " · read-only" : ""}` : "admin");
+    setText($("who"), k ? `${k.name} (${k.id})${me.auditor ? " · auditor" : k.read_only ? " · read-only" : ""}` : "admin");
+    navFor();
     $("nav").hidden = false;
     $("signout").hidden = false;
   }
@@ -107,6 +115,7 @@
     sessionStorage.removeItem(KEY);
     cache.clear();
     me = null;
+    navFor();
     $("nav").hidden = true;
     $("signout").hidden = true;
     setText($("who"), "");
@@ -115,7 +124,7 @@
     if (msg) setText($("signin-error"), msg);
   }
 
-  // ---- views and routing (#/sandboxes, #/sandbox/ID, #/usage) ----
+  // ---- views and routing (#/sandboxes, #/sandbox/ID, #/usage, #/keys, #/audit) ----
   let timer = null;
   let view = null; // {name, poll(), leave()}
   function show(name) {
@@ -140,7 +149,7 @@
     if (view && view.leave) view.leave();
     view = null;
     status("");
-    const h = location.hash || "#/sandboxes";
+    const h = location.hash || (auditor() ? "#/keys" : "#/sandboxes");
     if (!sessionStorage.getItem(KEY) || !me) {
       show("signin");
       document.title = "Sign in · withruntime";
@@ -150,7 +159,10 @@
     let m;
     if ((m = h.match(/^#\/sandbox\/(sb-[a-z2-7]{21})$/))) view = sandboxView(m[1]);
     else if (h === "#/usage") view = usageView();
-    else view = listView();
+    else if (h === "#/keys") view = keysView();
+    else if (h === "#/audit") view = auditView();
+    else if (h === "#/sandboxes" || !auditor()) view = listView(); // an auditor's: the daemon says no
+    else view = keysView();
     tick();
   }
 
@@ -306,16 +318,15 @@
 
     function fact(k, v) { return [el("dt", { text: k }), el("dd", { text: v })]; }
     async function costChart() {
-      // 12 five-minute windows of the last hour, each a /v1/usage query by sandbox
-      const end = Math.ceil(Date.now() / 300000) * 300000;
-      const slots = [];
-      for (let i = 11; i >= 0; i--) slots.push([end - (i + 1) * 300000, end - i * 300000]);
-      const vals = await Promise.all(slots.map(async ([a, b]) => {
-        const r = (await api(`/v1/usage?group_by=sandbox&from=${iso(a)}&to=${iso(Math.min(b, Date.now()))}`)).data;
-        const row = (r.rows || []).find((x) => x.sandbox_id === id);
-        return row ? row.cost_micros : 0;
-      }));
-      const labels = slots.map(([a]) => new Date(a).toISOString().slice(11, 16));
+      // 12 five-minute windows of the last hour, from one /v1/usage call: this sandbox, by minute
+      const end = Math.ceil(Date.now() / 300000) * 300000, start = end - 12 * 300000;
+      const r = (await api(`/v1/usage?group_by=minute&sandbox=${id}&from=${iso(start)}&to=${iso(end)}`)).data;
+      const vals = new Array(12).fill(0);
+      for (const row of r.rows || []) {
+        const i = Math.floor((Date.parse(row.minute) - start) / 300000);
+        if (i >= 0 && i < 12) vals[i] += row.cost_micros;
+      }
+      const labels = vals.map((_, i) => new Date(start + i * 300000).toISOString().slice(11, 16));
       barChart($("d-chart-cost"), vals, labels, { label: "cost per five minutes over the last hour", fmt: usd });
     }
     async function files(path) {
@@ -422,8 +433,9 @@
         if (n++ % 5) return; // every 10 s is plenty
         const today = new Date(); today.setUTCHours(0, 0, 0, 0);
         const from = new Date(today.getTime() - 13 * 86400000).toISOString().slice(0, 10);
-        const [byDay, byKey] = await Promise.all([
-          api(`/v1/usage?group_by=day&from=${from}`), api("/v1/usage?group_by=key")]);
+        const [byDay, byKey, names] = await Promise.all([
+          api(`/v1/usage?group_by=day&from=${from}`), api("/v1/usage?group_by=key"),
+          auditor() ? keyNames() : Promise.resolve(new Map())]);
         const days = [];
         for (let i = 13; i >= 0; i--) days.push(new Date(today.getTime() - i * 86400000).toISOString().slice(0, 10));
         const per = new Map((byDay.data.rows || []).map((r) => [r.day, r.cost_micros]));
@@ -432,10 +444,116 @@
           { label: "cost per day over the last 14 days", fmt: usd, limit });
         setText($("u-caption"), "Cost per UTC day" + (limit ? `; the dashed line is this key's daily limit, ${usd(limit)}` : "; this key has no daily limit"));
         $("u-key-rows").replaceChildren(...(byKey.data.rows || []).map((r) => el("tr", {},
-          el("td", { text: r.key_id || "admin" }), el("td", { class: "num", text: usd(r.cost_micros) }),
+          el("td", { text: who(names, r.key_id) }), el("td", { class: "num", text: usd(r.cost_micros) }),
           el("td", { class: "num", text: human(r.cpu_usec / 1e6) }),
           el("td", { class: "num", text: (r.memory_mib_ms / 1024 / 3600000).toFixed(3) }))));
         setText($("u-total"), `Today's total: ${usd(byKey.data.total_micros)}`);
+      },
+    };
+  }
+
+  // ---- keys and the audit trail (an auditor key's) ----
+  // Who a key id is, for the audit trail: "name (key_...)"; from /v1/keys, asked with its ETag.
+  async function keyNames() {
+    const r = await api("/v1/keys");
+    return new Map((r.data.keys || []).map((k) => [k.id, k.name]));
+  }
+  const who = (names, id) => id ? (names.has(id) ? `${names.get(id)} (${id})` : id) : "admin";
+  // The Keys and Audit pages for a key that is not an auditor: a clear message, no calls.
+  function denied(name) {
+    const no = !auditor();
+    $(name[0] + "-denied").hidden = !no;
+    $(name[0] + "-body").hidden = no;
+    return no;
+  }
+  function access(k) {
+    return k.auditor ? "auditor" : k.metrics ? "metrics" : k.read_only ? "read-only" : "read-write";
+  }
+  function keysView() {
+    show("keys");
+    document.title = "Keys · withruntime";
+    $("k-rows").replaceChildren();
+    if (denied("keys")) return { async poll() {} };
+    const rows = new Map(); // id -> cells
+    return {
+      async poll() {
+        const r = await api("/v1/keys");
+        if (!r.changed && rows.size) return;
+        for (const k of r.data.keys || []) {
+          let c = rows.get(k.id);
+          if (!c) {
+            c = {};
+            const td = (n, cls) => (c[n] = el("td", { class: cls }));
+            const tr = el("tr", { "data-key": k.id }, td("id"), td("name"), td("access"), td("owner"),
+              td("limit", "num"), td("spent", "num"), td("created", "nowrap"), td("revoked", "nowrap"));
+            rows.set(k.id, c);
+            $("k-rows").append(tr);
+          }
+          setText(c.id, k.id);
+          setText(c.name, k.name);
+          setText(c.access, access(k));
+          setText(c.owner, k.owner_id === k.id ? "itself" : k.owner_id);
+          setText(c.limit, k.daily_limit_micros === null ? "none" : usd(k.daily_limit_micros));
+          setText(c.spent, usd(k.spent_today_micros));
+          setText(c.created, k.created_at);
+          setText(c.revoked, k.revoked_at || "in use");
+        }
+      },
+    };
+  }
+  function auditView() {
+    show("audit");
+    document.title = "Audit · withruntime";
+    $("a-rows").replaceChildren();
+    setText($("a-count"), "");
+    $("a-older").hidden = true;
+    if (denied("audit")) return { async poll() {} };
+    const PAGE = 50;
+    const seen = new Set();
+    let names = new Map(), older = null; // older: the next page's `before`, null when none
+    function row(e) {
+      return el("tr", { "data-seq": e.seq }, el("td", { class: "nowrap", text: e.at }), el("td", { text: who(names, e.key_id) }),
+        el("td", { text: e.method }), el("td", {}, el("code", { text: e.route })),
+        el("td", { text: e.sandbox_id || "" }), el("td", { class: "num", text: String(e.status) }));
+    }
+    function add(entries, atTop) {
+      const fresh = entries.filter((e) => !seen.has(e.seq));
+      for (const e of fresh) seen.add(e.seq);
+      const trs = fresh.map(row);
+      if (atTop) $("a-rows").prepend(...trs); else $("a-rows").append(...trs);
+      setText($("a-count"), `${seen.size} entries shown`);
+    }
+    function olderFrom(page) {
+      older = page.next_before === undefined ? null : page.next_before;
+      $("a-older").hidden = older === null;
+    }
+    $("a-older").onclick = async () => {
+      if (older === null) return;
+      $("a-older").disabled = true;
+      try {
+        const page = (await api(`/v1/audit?limit=${PAGE}&before=${older}`)).data;
+        add(page.entries || [], false);
+        olderFrom(page);
+      } catch (e) { status("Could not load older entries: " + e.message, true); }
+      $("a-older").disabled = false;
+    };
+    let first = true;
+    return {
+      async poll() {
+        // the newest page, live; pages already loaded below it stay (entries never change)
+        const [n, r] = await Promise.all([keyNames(), api(`/v1/audit?limit=${PAGE}`)]);
+        names = n;
+        if (!r.changed && !first) return;
+        const entries = r.data.entries || [];
+        if (!first && entries.length === PAGE && entries.every((e) => !seen.has(e.seq))) {
+          // a whole page new since the last poll: there may be a gap, so start again from it
+          seen.clear();
+          $("a-rows").replaceChildren();
+          first = true;
+        }
+        add(entries, !first);
+        if (first) olderFrom(r.data);
+        first = false;
       },
     };
   }
@@ -449,7 +567,7 @@
       try {
         await signIn(key);
         $("key").value = "";
-        if (!location.hash || location.hash === "#/signin") location.hash = "#/sandboxes";
+        if (!location.hash || location.hash === "#/signin") location.hash = auditor() ? "#/keys" : "#/sandboxes";
         else route();
         $("main").focus();
       } catch (e) {

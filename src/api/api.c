@@ -118,9 +118,10 @@ static const handler_fn handlers[] = {
     [H_WHOAMI] = api_whoami,
 };
 
-/* Who may call a route: anyone let in (reads), a key that is not read-only, the admin, or (for
- * /metrics) the admin or a metrics key. */
-enum access { A_READ, A_WRITE, A_ADMIN, A_METRICS };
+/* Who may call a route: anyone let in (reads), a key that is not read-only, the admin, the
+ * admin or an auditor key (reading keys and the audit trail), or (for /metrics) the admin or a
+ * metrics key. */
+enum access { A_READ, A_WRITE, A_ADMIN, A_AUDIT, A_METRICS };
 
 static enum access access_of(int handler, const char *method)
 {
@@ -130,11 +131,11 @@ static enum access access_of(int handler, const char *method)
     case H_SECRET_SET:
     case H_SECRET_DELETE:
     case H_KEYS_CREATE:
-    case H_KEYS_LIST:
     case H_KEY_GET:
     case H_KEY_UPDATE:
-    case H_KEY_REVOKE:
-    case H_AUDIT: return A_ADMIN;
+    case H_KEY_REVOKE: return A_ADMIN;
+    case H_KEYS_LIST:
+    case H_AUDIT: return A_AUDIT;
     case H_METRICS: return A_METRICS;
     case H_CMD_WAIT: return A_READ;     /* a POST for its body, but it changes nothing */
     case H_SES_CONNECT: return A_WRITE; /* a GET that types into a shell */
@@ -164,7 +165,7 @@ static const struct route routes[] = {
     {"PATCH", "/v1/keys/{id}", H_KEY_UPDATE, NULL},
     {"POST", "/v1/keys/{id}/revoke", H_KEY_REVOKE, NULL},
     {"GET", "/v1/audit", H_AUDIT, "before,limit"},
-    {"GET", "/v1/usage", H_USAGE, "from,to,group_by"},
+    {"GET", "/v1/usage", H_USAGE, "from,to,group_by,sandbox"},
     {"GET", "/v1/secrets", H_SECRETS_LIST, NULL},
     {"GET", "/v1/secrets/{name}", H_SECRET_GET, NULL},
     {"PUT", "/v1/secrets/{name}", H_SECRET_SET, NULL},
@@ -215,6 +216,15 @@ static const char *pattern_of(int handler)
 static int route_allows(struct http_req *req, const struct api_call *c, int handler)
 {
     enum access a = access_of(handler, c->method);
+    /* An auditor key: a list of what it may do, so a route added later is refused to it. */
+    if (c->who.auditor && handler != H_KEYS_LIST && handler != H_AUDIT && handler != H_USAGE &&
+        handler != H_WHOAMI) {
+        http_reply_error(req, 403, "forbidden",
+                         "key %s is an auditor key: it may GET /v1/keys, /v1/audit, /v1/usage "
+                         "and /v1/whoami, not %s %s",
+                         c->who.key_id, c->method, c->route);
+        return -1;
+    }
     if (c->who.metrics_only && a != A_METRICS) {
         http_reply_error(req, 403, "forbidden",
                          "key %s is a metrics key: it may GET /metrics and nothing else",
@@ -225,6 +235,13 @@ static int route_allows(struct http_req *req, const struct api_call *c, int hand
         http_reply_error(req, 403, "forbidden",
                          "GET /metrics is the admin's or a metrics key's (`withruntime keys create "
                          "NAME --metrics`)");
+        return -1;
+    }
+    if (a == A_AUDIT && !c->who.admin && !c->who.auditor) {
+        http_reply_error(req, 403, "forbidden",
+                         "%s %s is the admin's (root on the daemon's Unix socket, without a key) "
+                         "or an auditor key's (`withruntime keys create NAME --auditor`)",
+                         c->method, c->route);
         return -1;
     }
     if (a == A_ADMIN && !c->who.admin) {

@@ -321,6 +321,7 @@ int door_check(struct daemon *d, struct http_req *req, struct principal *who)
     }
     who->read_only = key->read_only;
     who->metrics_only = key->metrics;
+    who->auditor = key->auditor;
     snprintf(who->key_id, sizeof(who->key_id), "%s", key->id);
     snprintf(who->owner_id, sizeof(who->owner_id), "%s", key->owner_id);
     return 0;

@@ -1,4 +1,5 @@
-/* /v1/keys and /v1/audit: the admin's (daemon/admin.c checks who asks, too). */
+/* /v1/keys and /v1/audit: the admin's; an auditor key reads the list and the audit trail
+ * (daemon/admin.c checks who asks, too). */
 #include <string.h>
 
 #include "api/api.h"
@@ -29,8 +30,9 @@ static int limit_field(json_t *o, const char *name, long long max, int *has, lon
 /* The fields of a create (name required) or an update (name refused). */
 static int key_opts_parse(json_t *o, int create, struct key_opts *k, struct wr_err *err)
 {
-    static const char *const create_fields[] = {
-        "name", "owner_id", "read_only", "metrics", "daily_limit_micros", "max_sandboxes", NULL};
+    static const char *const create_fields[] = {"name",          "owner_id", "read_only",
+                                                "metrics",       "auditor",  "daily_limit_micros",
+                                                "max_sandboxes", NULL};
     static const char *const update_fields[] = {"read_only", "daily_limit_micros", "max_sandboxes",
                                                 NULL};
     long long limit = -1, maxsb = -1;
@@ -40,6 +42,7 @@ static int key_opts_parse(json_t *o, int create, struct key_opts *k, struct wr_e
         (create && jv_string(o, "owner_id", 31, &k->owner_id, err) < 0) ||
         jv_bool(o, "read_only", 0, &k->read_only, err) < 0 ||
         (create && jv_bool(o, "metrics", 0, &k->metrics, err) < 0) ||
+        (create && jv_bool(o, "auditor", 0, &k->auditor, err) < 0) ||
         limit_field(o, "daily_limit_micros", DAILY_LIMIT_MAX, &k->has_daily_limit, &limit, err) <
             0 ||
         limit_field(o, "max_sandboxes", MAX_SANDBOXES_MAX, &k->has_max_sandboxes, &maxsb, err) < 0)

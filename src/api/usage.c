@@ -1,5 +1,6 @@
 /*
- * GET /v1/usage: what sandboxes cost, from the usage ledger (daemon/meter.h).
+ * GET /v1/usage: what sandboxes cost, from the usage ledger (daemon/meter.h); by sandbox, key,
+ * day or minute, optionally of one sandbox (the dashboard's chart asks once, by minute).
  */
 #include <stdio.h>
 #include <string.h>
@@ -7,6 +8,7 @@
 #include "api/api.h"
 #include "common/util.h"
 #include "daemon/meter.h"
+#include "daemon/sandbox.h"
 
 /* Reads n digits at *p into *out; advances. */
 static int digits(const char **p, int n, int *out)
@@ -95,9 +97,14 @@ void api_usage(struct daemon *d, struct http_req *req, struct route_match *m)
         to = from; /* an empty range: nothing in it */
     if (!g)
         g = "sandbox";
-    if (strcmp(g, "sandbox") && strcmp(g, "key") && strcmp(g, "day")) {
-        api_reply_invalid(req, "group_by: must be sandbox, key or day");
+    if (strcmp(g, "sandbox") && strcmp(g, "key") && strcmp(g, "day") && strcmp(g, "minute")) {
+        api_reply_invalid(req, "group_by: must be sandbox, key, day or minute");
         return;
     }
-    svc_usage(d, from, to, g, api_sink_new(req));
+    const char *sb = http_req_query(req, "sandbox");
+    if (sb && !sandbox_id_valid(sb)) {
+        api_reply_invalid(req, "sandbox: not a sandbox id (sb- and 21 base32 characters)");
+        return;
+    }
+    svc_usage(d, from, to, g, sb, api_sink_new(req));
 }

@@ -71,6 +71,7 @@ static int key_options(const char *cmd, int argc, char **argv, int create, json_
                                          {"read-only", no_argument, 0, 'r'},
                                          {"read-write", no_argument, 0, 'w'},
                                          {"metrics", no_argument, 0, 'M'},
+                                         {"auditor", no_argument, 0, 'A'},
                                          {"daily-limit-usd", required_argument, 0, 'd'},
                                          {"max-sandboxes", required_argument, 0, 'm'},
                                          {"help", no_argument, 0, 'h'},
@@ -96,6 +97,12 @@ static int key_options(const char *cmd, int argc, char **argv, int create, json_
             if (!create)
                 return cli_usage_error(cmd, "a metrics key is made as one (keys create --metrics)");
             json_object_set_new(body, "metrics", json_true());
+            break;
+        case 'A':
+            if (!create)
+                return cli_usage_error(cmd,
+                                       "an auditor key is made as one (keys create --auditor)");
+            json_object_set_new(body, "auditor", json_true());
             break;
         case 'd': {
             long long v = parse_usd(optarg);
@@ -124,10 +131,13 @@ int cli_keys_create(struct cli_ctx *c, int argc, char **argv)
 {
     json_t *body = json_object();
     int r = key_options("keys create", argc, argv, 1, body);
+    /* The name may come as --name NAME or as the one argument (keys create NAME). */
+    if (r == CLI_GO_ON && optind == argc - 1 && !json_object_get(body, "name"))
+        json_object_set_new(body, "name", json_string(argv[optind++]));
     if (r == CLI_GO_ON && optind < argc)
         r = cli_usage_error("keys create", "unexpected argument '%s'", argv[optind]);
     if (r == CLI_GO_ON && !json_object_get(body, "name"))
-        r = cli_usage_error("keys create", "--name NAME is required");
+        r = cli_usage_error("keys create", "a NAME (or --name NAME) is required");
     json_t *res = NULL;
     if (r == CLI_GO_ON)
         r = key_call(c, "POST", "/v1/keys", body, &res);
@@ -189,6 +199,7 @@ int cli_keys_list(struct cli_ctx *c, int argc, char **argv)
         json_t *maxsb = json_object_get(k, "max_sandboxes");
         printf("%-22s  %-20.20s  %-9s  ", cli_str_or(k, "id", "?"), cli_str_or(k, "name", "?"),
                json_is_true(json_object_get(k, "metrics"))     ? "metrics"
+               : json_is_true(json_object_get(k, "auditor"))   ? "auditor"
                : json_is_true(json_object_get(k, "read_only")) ? "read-only"
                                                                : "read-write");
         char lim[32] = "-", spent[32], msb[16] = "-";
@@ -284,11 +295,14 @@ int cli_cmd_audit(struct cli_ctx *c, int argc, char **argv)
 
 int cli_cmd_usage(struct cli_ctx *c, int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"from", required_argument, 0, 'f'}, {"to", required_argument, 0, 't'},
-        {"by", required_argument, 0, 'b'},   {"json", no_argument, 0, 'j'},
-        {"help", no_argument, 0, 'h'},       {0, 0, 0, 0}};
-    const char *from = NULL, *to = NULL, *by = "sandbox";
+    static const struct option opts[] = {{"from", required_argument, 0, 'f'},
+                                         {"to", required_argument, 0, 't'},
+                                         {"by", required_argument, 0, 'b'},
+                                         {"json", no_argument, 0, 'j'},
+                                         {"sandbox", required_argument, 0, 's'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    const char *from = NULL, *to = NULL, *by = "sandbox", *sb = NULL;
     bool as_json = false;
     optind = 1;
     opterr = 0;
@@ -298,6 +312,7 @@ int cli_cmd_usage(struct cli_ctx *c, int argc, char **argv)
         case 'f': from = optarg; break;
         case 't': to = optarg; break;
         case 'b': by = optarg; break;
+        case 's': sb = optarg; break;
         case 'j': as_json = true; break;
         case 'h': return cli_print_help();
         default: return cli_bad_option("usage", argc, argv);
@@ -305,16 +320,19 @@ int cli_cmd_usage(struct cli_ctx *c, int argc, char **argv)
     }
     if (optind < argc)
         return cli_usage_error("usage", "unexpected argument '%s'", argv[optind]);
-    if (strcmp(by, "sandbox") && strcmp(by, "key") && strcmp(by, "day"))
-        return cli_usage_error("usage", "--by wants sandbox, key or day");
+    if (strcmp(by, "sandbox") && strcmp(by, "key") && strcmp(by, "day") && strcmp(by, "minute"))
+        return cli_usage_error("usage", "--by wants sandbox, key, day or minute");
+    if (sb && (strlen(sb) != 24 || strncmp(sb, "sb-", 3) ||
+               strspn(sb + 3, "abcdefghijklmnopqrstuvwxyz234567") != 21))
+        return cli_usage_error("usage", "--sandbox wants a sandbox id (sb-...)");
     static const char when_chars[] = "0123456789-:TZ";
     if ((from && (strlen(from) > 20 || strspn(from, when_chars) != strlen(from))) ||
         (to && (strlen(to) > 20 || strspn(to, when_chars) != strlen(to))))
         return cli_usage_error("usage", "--from and --to want a UTC date (2026-12-01) or time "
                                         "(2026-12-01T13:45:00Z)");
-    char path[160];
-    snprintf(path, sizeof(path), "/v1/usage?group_by=%s%s%s%s%s", by, from ? "&from=" : "",
-             from ? from : "", to ? "&to=" : "", to ? to : "");
+    char path[200];
+    snprintf(path, sizeof(path), "/v1/usage?group_by=%s%s%s%s%s%s%s", by, from ? "&from=" : "",
+             from ? from : "", to ? "&to=" : "", to ? to : "", sb ? "&sandbox=" : "", sb ? sb : "");
     json_t *res = NULL;
     int r = key_call(c, "GET", path, NULL, &res);
     if (r != CLI_EXIT_OK)
@@ -324,11 +342,15 @@ int cli_cmd_usage(struct cli_ctx *c, int argc, char **argv)
         json_decref(res);
         return CLI_EXIT_OK;
     }
-    const char *col = !strcmp(by, "day") ? "day" : !strcmp(by, "key") ? "key_id" : "sandbox_id";
+    const char *col = !strcmp(by, "day")      ? "day"
+                      : !strcmp(by, "minute") ? "minute"
+                      : !strcmp(by, "key")    ? "key_id"
+                                              : "sandbox_id";
     printf("%-25s  %14s  %12s  %14s\n",
-           !strcmp(by, "day")   ? "DAY"
-           : !strcmp(by, "key") ? "KEY"
-                                : "SANDBOX",
+           !strcmp(by, "day")      ? "DAY"
+           : !strcmp(by, "minute") ? "MINUTE"
+           : !strcmp(by, "key")    ? "KEY"
+                                   : "SANDBOX",
            "COST", "CPU (s)", "MEMORY (GiB-h)");
     size_t i;
     json_t *row;

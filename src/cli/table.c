@@ -557,29 +557,37 @@ const struct cli_command cli_commands[] = {
             "API keys for programs that call the daemon (RUNTIME_API_KEY). Only the admin, root on\n"
             "the daemon's Unix socket, manages them: a key cannot make keys or raise its own limits.\n"
             "A key sees only the sandboxes it made; one made --of another key sees (and makes) that\n"
-            "key's instead. A read-only key may list and inspect them, and nothing else.\n"
+            "key's instead. A read-only key may list and inspect them, and nothing else. An auditor\n"
+            "key may read the key list, the audit trail and everyone's usage (the dashboard's Keys\n"
+            "and Audit pages), and nothing else.\n"
             "\n"
             "Example:\n"
             "  withruntime keys create --name my-agent --daily-limit-usd 5 > agent.key\n",
     },
     {
         .group = "keys", .name = "create", .fn = cli_keys_create,
-        .args = "--name NAME [--read-only|--metrics] [--of KEY_ID] [--daily-limit-usd X] "
+        .args = "NAME [--read-only|--metrics|--auditor] [--of KEY_ID] [--daily-limit-usd X] "
                 "[--max-sandboxes N]",
         .summary = "make a key and print it (once)",
-        .options = "--name= --read-only --metrics --of= --daily-limit-usd= --max-sandboxes=",
+        .options = "--name= --read-only --metrics --auditor --of= --daily-limit-usd= "
+                   "--max-sandboxes=",
         .help =
-            "Makes a key and prints it on stdout, once: the daemon stores only its hash.\n"
+            "Makes a key named NAME (or --name NAME) and prints it on stdout, once: the daemon\n"
+            "stores only its hash.\n"
             "--daily-limit-usd caps what the key's sandboxes may cost per UTC day (dollars, up\n"
             "to six decimals); --max-sandboxes how many it may keep at once; --read-only lets it\n"
             "list and inspect, nothing else; --metrics makes a key for a Prometheus scraper, which\n"
-            "may GET /metrics and nothing else; --of KEY_ID makes it see (and make) that key's\n"
-            "sandboxes instead of its own.\n"
+            "may GET /metrics and nothing else; --auditor makes a key that may read the key list\n"
+            "(never a key or its hash), the audit trail, everyone's usage and whoami, and nothing\n"
+            "else: no sandbox, no secret, no /metrics, no change to anything (for the dashboard's\n"
+            "Keys and Audit pages); --of KEY_ID makes it see (and make) that key's sandboxes\n"
+            "instead of its own.\n"
             "\n"
             "Examples:\n"
             "  withruntime keys create --name my-agent --daily-limit-usd 5 > agent.key\n"
             "  withruntime keys create --name dashboard --read-only --of key_... > dash.key\n"
-            "  withruntime keys create --name prometheus --metrics > metrics.key\n",
+            "  withruntime keys create --name prometheus --metrics > metrics.key\n"
+            "  withruntime keys create auditors --auditor > auditor.key\n",
     },
     {
         .group = "keys", .name = "list", .aliases = "ls", .fn = cli_keys_list,
@@ -617,27 +625,30 @@ const struct cli_command cli_commands[] = {
     },
     {
         .name = "usage", .fn = cli_cmd_usage,
-        .args = "[--from DATE] [--to DATE] [--by sandbox|key|day] [--json]",
-        .summary = "what sandboxes cost: by sandbox, key or day",
-        .options = "--from= --to= --by=sandbox|key|day --json",
+        .args = "[--from DATE] [--to DATE] [--by sandbox|key|day|minute] [--sandbox ID] [--json]",
+        .summary = "what sandboxes cost: by sandbox, key, day or minute",
+        .options = "--from= --to= --by=sandbox|key|day|minute --sandbox= --json",
         .help =
-            "What sandboxes cost, from the daemon's usage ledger: per sandbox (default), per key or per\n"
-            "UTC day, in dollars with the CPU billed and the memory-time. DATE is a UTC date\n"
-            "(2026-12-01) or time (2026-12-01T13:45:00Z); --from defaults to the start of today (UTC),\n"
-            "--to to now. A key sees its own sandboxes' usage; the admin sees everyone's. --json\n"
-            "prints the API's answer.\n"
+            "What sandboxes cost, from the daemon's usage ledger: per sandbox (default), per key, per\n"
+            "UTC day or per minute, in dollars with the CPU billed and the memory-time. DATE is a\n"
+            "UTC date (2026-12-01) or time (2026-12-01T13:45:00Z); --from defaults to the start of\n"
+            "today (UTC), --to to now. --sandbox ID counts that sandbox only. A key sees its own\n"
+            "sandboxes' usage; the admin and auditor keys see everyone's. --json prints the API's\n"
+            "answer.\n"
             "\n"
-            "Example:\n"
-            "  withruntime usage --by day --from 2026-11-01\n",
+            "Examples:\n"
+            "  withruntime usage --by day --from 2026-11-01\n"
+            "  withruntime usage --by minute --sandbox sb-... --from 2026-12-01T13:00:00Z\n",
     },
     {
         .name = "audit", .fn = cli_cmd_audit,
         .args = "[--limit N] [--before SEQ] [--json]",
-        .summary = "who did what (the admin's)",
+        .summary = "who did what (the admin's, or an auditor key's)",
         .options = "--limit= --before= --json",
         .help =
-            "The newest mutating requests the daemon answered (the admin's): when, which key (- for\n"
-            "the admin), the route, the sandbox and the HTTP status. Never a body or a secret.\n"
+            "The newest mutating requests the daemon answered (the admin's, or an auditor key's to\n"
+            "read): when, which key (- for the admin), the route, the sandbox and the HTTP status.\n"
+            "Never a body or a secret.\n"
             "--limit N (1..1000, default 50) of them; --before SEQ pages back (the API's\n"
             "next_before). --json prints the API's answer.\n"
             "\n"

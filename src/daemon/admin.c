@@ -1,6 +1,7 @@
 /*
  * The admin's calls: API keys and the audit trail. Each checks who is asking itself, so no
- * route, present or future, lets a key make keys or raise its own limits.
+ * route, present or future, lets a key make keys or raise its own limits. An auditor key may
+ * read the key list and the audit trail too (reading changes nothing; see keys.h).
  */
 #include <stdio.h>
 #include <string.h>
@@ -18,6 +19,16 @@ static int admin_only(struct sink *s)
         return 0;
     sink_failf(s, WR_E_FORBIDDEN, 0,
                "only the admin (root on the daemon's Unix socket, without a key) may do this");
+    return -1;
+}
+
+static int admin_or_auditor(struct sink *s)
+{
+    if (!s->who || s->who->admin || s->who->auditor)
+        return 0;
+    sink_failf(s, WR_E_FORBIDDEN, 0,
+               "only the admin (root on the daemon's Unix socket, without a key) or an auditor "
+               "key may read this");
     return -1;
 }
 
@@ -40,7 +51,7 @@ void svc_key_create(struct daemon *d, const struct key_opts *o, struct sink *s)
 
 void svc_key_list(struct daemon *d, struct sink *s)
 {
-    if (admin_only(s) < 0)
+    if (admin_or_auditor(s) < 0)
         return;
     sink_reply(s, SINK_OK, json_pack("{s:o}", "keys", keys_list_json(d->keys)));
 }
@@ -53,8 +64,8 @@ void svc_whoami(struct daemon *d, struct sink *s)
         return;
     }
     sink_reply(s, SINK_OK,
-               json_pack("{s:b, s:o}", "admin", s->who && s->who->admin, "key",
-                         k ? key_to_json(k) : json_null()));
+               json_pack("{s:b, s:b, s:o}", "admin", s->who && s->who->admin, "auditor",
+                         k && k->auditor, "key", k ? key_to_json(k) : json_null()));
 }
 
 void svc_key_get(struct daemon *d, const char *id, struct sink *s)
@@ -131,7 +142,7 @@ static int audit_one(void *arg, int64_t seq, const struct store_audit *a)
 
 void svc_audit_list(struct daemon *d, int64_t before_seq, int limit, struct sink *s)
 {
-    if (admin_only(s) < 0)
+    if (admin_or_auditor(s) < 0)
         return;
     struct audit_walk w = {.entries = json_array(), .last_seq = 0};
     struct wr_err err = {0};

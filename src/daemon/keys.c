@@ -123,6 +123,7 @@ static int load_one(void *arg, const char *id, const char *doc)
     key->daily_limit_micros = json_is_integer(limit) ? json_integer_value(limit) : -1;
     key->max_sandboxes = json_is_integer(maxsb) ? (int)json_integer_value(maxsb) : -1;
     key->metrics = json_is_true(json_object_get(o, "metrics")); /* absent in older rows */
+    key->auditor = json_is_true(json_object_get(o, "auditor")); /* absent before auditors */
     key->created_at = created;
     key->revoked_at = revoked;
     append(k, key);
@@ -238,6 +239,15 @@ const struct api_key *keys_create(struct keys *k, const struct key_opts *o,
     }
     if (opts_check(o, err) < 0)
         return NULL;
+    /* An auditor key reads what the admin reads and owns no sandboxes: it is read-only, is no
+     * metrics key (least privilege: a scraper gets a key of its own) and sees no one's. */
+    if (o->auditor && (o->metrics || o->owner_id || (o->has_read_only && !o->read_only))) {
+        wr_err_kind(err, WR_E_INVALID, 0, "auditor: an auditor key cannot also be %s",
+                    o->metrics    ? "a metrics key (make one of each)"
+                    : o->owner_id ? "made for another key's sandboxes (owner_id)"
+                                  : "writable (read_only: false)");
+        return NULL;
+    }
     if (k->n >= KEYS_MAX) {
         wr_err_kind(err, WR_E_CONFLICT, 0,
                     "there are %d keys already (revoked ones count), the most kept", KEYS_MAX);
@@ -277,6 +287,9 @@ const struct api_key *keys_create(struct keys *k, const struct key_opts *o,
     snprintf(key->name, sizeof(key->name), "%s", o->name);
     key->read_only = o->has_read_only && o->read_only;
     key->metrics = o->metrics;
+    key->auditor = o->auditor;
+    if (key->auditor)
+        key->read_only = 1;
     key->daily_limit_micros = o->has_daily_limit ? o->daily_limit_micros : -1;
     key->max_sandboxes = o->has_max_sandboxes ? o->max_sandboxes : -1;
     key->created_at = now_unix();
@@ -286,8 +299,8 @@ const struct api_key *keys_create(struct keys *k, const struct key_opts *o,
         return NULL;
     }
     append(k, key);
-    log_info(NULL, "keys.created", "key=%s name=\"%s\" read_only=%d metrics=%d", key->id, key->name,
-             key->read_only, key->metrics);
+    log_info(NULL, "keys.created", "key=%s name=\"%s\" read_only=%d metrics=%d auditor=%d", key->id,
+             key->name, key->read_only, key->metrics, key->auditor);
     return key;
 }
 
@@ -308,6 +321,10 @@ const struct api_key *keys_update(struct keys *k, const char *id, const struct k
         return NULL;
     if (key->revoked_at) {
         wr_err_kind(err, WR_E_CONFLICT, 0, "key %s is revoked", id);
+        return NULL;
+    }
+    if (key->auditor && o->has_read_only && !o->read_only) {
+        wr_err_kind(err, WR_E_CONFLICT, 0, "key %s is an auditor key: it stays read-only", id);
         return NULL;
     }
     struct api_key was = *key;
@@ -351,10 +368,11 @@ json_t *key_to_json(const struct api_key *k)
     format_rfc3339(k->revoked_at, revoked, sizeof(revoked));
     json_t *limit = k->daily_limit_micros >= 0 ? json_integer(k->daily_limit_micros) : json_null();
     json_t *maxsb = k->max_sandboxes >= 0 ? json_integer(k->max_sandboxes) : json_null();
-    return json_pack("{s:s, s:s, s:s, s:b, s:b, s:o, s:I, s:o, s:s, s:o}", "id", k->id, "owner_id",
-                     k->owner_id, "name", k->name, "read_only", k->read_only, "metrics", k->metrics,
-                     "daily_limit_micros", limit, "spent_today_micros", (json_int_t)k->spent_micros,
-                     "max_sandboxes", maxsb, "created_at", created, "revoked_at",
+    return json_pack("{s:s, s:s, s:s, s:b, s:b, s:b, s:o, s:I, s:o, s:s, s:o}", "id", k->id,
+                     "owner_id", k->owner_id, "name", k->name, "read_only", k->read_only, "metrics",
+                     k->metrics, "auditor", k->auditor, "daily_limit_micros", limit,
+                     "spent_today_micros", (json_int_t)k->spent_micros, "max_sandboxes", maxsb,
+                     "created_at", created, "revoked_at",
                      k->revoked_at ? json_string(revoked) : json_null());
 }
 

@@ -2,7 +2,9 @@
  * API keys and who is asking. A key is "wr_" and 52 base32 characters (260 random bits),
  * shown once when it is made; the daemon keeps only its SHA-256, with its id, name and limits,
  * in the database. Root on the daemon's Unix socket, without a key, is the admin: the only one
- * who makes, changes or revokes keys, reads the audit trail or handles secrets. Everyone else,
+ * who makes, changes or revokes keys or handles secrets. An auditor key (made by the admin) may
+ * read the key list, the audit trail and everyone's usage, and nothing else: so a browser, which
+ * can never be root on the socket, can show them without being able to change them. Everyone else,
  * and everything on TCP, needs a key; a key sees only its owner's sandboxes. A key is its own
  * owner unless it was made for another's (`owner_id`: a read-only key for a dashboard, say).
  */
@@ -29,6 +31,7 @@ struct principal {
     int admin;         /* root on the Unix socket, without a key */
     int read_only;     /* a read-only key: reads, nothing else */
     int metrics_only;  /* a metrics key: GET /metrics, nothing else */
+    int auditor;       /* an auditor key: reads keys, audit and usage; nothing else */
     char key_id[32];   /* the key's id; "" for the admin */
     char owner_id[32]; /* whose sandboxes it sees and makes: its own id, or its owner's */
 };
@@ -40,6 +43,7 @@ struct api_key {
     unsigned char hash[32];
     int read_only;
     int metrics;                /* a metrics key: may GET /metrics and nothing else */
+    int auditor;                /* an auditor key: GET /v1/keys, /v1/audit, /v1/usage, whoami */
     int64_t daily_limit_micros; /* spend per UTC day; -1: none */
     int max_sandboxes;          /* sandboxes it may keep at once; -1: none */
     int64_t created_at;         /* unix seconds */
@@ -82,6 +86,7 @@ struct key_opts {
     const char *owner_id; /* create: the key whose sandboxes it sees (NULL: its own) */
     int read_only, has_read_only;
     int metrics;                /* create: a metrics key */
+    int auditor;                /* create: an auditor key */
     int64_t daily_limit_micros; /* -1: none */
     int has_daily_limit;
     int max_sandboxes; /* -1: none */

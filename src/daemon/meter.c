@@ -561,9 +561,9 @@ int meter_open(struct daemon *d, struct wr_err *err)
     for (struct api_key *k = d->keys ? keys_head(d->keys) : NULL; k; k = k->next)
         roll(k, today);
     struct key_load kl = {d, today};
-    if (store_usage_sum(d->store, STORE_USAGE_BY_SANDBOX, 0, INT64_MAX, NULL, INT32_MAX,
+    if (store_usage_sum(d->store, STORE_USAGE_BY_SANDBOX, 0, INT64_MAX, NULL, NULL, INT32_MAX,
                         load_sandbox_cost, d, err) < 0 ||
-        store_usage_sum(d->store, STORE_USAGE_BY_KEY, today * 1440, (today + 1) * 1440, NULL,
+        store_usage_sum(d->store, STORE_USAGE_BY_KEY, today * 1440, (today + 1) * 1440, NULL, NULL,
                         INT32_MAX, load_key_spend, &kl, err) < 0)
         return wr_err_prefix(err, "the usage ledger");
     return 0;
@@ -597,6 +597,10 @@ static int usage_row(void *arg, const char *group, const struct store_usage *u)
         format_rfc3339(u->minute * 60, day, sizeof(day));
         day[10] = '\0';
         json_object_set_new(row, "day", json_string(day));
+    } else if (a->g == STORE_USAGE_BY_MINUTE) {
+        char at[32];
+        format_rfc3339(u->minute * 60, at, sizeof(at));
+        json_object_set_new(row, "minute", json_string(at));
     } else {
         json_object_set_new(row, a->g == STORE_USAGE_BY_SANDBOX ? "sandbox_id" : "key_id",
                             group[0] ? json_string(group) : json_null());
@@ -610,21 +614,26 @@ static int usage_row(void *arg, const char *group, const struct store_usage *u)
     return 0;
 }
 
-void svc_usage(struct daemon *d, int64_t from, int64_t to, const char *group_by, struct sink *s)
+void svc_usage(struct daemon *d, int64_t from, int64_t to, const char *group_by,
+               const char *sandbox_id, struct sink *s)
 {
     struct usage_answer a = {.rows = json_array()};
-    a.g = !strcmp(group_by, "key")   ? STORE_USAGE_BY_KEY
-          : !strcmp(group_by, "day") ? STORE_USAGE_BY_DAY
-                                     : STORE_USAGE_BY_SANDBOX;
-    const char *only = s->who && !s->who->admin ? s->who->owner_id : NULL;
+    a.g = !strcmp(group_by, "key")      ? STORE_USAGE_BY_KEY
+          : !strcmp(group_by, "day")    ? STORE_USAGE_BY_DAY
+          : !strcmp(group_by, "minute") ? STORE_USAGE_BY_MINUTE
+                                        : STORE_USAGE_BY_SANDBOX;
+    /* The admin and auditor keys see everyone's; a key its owner's. */
+    const char *only = s->who && !s->who->admin && !s->who->auditor ? s->who->owner_id : NULL;
     if (!s->who)
         only = "-"; /* no one: nothing */
     flush(d);
     struct wr_err err = {0};
     /* Minutes that overlap [from, to). */
     int64_t fm = from / 60, tm = to > from ? (to + 59) / 60 : fm;
-    if (store_usage_sum(d->store, a.g, fm, tm, only, USAGE_GROUPS_MAX + 1, usage_row, &a, &err) <
-        0) {
+    /* With sandbox_id, still only the caller's: another key's sandbox gives no rows, as an
+     * unknown one does, so the answer says nothing about whose it is. */
+    if (store_usage_sum(d->store, a.g, fm, tm, only, sandbox_id, USAGE_GROUPS_MAX + 1, usage_row,
+                        &a, &err) < 0) {
         json_decref(a.rows);
         sink_fail(s, &err);
         return;
@@ -638,8 +647,10 @@ void svc_usage(struct daemon *d, int64_t from, int64_t to, const char *group_by,
     char f[32], t[32];
     format_rfc3339(from, f, sizeof(f));
     format_rfc3339(to, t, sizeof(t));
-    sink_reply(s, SINK_OK,
-               json_pack("{s:s, s:s, s:s, s:o, s:I, s:b}", "from", f, "to", t, "group_by", group_by,
-                         "rows", a.rows, "total_micros", (json_int_t)a.total, "truncated",
-                         truncated));
+    json_t *out =
+        json_pack("{s:s, s:s, s:s, s:o, s:I, s:b}", "from", f, "to", t, "group_by", group_by,
+                  "rows", a.rows, "total_micros", (json_int_t)a.total, "truncated", truncated);
+    if (sandbox_id)
+        json_object_set_new(out, "sandbox_id", json_string(sandbox_id));
+    sink_reply(s, SINK_OK, out);
 }

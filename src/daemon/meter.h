@@ -100,9 +100,11 @@ void meter_end(struct sandbox *sb);
 int64_t meter_key_spent_today(struct daemon *d, const char *key_id);
 
 /**
- * GET /v1/usage: from/to in unix seconds, group_by "sandbox", "key" or "day"; who's own
- * sandboxes only unless the admin. Answers SINK_OK.
+ * GET /v1/usage: from/to in unix seconds, group_by "sandbox", "key", "day" or "minute"; of
+ * sandbox_id only unless NULL; who's own sandboxes only unless the admin or an auditor key.
+ * Answers SINK_OK.
  */
-void svc_usage(struct daemon *d, int64_t from, int64_t to, const char *group_by, struct sink *s);
+void svc_usage(struct daemon *d, int64_t from, int64_t to, const char *group_by,
+               const char *sandbox_id, struct sink *s);
 
 #endif

@@ -463,37 +463,39 @@ int store_usage_add(struct store *s, const struct store_usage *rows, size_t n, s
 }
 
 int store_usage_sum(struct store *s, enum store_usage_group g, int64_t from_minute,
-                    int64_t to_minute, const char *key_id, int limit,
+                    int64_t to_minute, const char *key_id, const char *sandbox_id, int limit,
                     int (*cb)(void *arg, const char *group, const struct store_usage *sum),
                     void *arg, struct wr_err *err)
 {
     if (db_fault("store.usage", "read usage", err) < 0)
         return -1;
     /* The group's column is one of three fixed expressions, never text from a request. */
-    static const char *const cols[] = {"sandbox_id", "key_id", "minute / 1440"};
+    static const char *const cols[] = {"sandbox_id", "key_id", "minute / 1440", "minute"};
     char sql[512];
     snprintf(sql, sizeof(sql),
              "SELECT %s AS g, SUM(cost_micros), SUM(cpu_usec), SUM(memory_mib_ms) FROM usage "
-             "WHERE minute >= ? AND minute < ? AND (? IS NULL OR key_id = ?) GROUP BY g "
-             "ORDER BY g LIMIT ?",
+             "WHERE minute >= ?1 AND minute < ?2 AND (?3 IS NULL OR key_id = ?3) AND "
+             "(?4 IS NULL OR sandbox_id = ?4) GROUP BY g ORDER BY g LIMIT ?5",
              cols[g]);
     sqlite3_stmt *st = NULL;
     if (sqlite3_prepare_v2(s->db, sql, -1, &st, NULL) != SQLITE_OK)
         return db_err(s, err, "read usage");
     sqlite3_bind_int64(st, 1, from_minute);
     sqlite3_bind_int64(st, 2, to_minute);
-    if (key_id) {
+    if (key_id)
         sqlite3_bind_text(st, 3, key_id, -1, SQLITE_STATIC);
-        sqlite3_bind_text(st, 4, key_id, -1, SQLITE_STATIC);
-    }
+    if (sandbox_id)
+        sqlite3_bind_text(st, 4, sandbox_id, -1, SQLITE_STATIC);
     sqlite3_bind_int(st, 5, limit);
     int rc;
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
         char group[64];
-        snprintf(group, sizeof(group), "%s",
-                 g == STORE_USAGE_BY_DAY ? "" : (const char *)sqlite3_column_text(st, 0));
+        int timed = g == STORE_USAGE_BY_DAY || g == STORE_USAGE_BY_MINUTE;
+        snprintf(group, sizeof(group), "%s", timed ? "" : (const char *)sqlite3_column_text(st, 0));
         struct store_usage u = {
-            .minute = g == STORE_USAGE_BY_DAY ? sqlite3_column_int64(st, 0) * 1440 : 0,
+            .minute = g == STORE_USAGE_BY_DAY      ? sqlite3_column_int64(st, 0) * 1440
+                      : g == STORE_USAGE_BY_MINUTE ? sqlite3_column_int64(st, 0)
+                                                   : 0,
             .cost_micros = sqlite3_column_int64(st, 1),
             .cpu_usec = sqlite3_column_int64(st, 2),
             .memory_mib_ms = sqlite3_column_int64(st, 3),

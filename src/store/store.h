@@ -104,16 +104,21 @@ int store_usage_add(struct store *s, const struct store_usage *rows, size_t n, s
  * (the ledger keeps minutes for recent days only, so it grows with sandbox-days). */
 int store_usage_compact(struct store *s, int64_t before_minute, struct wr_err *err);
 
-enum store_usage_group { STORE_USAGE_BY_SANDBOX, STORE_USAGE_BY_KEY, STORE_USAGE_BY_DAY };
+enum store_usage_group {
+    STORE_USAGE_BY_SANDBOX,
+    STORE_USAGE_BY_KEY,
+    STORE_USAGE_BY_DAY,
+    STORE_USAGE_BY_MINUTE
+};
 
 /**
  * Sums the ledger's rows with from_minute <= minute < to_minute (of key_id's sandboxes only,
- * unless NULL) by group, in the group's order, at most limit groups: cb gets the group's
- * sandbox or key id (by day: "" and sum->minute is the day's first minute). cb returns non-zero
- * to stop.
+ * unless NULL; of sandbox_id only, unless NULL) by group, in the group's order, at most limit
+ * groups: cb gets the group's sandbox or key id (by day or minute: "" and sum->minute is the
+ * day's or the minute's first minute). cb returns non-zero to stop.
  */
 int store_usage_sum(struct store *s, enum store_usage_group g, int64_t from_minute,
-                    int64_t to_minute, const char *key_id, int limit,
+                    int64_t to_minute, const char *key_id, const char *sandbox_id, int limit,
                     int (*cb)(void *arg, const char *group, const struct store_usage *sum),
                     void *arg, struct wr_err *err);
 

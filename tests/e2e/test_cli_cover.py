@@ -137,7 +137,7 @@ def test_bash_completion():
     assert bash_complete("--state-dir", "/tmp/x", "sandbox", "lo") == ["logs"]
     assert bash_complete("sandbox", "logs", "--f") == ["--follow"]
     assert bash_complete("sandbox", "kill", "--signal", "K") == ["KILL"]
-    assert bash_complete("usage", "--by", "") == ["day", "key", "sandbox"]
+    assert bash_complete("usage", "--by", "") == ["day", "key", "minute", "sandbox"]
     assert bash_complete("completion", "") == ["--help", "bash", "zsh"]
     assert bash_complete("sandbox", "exec", "--b") == ["--background"]
     # after `--` the words are the sandbox command's: nothing of ours is offered

@@ -4,8 +4,10 @@ First the daemon's side, over plain HTTP: the files need no key and carry strict
 GET answers carry ETags and If-None-Match gets 304, the page's own Origin is let in and a
 foreign one is not, and /v1/whoami says who a key is. Then the page itself in a real browser:
 Debian's chromium, headless, driven by Selenium through Debian's chromium-driver (both
-installed by scripts/setup.sh), against the session's daemon with real sandboxes. One browser
-for the module; a screenshot of each page goes to build/test-artifacts/.
+installed by scripts/setup.sh), against the session's daemon with real sandboxes: the pages,
+an auditor key's Keys and Audit pages, and basic accessibility checks run in the page at phone
+and desktop widths. One browser for the module; a screenshot of each page goes to
+build/test-artifacts/.
 """
 
 import os
@@ -106,8 +108,9 @@ def test_whoami(daemon):
     ro = daemon.make_key(read_only=True, owner_id=me["key"]["id"], daily_limit_micros=5_000_000)
     them = daemon.client.with_key(ro["key"]).expect(200, "GET", "/v1/whoami").json()
     assert them["key"]["id"] == ro["id"] and them["key"]["read_only"] is True
-    assert them["key"]["daily_limit_micros"] == 5_000_000
-    assert daemon.admin.expect(200, "GET", "/v1/whoami").json() == {"admin": True, "key": None}
+    assert them["key"]["daily_limit_micros"] == 5_000_000 and them["auditor"] is False
+    assert daemon.admin.expect(200, "GET", "/v1/whoami").json() == {
+        "admin": True, "auditor": False, "key": None}
     assert plain(daemon).request("GET", "/v1/whoami").status == 401
     metrics = daemon.make_key(metrics=True)
     assert daemon.client.with_key(metrics["key"]).request("GET", "/v1/whoami").status == 403
@@ -154,8 +157,8 @@ def wait_for(drv, cond, what, timeout=WAIT):
     def safe(d):
         try:
             return cond(d)
-        except StaleElementReferenceException:
-            return False
+        except (StaleElementReferenceException, IndexError):
+            return False  # the page redrew between two looks
     try:
         return WebDriverWait(drv, timeout, poll_frequency=0.1).until(safe)
     except Exception as e:
@@ -191,6 +194,9 @@ def sign_in(drv, daemon, key):
 
 
 def row_state(drv, sid):
+    """The state shown for sid on the sandboxes page, if that page is the one shown."""
+    if not by_css(drv, "#view-sandboxes") or not by_css(drv, "#view-sandboxes")[0].is_displayed():
+        return ""
     cells = by_css(drv, f'tr[data-id="{sid}"] td[class^="state-"]')
     return cells[0].get_attribute("textContent") if cells else ""
 
@@ -254,6 +260,7 @@ def test_browser_sign_in_list_stop_files_and_read_only(daemon, browser, two):
     cmd = c.exec(a, "exit 3", background=True, expect=201)
     c.expect(200, "POST", f"/v1/sandboxes/{a}/commands/{cmd['id']}/wait",
              {"timeout_seconds": 30})
+    drv.execute_script("performance.clearResourceTimings()")  # to count the page's usage calls
     drv.find_element("css selector", f'tr[data-id="{a}"] a').click()
     wait_for(drv, lambda d: by_css(d, 'tr[data-name="report.bin"]'), "the file in the browser")
     wait_for(drv, lambda d: by_css(d, f'tr[data-cmd="{cmd["id"]}"]') and
@@ -269,6 +276,12 @@ def test_browser_sign_in_list_stop_files_and_read_only(daemon, browser, two):
         assert f.read() == payload
     wait_for(drv, lambda d: by_css(d, "#d-chart-live svg path.line"), "the live chart")
     wait_for(drv, lambda d: by_css(d, "#d-chart-cost svg rect.bar"), "the cost chart")
+    # the chart is one /v1/usage call: this sandbox's, by minute
+    usage_calls = drv.execute_script(
+        "return performance.getEntriesByType('resource').map((e) => e.name)"
+        ".filter((n) => n.includes('/v1/usage'))")
+    assert len(usage_calls) == 1, usage_calls
+    assert f"sandbox={a}" in usage_calls[0] and "group_by=minute" in usage_calls[0], usage_calls
     shot(drv, "sandbox")
 
     # usage page
@@ -337,3 +350,293 @@ def test_browser_terminal_runs_a_typed_command(daemon, browser, two):
         s["state"] == "running" for s in daemon.client.expect(
             200, "GET", f"/v1/sandboxes/{a}/sessions").json()["sessions"]),
         "the session gone after Close")
+
+
+# ---- an auditor key: the Keys and Audit pages ----
+
+@pytest.fixture(scope="module")
+def auditor(daemon):
+    k = daemon.make_key(auditor=True)
+    yield k
+    daemon.admin.request("POST", f"/v1/keys/{k['id']}/revoke")
+
+
+def displayed(drv, css):
+    els = by_css(drv, css)
+    return bool(els) and els[0].is_displayed()
+
+
+@pytest.mark.timeout(90)
+def test_browser_keys_and_audit_pages(daemon, browser, two, auditor):
+    drv = browser
+    adm = daemon.admin
+    # a key that is not an auditor: no Keys or Audit in the menu; the pages say why, ask nothing
+    sign_in(drv, daemon, daemon.key)
+    wait_for(drv, lambda d: row_state(d, two[0]).startswith("running"), "the list")
+    assert not displayed(drv, 'nav a[href="#/keys"]') and not displayed(drv, 'nav a[href="#/audit"]')
+    for page, box in (("keys", "#k-denied"), ("audit", "#a-denied")):
+        drv.get(f"http://127.0.0.1:{daemon.port}/#/{page}")
+        wait_for(drv, lambda d: "need an auditor key" in (visible_text(d, box) or ""),
+                 f"the {page} page's message")
+        assert not displayed(drv, f"#{page[0]}-table")
+    shot(drv, "keys-not-auditor")
+
+    # the auditor key: Keys and Audit in the menu, no Sandboxes; the Keys page first
+    me = daemon.client.expect(200, "GET", "/v1/whoami").json()["key"]
+    ro = daemon.make_key(read_only=True, owner_id=me["id"], daily_limit_micros=3_000_000)
+    gone = daemon.make_key()
+    adm.expect(200, "POST", f"/v1/keys/{gone['id']}/revoke")
+    sign_in(drv, daemon, auditor["key"])
+    wait_for(drv, lambda d: by_css(d, f'tr[data-key="{auditor["id"]}"]'), "the keys table")
+    assert displayed(drv, 'nav a[href="#/keys"]') and displayed(drv, 'nav a[href="#/audit"]')
+    assert not displayed(drv, 'nav a[href="#/sandboxes"]')
+    assert "auditor" in visible_text(drv, "#who")
+
+    def cells(kid):
+        return [td.text for td in by_css(drv, f'tr[data-key="{kid}"] td')]
+    assert cells(auditor["id"])[:4] == [auditor["id"], auditor["name"], "auditor", "itself"]
+    row = cells(ro["id"])
+    assert row[2] == "read-only" and row[3] == me["id"] and row[4] == "$3.00", row
+    assert row[7] == "in use"
+    assert cells(gone["id"])[7].startswith("20"), cells(gone["id"])  # its revocation time
+    assert auditor["key"] not in drv.page_source and daemon.key not in drv.page_source
+    # live: a key made now shows up without a reload
+    drv.execute_script("window.__noReload = 7")
+    fresh = daemon.make_key(metrics=True)
+    wait_for(drv, lambda d: by_css(d, f'tr[data-key="{fresh["id"]}"]'), "a new key, live")
+    assert cells(fresh["id"])[2] == "metrics"
+    assert drv.execute_script("return window.__noReload") == 7
+    shot(drv, "keys")
+
+    # the audit trail: more than a page of entries, newest first, "Older entries" pages back
+    for _ in range(55):  # revoking a revoked key changes nothing, but is recorded
+        adm.expect(200, "POST", f"/v1/keys/{gone['id']}/revoke")
+    by_css(drv, 'nav a[href="#/audit"]')[0].click()
+    wait_for(drv, lambda d: len(by_css(d, "#a-rows tr")) == 50, "a page of audit entries")
+
+    def seqs():
+        return [int(tr.get_attribute("data-seq")) for tr in by_css(drv, "#a-rows tr")]
+    first = seqs()
+    assert first == sorted(first, reverse=True), first
+    top = by_css(drv, "#a-rows tr")[0].text
+    assert "POST" in top and "/v1/keys/{id}/revoke" in top and "admin" in top, top
+    by_css(drv, "#a-older")[0].click()
+    wait_for(drv, lambda d: len(by_css(d, "#a-rows tr")) > 50, "older entries")
+    more = seqs()
+    assert more[:50] == first and max(more[50:]) < min(first) and len(set(more)) == len(more)
+    # live: a request made now is on top without a reload, named by its key's name
+    c = daemon.client
+    c.expect(200, "POST", f"/v1/sandboxes/{two[0]}/timeout", {"timeout_seconds": 3600})
+    wait_for(drv, lambda d: "/v1/sandboxes/{id}/timeout" in by_css(d, "#a-rows tr")[0].text,
+             "the new entry on top")
+    top = by_css(drv, "#a-rows tr")[0].text
+    assert me["name"] in top and two[0] in top and "200" in top, top
+    assert seqs()[1:len(more) + 1] == more
+    assert drv.execute_script("return window.__noReload") == 7
+    shot(drv, "audit")
+    # a full key's sandboxes page is not the auditor's: the daemon says so
+    drv.get(f"http://127.0.0.1:{daemon.port}/#/sandboxes")
+    wait_for(drv, lambda d: "auditor key" in (visible_text(d, "#status") or ""),
+             "the refusal for the auditor key")
+
+
+# ---- accessibility: run in the page, at phone and desktop widths ----
+
+# Returns a list of problems on the page as shown: controls without a label, buttons and links
+# without a name, images without alt, text below 4.5:1 contrast (WCAG 2 formula, from computed
+# colours over the first opaque background behind it), and a page wider than the window.
+A11Y_JS = r"""
+const problems = [];
+const desc = (e) => e.tagName.toLowerCase() + (e.id ? "#" + e.id : "") +
+  (e.className && typeof e.className === "string" ? "." + e.className.split(" ")[0] : "") +
+  " '" + (e.textContent || "").trim().slice(0, 30) + "'";
+const textOf = (ids) => (ids || "").split(/\s+/).filter(Boolean)
+  .map((id) => document.getElementById(id)).map((n) => n ? n.textContent.trim() : "").join(" ").trim();
+function labelled(e) {
+  if ((e.getAttribute("aria-label") || "").trim()) return true;
+  if (textOf(e.getAttribute("aria-labelledby"))) return true;
+  if (e.id) {
+    const l = document.querySelector(`label[for="${CSS.escape(e.id)}"]`);
+    if (l && l.textContent.trim()) return true;
+  }
+  const wrap = e.closest("label");
+  return !!(wrap && wrap.textContent.trim());
+}
+function named(e) {
+  return !!((e.getAttribute("aria-label") || "").trim() || textOf(e.getAttribute("aria-labelledby")) ||
+    e.textContent.trim() || (e.getAttribute("title") || "").trim() ||
+    [...e.querySelectorAll("img[alt]")].some((i) => i.alt.trim()));
+}
+for (const e of document.querySelectorAll("input, select, textarea"))
+  if (e.type !== "hidden" && !labelled(e)) problems.push("no label: " + desc(e));
+for (const e of document.querySelectorAll("button, a[href], [role=button], [role=link]"))
+  if (!named(e)) problems.push("no accessible name: " + desc(e));
+for (const e of document.querySelectorAll("img"))
+  if (!e.hasAttribute("alt")) problems.push("img without alt: " + desc(e));
+for (const e of document.querySelectorAll("svg[role=img]"))
+  if (!named(e)) problems.push("svg image without a name: " + desc(e));
+
+function rgba(s) {
+  const m = /^rgba?\(([^)]*)\)$/.exec(s || "");
+  if (!m) return null;
+  const p = m[1].split(/[\s,\/]+/).filter(Boolean).map(Number);
+  return [p[0], p[1], p[2], p.length > 3 ? p[3] : 1];
+}
+const over = (top, under) => [0, 1, 2].map((i) => top[i] * top[3] + under[i] * (1 - top[3])).concat(1);
+function background(e) {
+  const layers = [];
+  for (let n = e; n && n.nodeType === 1; n = n.parentElement) {
+    const c = rgba(getComputedStyle(n).backgroundColor);
+    if (c && c[3] > 0) { layers.push(c); if (c[3] >= 1) break; }
+  }
+  let bg = [255, 255, 255, 1]; // the canvas
+  for (let i = layers.length - 1; i >= 0; i--) bg = over(layers[i], bg);
+  return bg;
+}
+const lum = (c) => {
+  const f = (v) => { v /= 255; return v <= 0.04045 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); };
+  return 0.2126 * f(c[0]) + 0.7152 * f(c[1]) + 0.0722 * f(c[2]);
+};
+let checked = 0;
+for (const e of document.querySelectorAll("body *")) {
+  if (["SCRIPT", "STYLE", "title"].includes(e.tagName)) continue;
+  const own = [...e.childNodes].some((n) => n.nodeType === 3 && n.textContent.trim());
+  if (!own || !e.getClientRects().length) continue;
+  const cs = getComputedStyle(e);
+  if (cs.visibility !== "visible" || parseFloat(cs.opacity) === 0) continue;
+  const r = e.getBoundingClientRect();
+  if (r.width <= 1 && r.height <= 1) continue; // visually hidden (.sr): read, not seen
+  const isSvg = e instanceof SVGElement;
+  let fg = rgba(isSvg ? cs.fill : cs.color);
+  if (!fg) { problems.push("unreadable colour: " + desc(e)); continue; }
+  const bg = background(e);
+  fg = over(fg, bg);
+  const [a, b] = [lum(fg), lum(bg)].sort((x, y) => y - x);
+  const ratio = (a + 0.05) / (b + 0.05);
+  checked++;
+  if (ratio < 4.5) problems.push(`contrast ${ratio.toFixed(2)}:1 < 4.5: ${desc(e)} ${cs.color} on rgb(${bg.slice(0, 3).map(Math.round)})`);
+}
+if (document.documentElement.scrollWidth > window.innerWidth + 1)
+  problems.push(`page wider than the window: ${document.documentElement.scrollWidth} > ${window.innerWidth}`);
+return [problems, checked];
+"""
+
+# What the checks must catch: each planted fault is one the page could have.
+PLANTED = r"""
+const box = document.createElement("div");
+box.id = "a11y-planted";
+box.innerHTML = '<input id="nolabel"><button type="button"></button><a href="#/x"></a>' +
+  '<img src="/icon.svg"><p class="planted-grey">grey on white</p>' +
+  '<div class="planted-wide">wide</div>';
+document.getElementById("main").append(box);
+box.querySelector(".planted-grey").style.color = "#999999";
+box.querySelector(".planted-wide").style.width = "3000px";
+"""
+
+
+def assert_accessible(drv, page):
+    problems, checked = drv.execute_script(A11Y_JS)
+    if problems:
+        shot(drv, f"a11y-failure-{page}")
+    assert problems == [], (page, problems)
+    assert checked >= 5, (page, checked)  # it did look at the page's text
+
+
+@pytest.mark.timeout(120)
+def test_browser_pages_pass_basic_accessibility_checks(daemon, browser, two, auditor):
+    drv = browser
+    a, _ = two
+    base = f"http://127.0.0.1:{daemon.port}"
+    daemon.client.write_file(a, "/workspace/a11y.txt", b"checked\n")
+    # first, the checks catch what they look for (planted in the sign-in page, then gone)
+    sign_in(drv, daemon, "wr_" + "z" * 52)
+    wait_for(drv, lambda d: visible_text(d, "#signin-error"), "the wrong-key message")
+    drv.execute_script(PLANTED)
+    problems, _ = drv.execute_script(A11Y_JS)
+    text = "\n".join(problems)
+    for want in ("no label: input#nolabel", "no accessible name: button",
+                 "no accessible name: a", "img without alt", "contrast 2.85:1 < 4.5",
+                 "page wider than the window"):
+        assert want in text, (want, problems)
+    assert len(problems) == 6, problems
+    drv.execute_script("document.getElementById('a11y-planted').remove()")
+    try:
+        # the sign-in page with its error showing, at both widths (one wrong key: each counts
+        # against this address's guesses)
+        for width, height, tag in ((1280, 1000, ""), (390, 844, "-phone")):
+            drv.set_window_size(width, height)
+            assert_accessible(drv, "signin" + tag)
+            shot(drv, "signin" + tag)
+        for width, height, tag in ((1280, 1000, ""), (390, 844, "-phone")):
+            drv.set_window_size(width, height)
+            sign_in(drv, daemon, daemon.key)
+            wait_for(drv, lambda d: row_state(d, a).startswith("running") and
+                     "MiB" in by_css(d, f'tr[data-id="{a}"] td')[8].text, "the list")
+            assert_accessible(drv, "sandboxes" + tag)
+            shot(drv, "sandboxes" + tag)
+
+            drv.get(f"{base}/#/sandbox/{a}")
+            wait_for(drv, lambda d: by_css(d, 'tr[data-name="a11y.txt"]') and by_css(d, "#e-rows tr") and
+                     by_css(d, "#d-chart-cost svg") and by_css(d, "#d-chart-live svg"),
+                     "the sandbox page")
+            assert_accessible(drv, "sandbox" + tag)
+            shot(drv, "sandbox" + tag)
+
+            drv.get(f"{base}/#/usage")
+            wait_for(drv, lambda d: by_css(d, "#u-chart svg rect.bar"), "the usage page")
+            assert_accessible(drv, "usage" + tag)
+            shot(drv, "usage" + tag)
+
+            sign_in(drv, daemon, auditor["key"])
+            wait_for(drv, lambda d: by_css(d, f'tr[data-key="{auditor["id"]}"]'), "the keys")
+            assert_accessible(drv, "keys" + tag)
+            shot(drv, "keys" + tag)
+            drv.get(f"{base}/#/audit")
+            wait_for(drv, lambda d: by_css(d, "#a-rows tr"), "the audit trail")
+            assert_accessible(drv, "audit" + tag)
+            shot(drv, "audit" + tag)
+    finally:
+        drv.set_window_size(1280, 1000)
+
+
+@pytest.mark.timeout(60)
+def test_browser_keyboard_alone_signs_in_and_opens_a_sandbox(daemon, browser, two):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    drv = browser
+    a, _ = two
+
+    def press(*keys):
+        ActionChains(drv).send_keys(*keys).perform()  # to whatever has the focus
+
+    def focused():
+        return drv.execute_script(
+            "const e = document.activeElement; return [e.tagName, e.id, e.getAttribute('href'),"
+            " e.textContent.trim()]")
+
+    drv.get(f"http://127.0.0.1:{daemon.port}/#/signin")
+    drv.execute_script("sessionStorage.clear()")
+    drv.get(f"http://127.0.0.1:{daemon.port}/#/signin")
+    wait_for(drv, lambda d: displayed(d, "#key"), "the sign-in form")
+    # from the top of the page: TAB until the key box has the focus
+    drv.execute_script("document.activeElement.blur()")
+    for _ in range(5):
+        if focused()[1] == "key":
+            break
+        press(Keys.TAB)
+    assert focused()[1] == "key", focused()
+    press(daemon.key)
+    press(Keys.TAB)
+    assert focused()[0] == "BUTTON" and focused()[3] == "Sign in", focused()
+    press(Keys.ENTER)
+    wait_for(drv, lambda d: row_state(d, a).startswith("running"), "the sandboxes page")
+    # and on by TAB to the sandbox's link, ENTER opens it
+    target = f"#/sandbox/{a}"
+    for _ in range(60):
+        if focused()[2] == target:
+            break
+        press(Keys.TAB)
+    assert focused()[2] == target, focused()
+    press(Keys.ENTER)
+    wait_for(drv, lambda d: visible_text(d, "#d-title") == a, "the sandbox's page")

@@ -288,6 +288,117 @@ def test_read_only_keys_read_and_nothing_else(daemon, keys):
         ca.request("DELETE", f"/v1/sandboxes/{sid}")
 
 
+def fixed(keys):
+    """Keys' records without what moves on its own (today's spend)."""
+    return [{f: v for f, v in k.items() if f != "spent_today_micros"} for k in keys]
+
+
+def test_auditor_keys_read_keys_audit_and_usage_and_nothing_else(daemon, keys):
+    """Walks every route in the spec with an auditor key: those marked x-auditor (GET
+    /v1/keys, /v1/audit, /v1/usage, /v1/whoami) answer 200; every other one, on key a's
+    sandbox and of every method, is 403 with the error every forbidden call gets, and changes
+    nothing."""
+    a, b, ro = keys
+    ca = daemon.client.with_key(a["key"])
+    aud = daemon.make_key(auditor=True)
+    assert aud["auditor"] is True and aud["read_only"] is True and aud["metrics"] is False
+    cau = daemon.client.with_key(aud["key"])
+    sid = ca.expect(201, "POST", "/v1/sandboxes", {"memory_mib": 256}).json()["id"]
+    try:
+        cid = ca.expect(201, "POST", f"/v1/sandboxes/{sid}/exec",
+                        {"command": "sleep 1000", "background": True}).json()["id"]
+        ca.write_file(sid, "/workspace/kept.txt", b"kept")
+        keys_before = daemon.admin.expect(200, "GET", "/v1/keys").json()["keys"]
+        allowed, refused = set(), set()
+        for method, template, op in _operations():
+            path = _fill(template, sid, cid, a["id"])
+            query = {"path": "/workspace/kept.txt"} if "/files" in template else None
+            body = {"name": "x"} if method in ("POST", "PUT", "PATCH") \
+                and "files/content" not in template else None
+            if op.get("security") == []:
+                continue  # the dashboard's files, anyone's
+            r = cau.request(method, path, body, query=query)
+            if op.get("x-auditor"):
+                assert method == "GET" and r.status == 200, (method, template, r)
+                allowed.add(template)
+            else:
+                assert r.status == 403 and r.error[0] == "forbidden", (method, template, r)
+                assert "auditor key" in r.error[1], r
+                refused.add((method, template))
+        assert allowed == {"/v1/keys", "/v1/audit", "/v1/usage", "/v1/whoami"}, allowed
+        assert len(refused) >= 40 and ("GET", "/metrics") in refused
+        assert ("GET", "/v1/sandboxes/{id}/files/content") in refused
+        assert ("GET", "/v1/secrets") in refused and ("POST", "/v1/keys") in refused
+        # nothing changed: no key made or changed, the sandbox, its file and command as they were
+        assert fixed(daemon.admin.expect(200, "GET", "/v1/keys").json()["keys"]) == \
+            fixed(keys_before)
+        assert ca.get(sid)["state"] == "running"
+        assert ca.read_file(sid, "/workspace/kept.txt") == b"kept"
+        assert ca.expect(200, "GET", f"/v1/sandboxes/{sid}/commands/{cid}").json()["state"] \
+            == "running"
+        # what it reads: every key, never a key itself nor its hash
+        listed = cau.expect(200, "GET", "/v1/keys").json()
+        text = json.dumps(listed)
+        assert {a["id"], b["id"], ro["id"], aud["id"]} <= {k["id"] for k in listed["keys"]}
+        assert "sha256" not in text and not re.search(r"wr_[a-z2-7]{52}", text)
+        assert a["key"] not in text and aud["key"] not in text
+        assert fixed(listed["keys"]) == fixed(
+            daemon.admin.expect(200, "GET", "/v1/keys").json()["keys"])
+        me = cau.expect(200, "GET", "/v1/whoami").json()
+        assert me["auditor"] is True and me["admin"] is False and me["key"]["id"] == aud["id"]
+        assert ca.expect(200, "GET", "/v1/whoami").json()["auditor"] is False
+        # the audit trail, the admin's page, with the auditor's own refused attempts in it
+        page = cau.expect(200, "GET", "/v1/audit", query={"limit": 200}).json()
+        assert page["entries"][0]["seq"] == daemon.admin.expect(
+            200, "GET", "/v1/audit", query={"limit": 1}).json()["entries"][0]["seq"]
+        tried = {(e["method"], e["route"]) for e in page["entries"]
+                 if e["key_id"] == aud["id"] and e["status"] == 403}
+        assert ("POST", "/v1/keys") in tried and ("DELETE", "/v1/sandboxes/{id}") in tried
+        older = cau.expect(200, "GET", "/v1/audit",
+                           query={"limit": 1, "before": page["entries"][0]["seq"]}).json()
+        assert older["entries"][0]["seq"] < page["entries"][0]["seq"]
+        # usage of every key, as the admin sees it; a plain key sees its own only
+        whole = {"from": "2000-01-01", "group_by": "key"}
+        mine = {r["key_id"] for r in ca.expect(200, "GET", "/v1/usage", query=whole).json()["rows"]}
+        assert mine <= {a["id"]}
+        theirs = {r["key_id"] for r in cau.expect(200, "GET", "/v1/usage",
+                                                  query=whole).json()["rows"]}
+        admins = {r["key_id"] for r in daemon.admin.expect(200, "GET", "/v1/usage",
+                                                           query=whole).json()["rows"]}
+        assert theirs == admins and len(admins) >= 2, (theirs, admins)
+        days = cau.expect(200, "GET", "/v1/usage",
+                          query={"from": "2000-01-01", "group_by": "day"}).json()
+        assert days["rows"] and all("day" in r for r in days["rows"])
+        # other keys still may not read what the auditor reads
+        for path in ("/v1/keys", "/v1/audit"):
+            r = ca.request("GET", path)
+            assert r.status == 403 and "auditor key" in r.error[1], r
+    finally:
+        ca.request("DELETE", f"/v1/sandboxes/{sid}")
+        daemon.admin.request("POST", f"/v1/keys/{aud['id']}/revoke")
+
+
+def test_auditor_keys_are_only_that(daemon, keys):
+    a = keys[0]
+    for extra, word in (({"metrics": True}, "metrics"), ({"owner_id": a["id"]}, "owner_id"),
+                        ({"read_only": False}, "read_only"), ({"auditor": 1}, "auditor")):
+        r = daemon.admin.request("POST", "/v1/keys", dict({"name": "aud-x", "auditor": True},
+                                                         **extra))
+        assert r.status == 400 and word in r.error[1], (extra, r)
+    aud = daemon.make_key(auditor=True)
+    try:
+        r = daemon.admin.request("PATCH", f"/v1/keys/{aud['id']}", {"read_only": False})
+        assert r.status == 409 and "auditor" in r.error[1], r
+        r = daemon.admin.request("PATCH", f"/v1/keys/{aud['id']}", {"auditor": False})
+        assert r.status == 400, r
+        # only the admin makes one: an auditor key cannot, nor can any other key
+        for c in (daemon.client.with_key(aud["key"]), daemon.client.with_key(a["key"])):
+            r = c.request("POST", "/v1/keys", {"name": "aud-y", "auditor": True})
+            assert r.status == 403, r
+    finally:
+        daemon.admin.request("POST", f"/v1/keys/{aud['id']}/revoke")
+
+
 def test_no_key_can_make_keys_or_raise_its_own_limits(daemon):
     k = daemon.make_key(daily_limit_micros=1000, max_sandboxes=1)
     c = daemon.client.with_key(k["key"])
@@ -411,6 +522,36 @@ def test_cli_keys(daemon):
     assert r.returncode != 0 and "API key" in r.stderr, r
     r = admin_cli(daemon, "audit", "--limit", "5")
     assert r.returncode == 0 and "/v1/keys/{id}/revoke" in r.stdout, r
+
+
+def test_cli_auditor_key(daemon):
+    r = admin_cli(daemon, "keys", "create", f"cli-auditor-{os.getpid()}", "--auditor")
+    assert r.returncode == 0, r.stderr
+    key = r.stdout.strip()
+    kid = re.search(r"key (key_[a-z2-7]{16})", r.stderr).group(1)
+    try:
+        line = next(x for x in admin_cli(daemon, "keys", "list").stdout.splitlines()
+                    if kid in x)
+        assert " auditor " in line, line
+        env = daemon.cli_env(RUNTIME_API_KEY=key)
+
+        def cli(*args):
+            return subprocess.run([daemon.bin, *args], env=env, capture_output=True, text=True,
+                                  timeout=T)
+        r = cli("keys", "list")
+        assert r.returncode == 0 and kid in r.stdout and key not in r.stdout, r
+        r = cli("audit", "--limit", "5")
+        assert r.returncode == 0 and "ROUTE" in r.stdout.upper(), r
+        r = cli("usage", "--by", "key", "--from", "2000-01-01")
+        assert r.returncode == 0, r
+        for args in (("sandbox", "list"), ("keys", "create", "more", "--auditor"),
+                     ("keys", "revoke", kid)):
+            r = cli(*args)
+            assert r.returncode == 4 and "auditor key" in r.stderr, (args, r)
+        r = admin_cli(daemon, "keys", "set", kid, "--read-write")
+        assert r.returncode != 0 and "auditor" in r.stderr, r
+    finally:
+        admin_cli(daemon, "keys", "revoke", kid)
 
 
 # ---- the Unix socket: root is the admin, others need a key ----

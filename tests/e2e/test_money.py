@@ -293,6 +293,60 @@ def test_usage_is_scoped_to_the_key(md):
         ca.request("DELETE", f"/v1/sandboxes/{sid}")
 
 
+def test_usage_of_one_sandbox_by_minute(md):
+    """sandbox=ID counts one sandbox, group_by=minute gives a row per minute (the dashboard's
+    chart asks once); another key's sandbox gives nothing; an auditor key sees every key's."""
+    a, b = md.make_key(), md.make_key()
+    ca, cb = md.client.with_key(a["key"]), md.client.with_key(b["key"])
+    one = ca.expect(201, "POST", "/v1/sandboxes", {"cpus": 1, "memory_mib": 256}).json()["id"]
+    two = ca.expect(201, "POST", "/v1/sandboxes", {"cpus": 1, "memory_mib": 512}).json()["id"]
+    theirs = cb.expect(201, "POST", "/v1/sandboxes", {"cpus": 1, "memory_mib": 256}).json()["id"]
+    aud = md.make_key(auditor=True)
+    try:
+        start = md.now
+        for _ in range(3):  # three minutes, each read by the meter
+            md.advance(60_000)
+            settled(md, ca, one)
+        ca.request("DELETE", f"/v1/sandboxes/{two}")
+        frm = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start // 1000))
+        to = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(md.now // 1000 + 60))
+        q = {"from": frm, "to": to, "group_by": "minute", "sandbox": one}
+        u = ca.expect(200, "GET", "/v1/usage", query=q).json()
+        assert u["sandbox_id"] == one and u["group_by"] == "minute", u
+        minutes = [r["minute"] for r in u["rows"]]
+        assert len(minutes) >= 3 and minutes == sorted(minutes), minutes
+        assert all(m.endswith(":00Z") for m in minutes), minutes
+        by_sb = {r["sandbox_id"]: r for r in ca.expect(200, "GET", "/v1/usage", query={
+            "from": frm, "to": to}).json()["rows"]}
+        assert u["total_micros"] == by_sb[one]["cost_micros"] == sum(
+            r["cost_micros"] for r in u["rows"]) > 0, (u, by_sb)
+        assert by_sb[two]["cost_micros"] > 0  # the other sandbox is left out, not absent
+        # another key's sandbox: nothing, as for one that never was
+        other = cb.expect(200, "GET", "/v1/usage", query=q).json()
+        assert other["rows"] == [] and other["total_micros"] == 0, other
+        never = ca.expect(200, "GET", "/v1/usage", query=dict(q, sandbox="sb-" + "a" * 21)).json()
+        assert never["rows"] == [] and never["total_micros"] == 0
+        for bad in ("sb-x", "../sb", "SB-" + "a" * 21, ""):
+            r = ca.request("GET", "/v1/usage", query=dict(q, sandbox=bad))
+            assert r.status == 400 and "sandbox" in r.error[1], (bad, r)
+        # the admin and an auditor key see it too, and every key's usage
+        cau = md.client.with_key(aud["key"])
+        for c in (md.admin, cau):
+            assert c.expect(200, "GET", "/v1/usage", query=q).json()["rows"] == u["rows"]
+        keyq = {"from": frm, "to": to, "group_by": "key"}
+        per_key = {r["key_id"]: r["cost_micros"]
+                   for r in cau.expect(200, "GET", "/v1/usage", query=keyq).json()["rows"]}
+        assert per_key[a["id"]] == by_sb[one]["cost_micros"] + by_sb[two]["cost_micros"]
+        assert per_key[b["id"]] > 0, per_key
+        assert per_key == {r["key_id"]: r["cost_micros"] for r in md.admin.expect(
+            200, "GET", "/v1/usage", query=keyq).json()["rows"]}
+        assert {r["key_id"] for r in ca.expect(200, "GET", "/v1/usage", query=keyq).json()[
+            "rows"]} == {a["id"]}
+    finally:
+        for c, sid in ((ca, one), (ca, two), (cb, theirs)):
+            c.request("DELETE", f"/v1/sandboxes/{sid}")
+
+
 def test_the_cli_shows_usage_and_spend(md):
     k = md.make_key(daily_limit_micros=5_000_000)
     c = md.client.with_key(k["key"])

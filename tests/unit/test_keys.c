@@ -1,7 +1,7 @@
 /*
  * API keys (daemon/keys.h): a key is shown once and only its hash is kept; it works until it
  * is revoked, after a reload too; limits are checked on the way in; owners decide what a key
- * sees.
+ * sees; an auditor key is read-only, alone of its kind, and older rows load without it.
  */
 #include <jansson.h>
 #include <stdio.h>
@@ -14,6 +14,8 @@
 #include "tap.h"
 
 static char dir[64], dbpath[128];
+
+#define HASH64 "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
 
 int main(void)
 {
@@ -102,10 +104,47 @@ int main(void)
 
     json_t *list = keys_list_json(k);
     char *text = json_dumps(list, 0);
-    ok(text && !strstr(text, "wr_") && strstr(text, "\"owner_id\""),
-       "the list shows no key, and each key's owner");
+    ok(text && !strstr(text, "wr_") && !strstr(text, "sha256") && strstr(text, "\"owner_id\""),
+       "the list shows no key and no hash, and each key's owner");
     free(text);
     json_decref(list);
+
+    /* auditor keys */
+    struct key_opts aud = {.name = "auditor", .auditor = 1};
+    const struct api_key *au = keys_create(k, &aud, token2, &err);
+    ok(au && au->auditor && au->read_only && !au->metrics, "an auditor key is read-only");
+    json_t *aj = au ? key_to_json(au) : NULL;
+    ok(aj && json_is_true(json_object_get(aj, "auditor")), "its record says auditor");
+    json_decref(aj);
+    struct key_opts bad1 = {.name = "a1", .auditor = 1, .metrics = 1};
+    struct key_opts bad2 = {.name = "a2", .auditor = 1, .owner_id = id};
+    struct key_opts bad3 = {.name = "a3", .auditor = 1, .has_read_only = 1, .read_only = 0};
+    ok(keys_create(k, &bad1, token, &err) == NULL && err.kind == WR_E_INVALID &&
+           strstr(err.msg, "metrics"),
+       "an auditor key is no metrics key: %s", err.msg);
+    ok(keys_create(k, &bad2, token, &err) == NULL && strstr(err.msg, "owner_id"),
+       "nor made for another's sandboxes: %s", err.msg);
+    ok(keys_create(k, &bad3, token, &err) == NULL && strstr(err.msg, "read_only"),
+       "nor writable: %s", err.msg);
+    struct key_opts unro = {.has_read_only = 1, .read_only = 0};
+    ok(au && keys_update(k, au->id, &unro, &err) == NULL && err.kind == WR_E_CONFLICT,
+       "and cannot be made writable later: %s", err.msg);
+    /* a row stored before auditor keys existed has no "auditor": it loads as not one */
+    ok(store_key_put(st, "key_olderrowolderrow",
+                     "{\"name\":\"old\",\"sha256\":\"" HASH64 "\",\"read_only\":false,"
+                     "\"daily_limit_micros\":null,\"max_sandboxes\":null,\"created_unix\":1,"
+                     "\"revoked_unix\":0}",
+                     &err) == 0,
+       "an older row is stored");
+    char auid[32];
+    snprintf(auid, sizeof(auid), "%s", au ? au->id : "");
+    keys_free(k);
+    k = keys_open(st, &err);
+    const struct api_key *old = k ? keys_find(k, "key_olderrowolderrow") : NULL;
+    ok(old && !old->auditor && !old->metrics && !old->read_only, "and loads as an ordinary key");
+    ok(k && keys_check(k, token2) && keys_check(k, token2)->auditor &&
+           !strcmp(keys_check(k, token2)->id, auid),
+       "the auditor key stays one after a reload");
 
     keys_free(k);
     store_close(st);

@@ -87,34 +87,50 @@ int main(void)
     };
     ok(store_usage_add(st, rows, 4, &err) == 0, "rows recorded (%s)", err.msg);
     struct sums s = {0};
-    ok(store_usage_sum(st, STORE_USAGE_BY_SANDBOX, 0, 1440, NULL, 100, collect, &s, &err) == 0 &&
+    ok(store_usage_sum(st, STORE_USAGE_BY_SANDBOX, 0, 1440, NULL, NULL, 100, collect, &s, &err) ==
+               0 &&
            s.n == 2 && !strcmp(s.group[0], "sb-a") && s.u[0].cost_micros == 15 &&
            s.u[0].cpu_usec == 1500 && s.u[0].memory_mib_ms == 7500 && s.u[1].cost_micros == 3,
        "by sandbox on day 0: sb-a 15, sb-b 3 (%d groups)", s.n);
     memset(&s, 0, sizeof(s));
-    ok(store_usage_sum(st, STORE_USAGE_BY_DAY, 0, 3 * 1440, "key_x", 100, collect, &s, &err) == 0 &&
+    ok(store_usage_sum(st, STORE_USAGE_BY_DAY, 0, 3 * 1440, "key_x", NULL, 100, collect, &s,
+                       &err) == 0 &&
            s.n == 2 && s.u[0].minute == 0 && s.u[0].cost_micros == 15 && s.u[1].minute == 1440 &&
            s.u[1].cost_micros == 7,
        "by day, one key's only: 15 then 7");
     memset(&s, 0, sizeof(s));
-    ok(store_usage_sum(st, STORE_USAGE_BY_KEY, 0, 3 * 1440, NULL, 1, collect, &s, &err) == 0 &&
+    ok(store_usage_sum(st, STORE_USAGE_BY_KEY, 0, 3 * 1440, NULL, NULL, 1, collect, &s, &err) ==
+               0 &&
            s.n == 1 && s.group[0][0] == '\0' && s.u[0].cost_micros == 3,
        "by key, at most `limit` groups (the admin's first: \"\")");
+    memset(&s, 0, sizeof(s));
+    ok(store_usage_sum(st, STORE_USAGE_BY_MINUTE, 0, 3 * 1440, NULL, "sb-a", 100, collect, &s,
+                       &err) == 0 &&
+           s.n == 2 && s.u[0].minute == 100 && s.u[0].cost_micros == 15 && s.u[1].minute == 1441 &&
+           s.u[1].cost_micros == 7,
+       "by minute, one sandbox's only: 15 at minute 100, 7 at 1441 (%d groups)", s.n);
+    memset(&s, 0, sizeof(s));
+    ok(store_usage_sum(st, STORE_USAGE_BY_MINUTE, 0, 3 * 1440, "key_x", "sb-b", 100, collect, &s,
+                       &err) == 0 &&
+           s.n == 0,
+       "one sandbox of another key's: nothing");
     /* Compacting folds the days before the cutoff's into one row per sandbox per day. */
     ok(store_usage_compact(st, 2 * 1440 + 5, &err) == 0, "compacted (%s)", err.msg);
     memset(&s, 0, sizeof(s));
-    ok(store_usage_sum(st, STORE_USAGE_BY_SANDBOX, 0, 3 * 1440, NULL, 100, collect, &s, &err) ==
-               0 &&
+    ok(store_usage_sum(st, STORE_USAGE_BY_SANDBOX, 0, 3 * 1440, NULL, NULL, 100, collect, &s,
+                       &err) == 0 &&
            s.n == 2 && s.u[0].cost_micros == 22 && s.u[0].cpu_usec == 1500 &&
            s.u[0].memory_mib_ms == 7500 && s.u[1].cost_micros == 3,
        "the sums are the same after compacting");
     memset(&s, 0, sizeof(s));
-    ok(store_usage_sum(st, STORE_USAGE_BY_SANDBOX, 1, 1440, NULL, 100, collect, &s, &err) == 0 &&
+    ok(store_usage_sum(st, STORE_USAGE_BY_SANDBOX, 1, 1440, NULL, NULL, 100, collect, &s, &err) ==
+               0 &&
            s.n == 0,
        "day 0's minutes are now its first minute's row");
     ok(store_usage_compact(st, 2 * 1440 + 5, &err) == 0, "compacting again is harmless");
     memset(&s, 0, sizeof(s));
-    ok(store_usage_sum(st, STORE_USAGE_BY_DAY, 0, 3 * 1440, NULL, 100, collect, &s, &err) == 0 &&
+    ok(store_usage_sum(st, STORE_USAGE_BY_DAY, 0, 3 * 1440, NULL, NULL, 100, collect, &s, &err) ==
+               0 &&
            s.n == 2 && s.u[0].cost_micros == 18 && s.u[1].cost_micros == 7,
        "by day: still 18 then 7");
     store_close(st);
