@@ -1,9 +1,18 @@
 #!/bin/sh
 # Installs what withruntime needs from Debian packages: the build toolchain and
 # libraries, runsc from bookworm-backports, mmdebstrap for images, and
-# e2fsprogs (mke2fs) for each sandbox's disk image.
+# e2fsprogs (mke2fs) for each sandbox's disk image. With --tests, also what only
+# the tests use (scripts/test.sh passes it; scripts/install.sh does not, so a
+# plain install gets no browsers).
 # Idempotent: packages already present are left alone. Needs root.
 set -eu
+
+tests=0
+case "${1:-}" in
+    --tests) tests=1 ;;
+    "") ;;
+    *) echo "usage: setup.sh [--tests]" >&2; exit 2 ;;
+esac
 
 if [ "$(id -u)" -ne 0 ]; then
     echo "setup.sh: run as root (it installs Debian packages)" >&2
@@ -42,11 +51,14 @@ SRC
 PKGS="build-essential pkg-config libevent-dev libjansson-dev libsqlite3-dev libssl-dev \
 nftables libnftables-dev \
 mmdebstrap iproute2 procps ca-certificates \
-python3 python3-venv clang-format e2fsprogs \
-zsh chromium chromium-driver firefox-esr"  # zsh: the tests load `withruntime completion zsh`
-# in it; chromium, chromium-driver: tests/e2e/test_dashboard.py drives the dashboard in a real
-# browser; firefox-esr: tests/e2e/test_dashboard_firefox.py does in Firefox, over the WebDriver
-# BiDi that Firefox speaks itself (Debian has no geckodriver)
+python3 python3-venv e2fsprogs"
+# For the tests: clang-format (make format-check); zsh (the tests load `withruntime completion
+# zsh` in it); chromium, chromium-driver (tests/e2e/test_dashboard.py drives the dashboard in a
+# real browser); firefox-esr (tests/e2e/test_dashboard_firefox.py does in Firefox, over the
+# WebDriver BiDi that Firefox speaks itself: Debian has no geckodriver).
+if [ "$tests" -eq 1 ]; then
+    PKGS="$PKGS clang-format zsh chromium chromium-driver firefox-esr"
+fi
 
 need=""
 for p in $PKGS; do

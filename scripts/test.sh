@@ -23,7 +23,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 step "setup: Debian packages"
-sh scripts/setup.sh
+sh scripts/setup.sh --tests
 
 step "python test dependencies"
 PY=python3
