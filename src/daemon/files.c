@@ -22,11 +22,14 @@
 #define WRITE_CHUNK (256 * 1024)
 
 /*
- * A read's flow control: the agent may have this many bytes in flight towards the caller,
- * and the daemon gives it more only while the caller's connection holds less than this
- * unsent. A slow reader costs at most about twice this here, however big the file.
+ * A read's flow control: the bytes the agent may still send (its credit) and the bytes queued
+ * for the caller together stay within READ_INFLIGHT, however big the file. A caller that keeps
+ * up leaves the queue empty, so the agent gets the whole of it as credit: a window big enough
+ * to ride out the sandbox's wake-up latency (a split into two fixed halves left the agent half
+ * of it and idled the channel on a busy host). A slow caller leaves the agent less and less,
+ * down to nothing until the queue has drained.
  */
-#define READ_WINDOW (2 * 1024 * 1024)
+#define READ_INFLIGHT (4 * 1024 * 1024)
 
 /*
  * A listing is built in memory (sorted, one JSON body): at most this many entries. A directory
@@ -304,9 +307,11 @@ static void read_topup(struct file_op *op)
 {
     if (!op->id || op->waiting_drain || op->bytes >= op->length)
         return; /* past LENGTH the agent has nothing more to send but OK */
-    if (sink_backlog(op->sink) < READ_WINDOW) {
-        uint64_t left = op->length - op->bytes;
-        agentconn_credit(op->sb->conn, op->id, left < READ_WINDOW ? left : READ_WINDOW);
+    size_t backlog = sink_backlog(op->sink);
+    if (backlog < READ_INFLIGHT / 2) {
+        /* credit counts from what arrived: it and the queue stay within READ_INFLIGHT */
+        uint64_t room = READ_INFLIGHT - backlog, left = op->length - op->bytes;
+        agentconn_credit(op->sb->conn, op->id, left < room ? left : room);
         return;
     }
     op->waiting_drain = 1;
@@ -541,12 +546,12 @@ void svc_file_read(struct daemon *d, const char *id, const char *path, uint64_t 
     if (!op)
         return;
     struct wr_err err = {0};
-    if (daemon_reserve_output(d, 2 * (size_t)READ_WINDOW, "download", &err) < 0) {
+    if (daemon_reserve_output(d, READ_INFLIGHT, "download", &err) < 0) {
         sink_fail(s, &err);
         fop_free(op);
         return;
     }
-    op->reserved = 2 * (size_t)READ_WINDOW;
+    op->reserved = READ_INFLIGHT;
     op->offset = offset;
     op->length = length;
     struct proto_buf b = {0};
@@ -555,8 +560,9 @@ void svc_file_read(struct daemon *d, const char *id, const char *path, uint64_t 
     if (length != UINT64_MAX)
         proto_put_u64(&b, PT_LENGTH, length);
     /* never credit for more than was asked: a byte past it is a lie the channel catches */
-    op->id = agentconn_request_windowed(op->sb->conn, PROTO_FILE_READ, &b,
-                                        length < READ_WINDOW ? length : READ_WINDOW, on_frame, op);
+    op->id =
+        agentconn_request_windowed(op->sb->conn, PROTO_FILE_READ, &b,
+                                   length < READ_INFLIGHT ? length : READ_INFLIGHT, on_frame, op);
     proto_buf_free(&b);
     if (!op->id) {
         fop_fail(op, WR_E_CONFLICT, 0, "the sandbox's agent is not reachable");
@@ -647,17 +653,17 @@ void svc_file_archive(struct daemon *d, const char *id, const char *path, struct
     if (!op)
         return;
     struct wr_err err = {0};
-    if (daemon_reserve_output(d, 2 * (size_t)READ_WINDOW, "download", &err) < 0) {
+    if (daemon_reserve_output(d, READ_INFLIGHT, "download", &err) < 0) {
         sink_fail(s, &err);
         fop_free(op);
         return;
     }
-    op->reserved = 2 * (size_t)READ_WINDOW;
+    op->reserved = READ_INFLIGHT;
     op->length = UINT64_MAX;
     struct proto_buf b = {0};
     proto_put_str(&b, PT_PATH, op->path);
-    op->id =
-        agentconn_request_windowed(op->sb->conn, PROTO_FILE_ARCHIVE, &b, READ_WINDOW, on_frame, op);
+    op->id = agentconn_request_windowed(op->sb->conn, PROTO_FILE_ARCHIVE, &b, READ_INFLIGHT,
+                                        on_frame, op);
     proto_buf_free(&b);
     if (!op->id) {
         fop_fail(op, WR_E_CONFLICT, 0, "the sandbox's agent is not reachable");
