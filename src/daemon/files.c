@@ -429,33 +429,7 @@ static void on_frame(void *arg, const struct proto_header *h, const uint8_t *pay
             op->result = entry_from_fields(payload, h->len, "", op->path);
         }
         return;
-    case PROTO_DATA:
-        if (op->kind == FOP_ARCHIVE) {
-            if (!op->started) {
-                op->started = 1;
-                sink_begin(op->sink, "application/x-tar");
-            }
-            op->bytes += h->len;
-            if (h->len)
-                sink_write(op->sink, payload, h->len);
-            read_topup(op);
-            return;
-        }
-        if (op->kind == FOP_READ && op->started) {
-            /* The agent may send more than was asked for; the caller never gets it. */
-            uint64_t room = op->length - op->bytes;
-            size_t n = h->len < room ? h->len : (size_t)room;
-            op->bytes += n;
-            if (n) {
-                sink_write(op->sink, payload, n);
-                metrics_add(MC_FILES_READ_BYTES, n);
-            }
-            if (op->bytes >= op->length)
-                read_done(op);
-            else
-                read_topup(op);
-        }
-        return;
+    case PROTO_DATA: /* reads and archives take theirs as buffers (on_data) */ return;
     case PROTO_DIR_ENTRIES:
         if (op->kind == FOP_LIST) {
             add_entries(op, payload, h->len);
@@ -487,6 +461,46 @@ static void on_frame(void *arg, const struct proto_header *h, const uint8_t *pay
         }
         return;
     }
+}
+
+/* DATA of a read or an archive: its bytes move on to the caller as they lie, uncopied. */
+static void on_data(void *arg, const struct proto_header *h, struct evbuffer *payload)
+{
+    struct file_op *op = arg;
+    size_t len = evbuffer_get_length(payload);
+    if (op->kind == FOP_ARCHIVE) {
+        if (!op->started) {
+            op->started = 1;
+            sink_begin(op->sink, "application/x-tar");
+        }
+        op->bytes += len;
+        if (len)
+            sink_write_buffer(op->sink, payload);
+        read_topup(op);
+        return;
+    }
+    if (op->kind != FOP_READ || !op->started)
+        return;
+    /* The agent may send more than was asked for; the caller never gets it. */
+    uint64_t room = op->length - op->bytes;
+    size_t n = len < room ? len : (size_t)room;
+    op->bytes += n;
+    if (n == len) {
+        sink_write_buffer(op->sink, payload);
+    } else if (n) {
+        struct evbuffer *head = evbuffer_new();
+        if (!head)
+            abort(); /* out of memory, as xmalloc */
+        evbuffer_remove_buffer(payload, head, n);
+        sink_write_buffer(op->sink, head);
+        evbuffer_free(head);
+    }
+    if (n)
+        metrics_add(MC_FILES_READ_BYTES, n);
+    if (op->bytes >= op->length)
+        read_done(op);
+    else
+        read_topup(op);
 }
 
 /* Checks the path and the sandbox, makes the op. Fails s and returns NULL if either is bad. */
@@ -568,6 +582,7 @@ void svc_file_read(struct daemon *d, const char *id, const char *path, uint64_t 
         fop_fail(op, WR_E_CONFLICT, 0, "the sandbox's agent is not reachable");
         return;
     }
+    agentconn_on_data(op->sb->conn, op->id, on_data);
     sink_on_cancel(s, read_cancelled, op);
 }
 
@@ -669,6 +684,7 @@ void svc_file_archive(struct daemon *d, const char *id, const char *path, struct
         fop_fail(op, WR_E_CONFLICT, 0, "the sandbox's agent is not reachable");
         return;
     }
+    agentconn_on_data(op->sb->conn, op->id, on_data);
     log_info(op->sb->id, "files.archive", "path=\"%s\"", op->path);
     sink_on_cancel(s, read_cancelled, op);
 }

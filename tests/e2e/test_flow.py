@@ -18,8 +18,7 @@ from test_output import RssWatch, rss
 MIB = 1024 * 1024
 # What one slow download may add to the daemon's memory: its bytes in flight (4 MiB between the
 # agent's credit and the caller's queue), the channel's input buffer (2 MiB) and the allocator's
-# slack. Without flow control the daemon grew
-# by ~400 MiB a second here.
+# slack. Without flow control the daemon grew by ~400 MiB a second here.
 SLOW_READER_GROWTH = 48 * MIB
 
 
