@@ -730,13 +730,18 @@ void agentconn_on_data(struct agentconn *c, uint32_t id, agentconn_data_cb cb)
 
 void agentconn_credit(struct agentconn *c, uint32_t id, uint64_t window)
 {
+    /* Top up in steps of a quarter window at least: a CREDIT per DATA frame would double the
+     * frames on the channel. */
+    agentconn_credit_step(c, id, window, window / 4);
+}
+
+void agentconn_credit_step(struct agentconn *c, uint32_t id, uint64_t window, uint64_t step)
+{
     struct req *r = *slot(c, id);
     if (!r || !r->windowed || c->dead)
         return;
     uint64_t target = r->received + window;
-    /* Top up in steps of a quarter window at least: a CREDIT per DATA frame would double the
-     * frames on the channel. */
-    if (target <= r->allowed || target - r->allowed < window / 4)
+    if (target <= r->allowed || target - r->allowed < step)
         return;
     struct proto_buf b = {0};
     proto_put_u64(&b, PT_LENGTH, target - r->allowed);

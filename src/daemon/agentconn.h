@@ -72,6 +72,9 @@ uint32_t agentconn_request_windowed(struct agentconn *c, uint16_t type, struct p
  */
 void agentconn_credit(struct agentconn *c, uint32_t id, uint64_t window);
 
+/** Like agentconn_credit, sending nothing if that adds less than step (at least 1). */
+void agentconn_credit_step(struct agentconn *c, uint32_t id, uint64_t window, uint64_t step);
+
 /**
  * The open request id's DATA frames go to cb (with the request's arg) as buffers instead of to
  * its frame callback. A big frame's payload is then read from the channel straight into the

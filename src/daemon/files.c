@@ -309,9 +309,12 @@ static void read_topup(struct file_op *op)
         return; /* past LENGTH the agent has nothing more to send but OK */
     size_t backlog = sink_backlog(op->sink);
     if (backlog < READ_INFLIGHT / 2) {
-        /* credit counts from what arrived: it and the queue stay within READ_INFLIGHT */
+        /* Credit counts from what arrived: it and the queue stay within READ_INFLIGHT. It goes
+         * in steps of half of that at least: each CREDIT wakes the agent, and a wake-up in
+         * gVisor is a few system calls, each a trip through the sentry. */
         uint64_t room = READ_INFLIGHT - backlog, left = op->length - op->bytes;
-        agentconn_credit(op->sb->conn, op->id, left < room ? left : room);
+        uint64_t window = left < room ? left : room;
+        agentconn_credit_step(op->sb->conn, op->id, window, window / 2);
         return;
     }
     op->waiting_drain = 1;
