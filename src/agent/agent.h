@@ -145,6 +145,12 @@ void chan_error(uint32_t id, int err, const char *fmt, ...) __attribute__((forma
 uint8_t *chan_reserve_data(size_t max);
 /** Queues the frame whose first n payload bytes were written into chan_reserve_data's room. */
 void chan_commit_data(uint32_t id, uint16_t type, size_t n);
+/**
+ * Like chan_reserve_data for n frames of up to `each` payload bytes back to back: frame i's
+ * payload room starts at the returned pointer + i * (PROTO_HEADER_LEN + each). Each is
+ * finished in order with chan_commit_data, every one but the last filled whole.
+ */
+uint8_t *chan_reserve_frames(size_t n, size_t each);
 /** Returns the number of queued, unwritten bytes. */
 size_t chan_pending(void);
 /** Writes what it can without blocking. Returns 0, or -1 if the daemon is gone. */

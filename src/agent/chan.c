@@ -121,6 +121,11 @@ uint8_t *chan_reserve_data(size_t max)
     return obuf_reserve(&ag.out, PROTO_HEADER_LEN + max) + PROTO_HEADER_LEN;
 }
 
+uint8_t *chan_reserve_frames(size_t n, size_t each)
+{
+    return obuf_reserve(&ag.out, n * (PROTO_HEADER_LEN + each)) + PROTO_HEADER_LEN;
+}
+
 void chan_commit_data(uint32_t id, uint16_t type, size_t n)
 {
     struct proto_header h = {.len = (uint32_t)n, .id = id, .type = type, .flags = 0};

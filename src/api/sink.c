@@ -132,6 +132,11 @@ static void s_write(struct sink *s, const void *data, size_t len)
     http_stream_write(((struct api_sink *)s)->req, data, len);
 }
 
+static void s_write_buffer(struct sink *s, struct evbuffer *buf)
+{
+    http_stream_write_buffer(((struct api_sink *)s)->req, buf);
+}
+
 static void s_record(struct sink *s, json_t *obj)
 {
     write_record((struct api_sink *)s, obj);
@@ -180,6 +185,7 @@ static const struct sink_ops api_sink_ops = {
     .begin = s_begin,
     .begin_sized = s_begin_sized,
     .write = s_write,
+    .write_buffer = s_write_buffer,
     .record = s_record,
     .end = s_end,
     .on_cancel = s_on_cancel,

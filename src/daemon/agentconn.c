@@ -6,7 +6,11 @@
  * socket 4 KiB at a time (EVBUFFER_MAX_READ), and pulls a frame that spans its
  * chains up into one piece, which made the channel, not the sandbox, the limit
  * of a download. The connection reads into a flat buffer of its own instead,
- * up to IN_READ at a time, and hands each frame's payload from there.
+ * up to IN_READ at a time, and hands each frame's payload from there. A big
+ * DATA frame for a request that takes buffers (agentconn_on_data) is read
+ * past the flat buffer, straight into heap blocks that become the buffer's
+ * chains, so a download's bytes are never copied in the daemon: the kernel
+ * puts them there and the caller's socket write takes them from there.
  */
 #include "daemon/agentconn.h"
 
@@ -16,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "common/fault.h"
@@ -37,6 +42,12 @@
 #define IN_CAP (PROTO_HEADER_LEN + PROTO_MAX_PAYLOAD + IN_READ)
 /* Bytes read in one turn of the loop before other connections get theirs. */
 #define IN_TURN (4u << 20)
+/* A DATA payload with at least this much still to come is read straight into blocks. */
+#define DIRECT_MIN (64u << 10)
+/* Its blocks: heap-sized (under the daemon's mmap threshold, so reused rather than mapped and
+ * faulted in afresh), as many as the largest payload needs. */
+#define DIRECT_BLOCK ((size_t)65536 - 64)
+#define DIRECT_BLOCKS (PROTO_MAX_PAYLOAD / DIRECT_BLOCK + 1)
 
 struct req {
     uint32_t id;
@@ -46,6 +57,7 @@ struct req {
     uint64_t received; /* windowed: bytes of output it did send */
     uint64_t last_ms;  /* the last sign of progress (a frame either way) */
     agentconn_frame_cb cb;
+    agentconn_data_cb data_cb; /* DATA frames as buffers (agentconn_on_data), or NULL */
     void *arg;
     void (*writable_cb)(void *arg); /* one-shot: the channel's output drained */
     void *writable_arg;
@@ -58,12 +70,18 @@ struct agentconn {
     struct event *read_ev;
     uint8_t *in; /* IN_CAP bytes, or NULL while there is nothing to hold */
     size_t in_off, in_len;
+    /* A DATA payload being read straight into blocks: its header, what it holds so far, and
+     * the bytes still to come. Set only between frames, with the flat buffer empty. */
+    struct evbuffer *direct;
+    struct proto_header direct_h;
+    size_t direct_left;
     struct event *hello_timer;
     struct event *deadline_timer;
-    int deadline_ms;   /* without progress for this long, a request means the agent is stuck */
-    int gave_up;       /* the connection died because the agent missed a deadline */
-    unsigned nwaiting; /* requests with a writable_cb */
-    unsigned nactive;  /* open requests other than PING: the sandbox is in use */
+    int deadline_ms;    /* without progress for this long, a request means the agent is stuck */
+    int gave_up;        /* the connection died because the agent missed a deadline */
+    unsigned nwaiting;  /* requests with a writable_cb */
+    unsigned nbuffered; /* requests with a data_cb */
+    unsigned nactive;   /* open requests other than PING: the sandbox is in use */
     void (*on_send)(void *arg, uint16_t type); /* before each frame goes out (agentconn.h) */
     void *send_arg;
     agentconn_state_cb on_state;
@@ -99,6 +117,8 @@ static void gone(struct agentconn *c, const struct req *r)
 {
     if (r->type != PROTO_PING)
         c->nactive--;
+    if (r->data_cb)
+        c->nbuffered--;
 }
 
 static void destroy(struct agentconn *c)
@@ -108,6 +128,8 @@ static void destroy(struct agentconn *c)
     if (c->bev)
         bufferevent_free(c->bev); /* closes the channel */
     free(c->in);
+    if (c->direct)
+        evbuffer_free(c->direct);
     if (c->hello_timer)
         event_free(c->hello_timer);
     if (c->deadline_timer)
@@ -202,7 +224,39 @@ static int is_output(uint16_t type)
     return type == PROTO_STDOUT || type == PROTO_STDERR || type == PROTO_DATA;
 }
 
-static void dispatch(struct agentconn *c, const struct proto_header *h, const uint8_t *payload)
+/* Copies len bytes at p onto buf in heap-sized chains (one chain for a whole 1 MiB payload
+ * would be mapped afresh and faulted in every time). */
+static void add_pieces(struct evbuffer *buf, const uint8_t *p, size_t len)
+{
+    for (size_t off = 0; off < len; off += DIRECT_BLOCK)
+        if (evbuffer_add(buf, p + off, len - off < DIRECT_BLOCK ? len - off : DIRECT_BLOCK) < 0)
+            abort(); /* out of memory, as xmalloc */
+}
+
+/* Hands a frame to its request: the payload is at payload, or (a DATA frame read straight into
+ * blocks) in buf. */
+static void deliver(struct agentconn *c, struct req *r, const struct proto_header *h,
+                    const uint8_t *payload, struct evbuffer *buf)
+{
+    if (h->type == PROTO_DATA && r->data_cb) {
+        struct evbuffer *tmp = NULL;
+        if (!buf) {
+            if (!(tmp = buf = evbuffer_new()))
+                abort(); /* out of memory, as xmalloc */
+            add_pieces(buf, payload, h->len);
+        }
+        r->data_cb(r->arg, h, buf);
+        if (tmp)
+            evbuffer_free(tmp);
+        return;
+    }
+    if (buf) /* (a request that takes buffers always does: not reached) */
+        payload = evbuffer_pullup(buf, -1);
+    r->cb(r->arg, h, payload);
+}
+
+static void dispatch(struct agentconn *c, const struct proto_header *h, const uint8_t *payload,
+                     struct evbuffer *buf)
 {
     if (h->type == PROTO_HELLO) {
         if (c->ready) {
@@ -272,8 +326,88 @@ static void dispatch(struct agentconn *c, const struct proto_header *h, const ui
         r->cb(r->arg, h, payload);
         free(r);
     } else {
-        r->cb(r->arg, h, payload);
+        deliver(c, r, h, payload, buf);
     }
+}
+
+/* handle_frames stopped at a frame whose first `have` payload bytes are in the buffer: a big
+ * DATA frame for a request that takes buffers is read on straight into blocks (direct_read). */
+static void direct_begin(struct agentconn *c, const struct proto_header *h, const uint8_t *payload,
+                         size_t have)
+{
+    if (h->type != PROTO_DATA || h->len - have < DIRECT_MIN || !c->ready)
+        return;
+    struct req *r = *slot(c, h->id);
+    if (!r || !r->data_cb)
+        return;
+    if (!(c->direct = evbuffer_new()))
+        abort(); /* out of memory, as xmalloc */
+    add_pieces(c->direct, payload, have);
+    c->direct_h = *h;
+    c->direct_left = h->len - have;
+    c->in_off = c->in_len = 0;
+}
+
+static void free_block(const void *data, size_t len, void *extra)
+{
+    free((void *)data);
+}
+
+/*
+ * Reads the rest of the direct payload into fresh blocks and, once it is whole, the next frame's
+ * header only into the flat buffer (so that a stream of big DATA frames goes direct frame after
+ * frame). A block the read filled at least half of becomes a chain of the payload as it is; a
+ * less filled one is copied (a trickle of tiny reads must not pin a block per byte). Returns
+ * what read returned, and in *asked what was asked for.
+ */
+static ssize_t direct_read(struct agentconn *c, int fd, size_t *asked)
+{
+    struct iovec iov[DIRECT_BLOCKS + 1];
+    size_t k = 0, planned = 0;
+    while (planned < c->direct_left && k < DIRECT_BLOCKS) {
+        size_t n =
+            c->direct_left - planned < DIRECT_BLOCK ? c->direct_left - planned : DIRECT_BLOCK;
+        iov[k].iov_base = xmalloc(n);
+        iov[k++].iov_len = n;
+        planned += n;
+    }
+    size_t nblocks = k;
+    if (planned == c->direct_left) {
+        if (!c->in)
+            c->in = xmalloc(IN_CAP);
+        iov[k].iov_base = c->in + c->in_len;
+        iov[k++].iov_len = PROTO_HEADER_LEN;
+    }
+    *asked = planned + (k > nblocks ? PROTO_HEADER_LEN : 0);
+    ssize_t n = readv(fd, iov, (int)k);
+    size_t left = n > 0 ? (size_t)n : 0;
+    for (size_t i = 0; i < nblocks; i++) {
+        size_t got = left < iov[i].iov_len ? left : iov[i].iov_len;
+        left -= got;
+        if (got && 2 * got >= iov[i].iov_len) {
+            if (evbuffer_add_reference(c->direct, iov[i].iov_base, got, free_block, NULL) < 0)
+                abort();
+            continue;
+        }
+        if (got && evbuffer_add(c->direct, iov[i].iov_base, got) < 0)
+            abort();
+        free(iov[i].iov_base);
+    }
+    if (n > 0) {
+        c->direct_left -= (size_t)n - left;
+        c->in_len += left; /* the next frame's header, or part of it */
+    }
+    return n;
+}
+
+/* The direct payload is whole: its frame goes to its request like any other. */
+static void direct_end(struct agentconn *c)
+{
+    struct evbuffer *buf = c->direct;
+    struct proto_header h = c->direct_h;
+    c->direct = NULL;
+    dispatch(c, &h, NULL, buf);
+    evbuffer_free(buf);
 }
 
 /* Handles every whole frame in the input buffer. */
@@ -296,13 +430,33 @@ static void handle_frames(struct agentconn *c)
             die(c, msg);
             break;
         }
-        if (avail < PROTO_HEADER_LEN + (size_t)h.len)
+        if (avail < PROTO_HEADER_LEN + (size_t)h.len) {
+            direct_begin(c, &h, hb + PROTO_HEADER_LEN, avail - PROTO_HEADER_LEN);
             break;
+        }
         c->in_off += PROTO_HEADER_LEN + (size_t)h.len;
-        dispatch(c, &h, hb + PROTO_HEADER_LEN);
+        dispatch(c, &h, hb + PROTO_HEADER_LEN, NULL);
     }
     if (c->in_off == c->in_len)
         c->in_off = c->in_len = 0;
+}
+
+/*
+ * While a request takes buffers, a read into the flat buffer stops at the end of the frame in
+ * hand plus the next one's header: a DATA frame's payload is then never read there (and
+ * copied out) but, its header known first, straight into blocks. A frame per read, so only
+ * then. Returns how much to read, at most want.
+ */
+static size_t aligned_read(const struct agentconn *c, size_t want)
+{
+    size_t avail = c->in_len - c->in_off;
+    struct proto_header h;
+    if (avail < PROTO_HEADER_LEN)
+        return PROTO_HEADER_LEN - avail;
+    if (proto_header_decode(c->in + c->in_off, &h) < 0) /* (handle_frames would have died) */
+        return want;
+    size_t rest = PROTO_HEADER_LEN + (size_t)h.len - avail + PROTO_HEADER_LEN;
+    return rest < want ? rest : want;
 }
 
 static void on_readable(evutil_socket_t fd, short what, void *p)
@@ -311,6 +465,27 @@ static void on_readable(evutil_socket_t fd, short what, void *p)
     c->in_callback++;
     size_t turn = 0;
     while (!c->dead && !c->free_pending && turn < IN_TURN) {
+        if (c->direct) {
+            size_t asked;
+            ssize_t n = direct_read(c, fd, &asked);
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+                break;
+            if (n <= 0) {
+                die(c, n < 0 ? "control channel error"
+                             : "agent closed the control channel (the sandbox stopped or its "
+                               "agent died)");
+                break;
+            }
+            turn += (size_t)n;
+            if (!c->direct_left)
+                direct_end(c);
+            handle_frames(c);
+            if ((size_t)n < asked)
+                break; /* the socket is empty for now */
+            continue;
+        }
         if (!c->in)
             c->in = xmalloc(IN_CAP);
         /* A frame that began in an earlier read moves to the front (decode checked its length,
@@ -320,8 +495,10 @@ static void on_readable(evutil_socket_t fd, short what, void *p)
             c->in_len -= c->in_off;
             c->in_off = 0;
         }
-        size_t room = IN_CAP - c->in_len;
-        ssize_t n = read(fd, c->in + c->in_len, room < IN_READ ? room : IN_READ);
+        size_t room = IN_CAP - c->in_len, want = room < IN_READ ? room : IN_READ;
+        if (c->nbuffered)
+            want = aligned_read(c, want);
+        ssize_t n = read(fd, c->in + c->in_len, want);
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
@@ -337,7 +514,7 @@ static void on_readable(evutil_socket_t fd, short what, void *p)
         c->in_len += (size_t)n;
         turn += (size_t)n;
         handle_frames(c);
-        if ((size_t)n < (room < IN_READ ? room : IN_READ))
+        if ((size_t)n < want)
             break; /* the socket is empty for now */
     }
     c->in_callback--;
@@ -542,15 +719,29 @@ uint32_t agentconn_request_windowed(struct agentconn *c, uint16_t type, struct p
     return request(c, type, fields->data, fields->len, 1, window, cb, arg);
 }
 
+void agentconn_on_data(struct agentconn *c, uint32_t id, agentconn_data_cb cb)
+{
+    struct req *r = *slot(c, id);
+    if (!r || c->dead)
+        return;
+    c->nbuffered += !r->data_cb - !cb;
+    r->data_cb = cb;
+}
+
 void agentconn_credit(struct agentconn *c, uint32_t id, uint64_t window)
+{
+    /* Top up in steps of a quarter window at least: a CREDIT per DATA frame would double the
+     * frames on the channel. */
+    agentconn_credit_step(c, id, window, window / 4);
+}
+
+void agentconn_credit_step(struct agentconn *c, uint32_t id, uint64_t window, uint64_t step)
 {
     struct req *r = *slot(c, id);
     if (!r || !r->windowed || c->dead)
         return;
     uint64_t target = r->received + window;
-    /* Top up in steps of a quarter window at least: a CREDIT per DATA frame would double the
-     * frames on the channel. */
-    if (target <= r->allowed || target - r->allowed < window / 4)
+    if (target <= r->allowed || target - r->allowed < step)
         return;
     struct proto_buf b = {0};
     proto_put_u64(&b, PT_LENGTH, target - r->allowed);

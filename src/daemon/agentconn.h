@@ -15,6 +15,7 @@
 #include "proto/proto.h"
 
 struct agentconn;
+struct evbuffer;
 
 /*
  * How long a request may wait on the agent without a sign of progress (a frame for it either
@@ -30,6 +31,14 @@ struct agentconn;
  * h == NULL and payload pointing to a NUL-terminated reason.
  */
 typedef void (*agentconn_frame_cb)(void *arg, const struct proto_header *h, const uint8_t *payload);
+
+/**
+ * Called instead of the frame callback for each DATA frame of a request that takes its data as
+ * buffers (agentconn_on_data), with the frame's header and its payload in a libevent buffer.
+ * The callee moves or drains what it wants; what it leaves is dropped after the call.
+ */
+typedef void (*agentconn_data_cb)(void *arg, const struct proto_header *h,
+                                  struct evbuffer *payload);
 
 /** Called once when the agent said HELLO (ok = 1) or the connection died (ok = 0, reason set). */
 typedef void (*agentconn_state_cb)(void *arg, int ok, const char *reason);
@@ -62,6 +71,16 @@ uint32_t agentconn_request_windowed(struct agentconn *c, uint16_t type, struct p
  * (one CREDIT frame; nothing if that adds less than a quarter window).
  */
 void agentconn_credit(struct agentconn *c, uint32_t id, uint64_t window);
+
+/** Like agentconn_credit, sending nothing if that adds less than step (at least 1). */
+void agentconn_credit_step(struct agentconn *c, uint32_t id, uint64_t window, uint64_t step);
+
+/**
+ * The open request id's DATA frames go to cb (with the request's arg) as buffers instead of to
+ * its frame callback. A big frame's payload is then read from the channel straight into the
+ * buffer's own memory, which the callee can move on (evbuffer_add_buffer) without a copy.
+ */
+void agentconn_on_data(struct agentconn *c, uint32_t id, agentconn_data_cb cb);
 
 /** Bytes queued towards the agent and not yet written. */
 size_t agentconn_backlog(struct agentconn *c);

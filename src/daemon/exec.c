@@ -26,7 +26,7 @@
 
 #define KILL_GRACE_SECONDS 10
 
-/* A streamed command's flow control (see READ_WINDOW in files.c): output in flight from the
+/* A streamed command's flow control (like a read's in files.c): output in flight from the
  * agent, and what the caller's connection may hold unsent before the agent gets more. */
 #define STREAM_WINDOW (1024 * 1024)
 

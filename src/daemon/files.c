@@ -22,11 +22,14 @@
 #define WRITE_CHUNK (256 * 1024)
 
 /*
- * A read's flow control: the agent may have this many bytes in flight towards the caller,
- * and the daemon gives it more only while the caller's connection holds less than this
- * unsent. A slow reader costs at most about twice this here, however big the file.
+ * A read's flow control: the bytes the agent may still send (its credit) and the bytes queued
+ * for the caller together stay within READ_INFLIGHT, however big the file. A caller that keeps
+ * up leaves the queue empty, so the agent gets the whole of it as credit: a window big enough
+ * to ride out the sandbox's wake-up latency (a split into two fixed halves left the agent half
+ * of it and idled the channel on a busy host). A slow caller leaves the agent less and less,
+ * down to nothing until the queue has drained.
  */
-#define READ_WINDOW (2 * 1024 * 1024)
+#define READ_INFLIGHT (4 * 1024 * 1024)
 
 /*
  * A listing is built in memory (sorted, one JSON body): at most this many entries. A directory
@@ -304,9 +307,14 @@ static void read_topup(struct file_op *op)
 {
     if (!op->id || op->waiting_drain || op->bytes >= op->length)
         return; /* past LENGTH the agent has nothing more to send but OK */
-    if (sink_backlog(op->sink) < READ_WINDOW) {
-        uint64_t left = op->length - op->bytes;
-        agentconn_credit(op->sb->conn, op->id, left < READ_WINDOW ? left : READ_WINDOW);
+    size_t backlog = sink_backlog(op->sink);
+    if (backlog < READ_INFLIGHT / 2) {
+        /* Credit counts from what arrived: it and the queue stay within READ_INFLIGHT. It goes
+         * in steps of half of that at least: each CREDIT wakes the agent, and a wake-up in
+         * gVisor is a few system calls, each a trip through the sentry. */
+        uint64_t room = READ_INFLIGHT - backlog, left = op->length - op->bytes;
+        uint64_t window = left < room ? left : room;
+        agentconn_credit_step(op->sb->conn, op->id, window, window / 2);
         return;
     }
     op->waiting_drain = 1;
@@ -424,33 +432,7 @@ static void on_frame(void *arg, const struct proto_header *h, const uint8_t *pay
             op->result = entry_from_fields(payload, h->len, "", op->path);
         }
         return;
-    case PROTO_DATA:
-        if (op->kind == FOP_ARCHIVE) {
-            if (!op->started) {
-                op->started = 1;
-                sink_begin(op->sink, "application/x-tar");
-            }
-            op->bytes += h->len;
-            if (h->len)
-                sink_write(op->sink, payload, h->len);
-            read_topup(op);
-            return;
-        }
-        if (op->kind == FOP_READ && op->started) {
-            /* The agent may send more than was asked for; the caller never gets it. */
-            uint64_t room = op->length - op->bytes;
-            size_t n = h->len < room ? h->len : (size_t)room;
-            op->bytes += n;
-            if (n) {
-                sink_write(op->sink, payload, n);
-                metrics_add(MC_FILES_READ_BYTES, n);
-            }
-            if (op->bytes >= op->length)
-                read_done(op);
-            else
-                read_topup(op);
-        }
-        return;
+    case PROTO_DATA: /* reads and archives take theirs as buffers (on_data) */ return;
     case PROTO_DIR_ENTRIES:
         if (op->kind == FOP_LIST) {
             add_entries(op, payload, h->len);
@@ -482,6 +464,46 @@ static void on_frame(void *arg, const struct proto_header *h, const uint8_t *pay
         }
         return;
     }
+}
+
+/* DATA of a read or an archive: its bytes move on to the caller as they lie, uncopied. */
+static void on_data(void *arg, const struct proto_header *h, struct evbuffer *payload)
+{
+    struct file_op *op = arg;
+    size_t len = evbuffer_get_length(payload);
+    if (op->kind == FOP_ARCHIVE) {
+        if (!op->started) {
+            op->started = 1;
+            sink_begin(op->sink, "application/x-tar");
+        }
+        op->bytes += len;
+        if (len)
+            sink_write_buffer(op->sink, payload);
+        read_topup(op);
+        return;
+    }
+    if (op->kind != FOP_READ || !op->started)
+        return;
+    /* The agent may send more than was asked for; the caller never gets it. */
+    uint64_t room = op->length - op->bytes;
+    size_t n = len < room ? len : (size_t)room;
+    op->bytes += n;
+    if (n == len) {
+        sink_write_buffer(op->sink, payload);
+    } else if (n) {
+        struct evbuffer *head = evbuffer_new();
+        if (!head)
+            abort(); /* out of memory, as xmalloc */
+        evbuffer_remove_buffer(payload, head, n);
+        sink_write_buffer(op->sink, head);
+        evbuffer_free(head);
+    }
+    if (n)
+        metrics_add(MC_FILES_READ_BYTES, n);
+    if (op->bytes >= op->length)
+        read_done(op);
+    else
+        read_topup(op);
 }
 
 /* Checks the path and the sandbox, makes the op. Fails s and returns NULL if either is bad. */
@@ -541,12 +563,12 @@ void svc_file_read(struct daemon *d, const char *id, const char *path, uint64_t 
     if (!op)
         return;
     struct wr_err err = {0};
-    if (daemon_reserve_output(d, 2 * (size_t)READ_WINDOW, "download", &err) < 0) {
+    if (daemon_reserve_output(d, READ_INFLIGHT, "download", &err) < 0) {
         sink_fail(s, &err);
         fop_free(op);
         return;
     }
-    op->reserved = 2 * (size_t)READ_WINDOW;
+    op->reserved = READ_INFLIGHT;
     op->offset = offset;
     op->length = length;
     struct proto_buf b = {0};
@@ -555,13 +577,15 @@ void svc_file_read(struct daemon *d, const char *id, const char *path, uint64_t 
     if (length != UINT64_MAX)
         proto_put_u64(&b, PT_LENGTH, length);
     /* never credit for more than was asked: a byte past it is a lie the channel catches */
-    op->id = agentconn_request_windowed(op->sb->conn, PROTO_FILE_READ, &b,
-                                        length < READ_WINDOW ? length : READ_WINDOW, on_frame, op);
+    op->id =
+        agentconn_request_windowed(op->sb->conn, PROTO_FILE_READ, &b,
+                                   length < READ_INFLIGHT ? length : READ_INFLIGHT, on_frame, op);
     proto_buf_free(&b);
     if (!op->id) {
         fop_fail(op, WR_E_CONFLICT, 0, "the sandbox's agent is not reachable");
         return;
     }
+    agentconn_on_data(op->sb->conn, op->id, on_data);
     sink_on_cancel(s, read_cancelled, op);
 }
 
@@ -647,22 +671,23 @@ void svc_file_archive(struct daemon *d, const char *id, const char *path, struct
     if (!op)
         return;
     struct wr_err err = {0};
-    if (daemon_reserve_output(d, 2 * (size_t)READ_WINDOW, "download", &err) < 0) {
+    if (daemon_reserve_output(d, READ_INFLIGHT, "download", &err) < 0) {
         sink_fail(s, &err);
         fop_free(op);
         return;
     }
-    op->reserved = 2 * (size_t)READ_WINDOW;
+    op->reserved = READ_INFLIGHT;
     op->length = UINT64_MAX;
     struct proto_buf b = {0};
     proto_put_str(&b, PT_PATH, op->path);
-    op->id =
-        agentconn_request_windowed(op->sb->conn, PROTO_FILE_ARCHIVE, &b, READ_WINDOW, on_frame, op);
+    op->id = agentconn_request_windowed(op->sb->conn, PROTO_FILE_ARCHIVE, &b, READ_INFLIGHT,
+                                        on_frame, op);
     proto_buf_free(&b);
     if (!op->id) {
         fop_fail(op, WR_E_CONFLICT, 0, "the sandbox's agent is not reachable");
         return;
     }
+    agentconn_on_data(op->sb->conn, op->id, on_data);
     log_info(op->sb->id, "files.archive", "path=\"%s\"", op->path);
     sink_on_cancel(s, read_cancelled, op);
 }

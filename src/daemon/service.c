@@ -6,6 +6,7 @@
 #include "daemon/service.h"
 
 #include <errno.h>
+#include <event2/buffer.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -38,6 +39,21 @@ void sink_failf(struct sink *s, enum wr_kind kind, int code, const char *fmt, ..
     err.kind = kind;
     err.code = code;
     sink_fail(s, &err);
+}
+
+void sink_write_buffer(struct sink *s, struct evbuffer *buf)
+{
+    if (s->ops->write_buffer) {
+        s->ops->write_buffer(s, buf);
+        evbuffer_drain(buf, evbuffer_get_length(buf)); /* (emptied already) */
+        return;
+    }
+    /* a sink without one takes the bytes chain by chain, as they lie */
+    struct evbuffer_iovec v;
+    while (evbuffer_peek(buf, -1, NULL, &v, 1) > 0 && v.iov_len) {
+        s->ops->write(s, v.iov_base, v.iov_len);
+        evbuffer_drain(buf, v.iov_len);
+    }
 }
 
 /* Finds the sandbox or fails s. */

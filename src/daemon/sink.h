@@ -41,6 +41,11 @@ struct sink_ops {
     void (*begin_sized)(struct sink *s, const char *content_type, uint64_t length);
     /** Sends bytes of a byte stream. */
     void (*write)(struct sink *s, const void *data, size_t len);
+    /**
+     * Optional: sends all of buf's bytes of a byte stream, moving its memory on rather than
+     * copying it; buf is left empty. NULL: write is used.
+     */
+    void (*write_buffer)(struct sink *s, struct evbuffer *buf);
     /** Sends one record (obj taken) of a record stream. */
     void (*record)(struct sink *s, json_t *obj);
     /** Ends a stream. Finishes the sink. */
@@ -106,6 +111,9 @@ static inline void sink_write(struct sink *s, const void *data, size_t len)
 {
     s->ops->write(s, data, len);
 }
+
+/** Sends buf's bytes (a libevent buffer) of a byte stream, leaving buf empty. */
+void sink_write_buffer(struct sink *s, struct evbuffer *buf);
 
 static inline void sink_record(struct sink *s, json_t *obj)
 {

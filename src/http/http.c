@@ -752,6 +752,13 @@ void http_stream_write(struct http_req *r, const void *data, size_t len)
     evbuffer_free(buf);
 }
 
+void http_stream_write_buffer(struct http_req *r, struct evbuffer *buf)
+{
+    if (!r->gone && evbuffer_get_length(buf))
+        evhttp_send_reply_chunk_with_cb(r->req, buf, on_chunk_sent, r);
+    evbuffer_drain(buf, evbuffer_get_length(buf)); /* what evhttp did not take (a HEAD) */
+}
+
 size_t http_stream_backlog(struct http_req *r)
 {
     if (r->gone || !r->evcon)

@@ -16,6 +16,7 @@
 
 struct http_server;
 struct http_req;
+struct evbuffer;
 
 typedef void (*http_handler)(struct http_req *req, void *ctx);
 
@@ -174,6 +175,10 @@ void http_stream_start_sized(struct http_req *r, int status, const char *content
 
 /** Sends one chunk of a stream (nothing happens if the client has gone). */
 void http_stream_write(struct http_req *r, const void *data, size_t len);
+
+/** Like http_stream_write with all of buf, whose memory moves onto the connection (no copy);
+ * buf is left empty either way. */
+void http_stream_write_buffer(struct http_req *r, struct evbuffer *buf);
 
 /** Bytes of the reply queued for the client and not yet sent (0 once the client is gone). */
 size_t http_stream_backlog(struct http_req *r);

@@ -24,9 +24,9 @@
 
 #define PROTO_VERSION 3
 #define PROTO_HEADER_LEN 12
-#define PROTO_MAX_PAYLOAD (1u << 20)  /* 1 MiB */
-#define PROTO_CHUNK 65536             /* preferred size of a data frame */
-#define PROTO_FILE_CHUNK (256u << 10) /* largest DATA frame of a FILE_READ answer */
+#define PROTO_MAX_PAYLOAD (1u << 20)       /* 1 MiB */
+#define PROTO_CHUNK 65536                  /* preferred size of a data frame */
+#define PROTO_FILE_CHUNK PROTO_MAX_PAYLOAD /* largest DATA frame of a FILE_READ answer */
 #define PROTO_MAX_PATH 4096
 #define PROTO_MAX_ARGS 4096 /* ARG fields per EXEC */
 #define PROTO_MAX_ENVS 4096 /* ENV fields per EXEC */

@@ -16,9 +16,9 @@ from test_connections import ShortIdleDaemon, serve_own
 from test_output import RssWatch, rss
 
 MIB = 1024 * 1024
-# What one slow download may add to the daemon's memory: its windows (2 MiB towards the agent,
-# 2 MiB queued for the caller), the channel's input buffer (2 MiB) and the allocator's slack. Without flow control the daemon grew
-# by ~400 MiB a second here.
+# What one slow download may add to the daemon's memory: its bytes in flight (4 MiB between the
+# agent's credit and the caller's queue), the channel's input buffer (2 MiB) and the allocator's
+# slack. Without flow control the daemon grew by ~400 MiB a second here.
 SLOW_READER_GROWTH = 48 * MIB
 
 
@@ -233,7 +233,7 @@ def budget_daemon(daemon):
 
 def test_output_budget_refuses_what_does_not_fit(budget_daemon):
     """With 16 MiB for output in all: an exec that could keep 2 x 16 MiB is refused with 503
-    saying why; four slow downloads (two 2 MiB windows each) fit, a fifth does not, nor an
+    saying why; four slow downloads (4 MiB in flight each) fit, a fifth does not, nor an
     exec; once they end the budget is free again."""
     d = budget_daemon
     c = d.client

@@ -5,6 +5,7 @@
  * kill the connection (never the process), and the death must answer each open request once.
  */
 #include <errno.h>
+#include <event2/buffer.h>
 #include <event2/event.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -564,9 +565,31 @@ static void on_burst(void *arg, const struct proto_header *h, const uint8_t *pay
     b->bytes += h->len;
 }
 
+/* The same for a request that takes its DATA as buffers: checked chain by chain. */
+static void on_burst_data(void *arg, const struct proto_header *h, struct evbuffer *payload)
+{
+    struct burst *b = arg;
+    size_t len = evbuffer_get_length(payload), i = 0;
+    struct evbuffer_iovec v[32];
+    int n = evbuffer_peek(payload, -1, NULL, v, 32);
+    if (len != h->len || n > 32)
+        b->bad++;
+    for (int k = 0; k < n && k < 32; k++)
+        for (size_t j = 0; j < v[k].iov_len; j++, i++)
+            if (((uint8_t *)v[k].iov_base)[j] != burst_byte(b->frames, i)) {
+                b->bad++;
+                k = n;
+                break;
+            }
+    b->frames++;
+    b->bytes += len;
+    evbuffer_drain(payload, len / 2); /* what the callee leaves is dropped */
+}
+
 /* The channel is read in big pieces into a buffer of its own: frames of every size up to the
- * largest, split across reads and across the buffer's refills, arrive whole and in order. */
-static void test_big_frames(void)
+ * largest, split across reads and across the buffer's refills, arrive whole and in order. With
+ * as_buffers, the request takes its DATA as buffers: big payloads are read straight into them. */
+static void test_big_frames(int as_buffers)
 {
     static const size_t sizes[] = {PROTO_MAX_PAYLOAD,
                                    7,
@@ -587,6 +610,8 @@ static void test_big_frames(void)
     proto_put_str(&f, PT_PATH, "/x");
     uint32_t id = agentconn_request_windowed(p.c, PROTO_FILE_READ, &f, 64 << 20, on_burst, &b);
     proto_buf_free(&f);
+    if (as_buffers)
+        agentconn_on_data(p.c, id, on_burst_data);
     pump();
     struct proto_header h = take_frame(p.agent);
     uint64_t total = 0;
@@ -609,18 +634,20 @@ static void test_big_frames(void)
                                      fr.len - off < 77777 ? fr.len - off : 77777);
                 proto_buf_free(&fr);
             }
-        put_frame(p.agent, id, PROTO_OK, 0, NULL, 0);
+        put_frame(p.agent, id, PROTO_STDOUT, 0, "x", 1); /* a violation after it all */
         _exit(0);
     }
-    for (int i = 0; i < 20000 && !b.ended && !b.deaths; i++) {
+    for (int i = 0; i < 20000 && !b.deaths; i++) {
         usleep(500);
         event_base_loop(base, EVLOOP_NONBLOCK);
     }
     waitpid(pid, NULL, 0);
-    ok(id && h.type == PROTO_FILE_READ && b.ended && !b.deaths && p.st.dead == 0,
-       "a burst of %d frames (%llu bytes) is taken whole", nframes, (unsigned long long)total);
+    const char *how = as_buffers ? " as buffers" : "";
+    ok(id && h.type == PROTO_FILE_READ && b.deaths == 1 && strstr(p.st.reason, "STDOUT"),
+       "a burst of %d frames (%llu bytes) is taken whole%s, then the violation after it: %s",
+       nframes, (unsigned long long)total, how, p.st.reason);
     ok(b.frames == nframes && b.bytes == total && b.bad == 0,
-       "every frame arrives in order with its bytes (%d frames, %d bad)", b.frames, b.bad);
+       "every frame arrives in order with its bytes%s (%d frames, %d bad)", how, b.frames, b.bad);
     close_pair(&p);
 }
 
@@ -639,7 +666,8 @@ int main(void)
     test_send_fault();
     test_wrong_answer_type();
     test_credit();
-    test_big_frames();
+    test_big_frames(0);
+    test_big_frames(1);
     test_deadline();
     event_base_free(base);
     return tap_done();
