@@ -370,7 +370,7 @@ class _FilesCore:
         offset = 0
         while True:
             if view is not None:
-                piece = bytes(view[offset:offset + piece_size])
+                piece = view[offset:offset + piece_size]  # sent from the caller's buffer
             else:
                 piece = self._file_piece((yield ReadPiece(data, piece_size)))
             if not piece:
@@ -390,7 +390,7 @@ class _FilesCore:
             raise TypeError("data is a text file object; open it in binary mode ('rb')")
         return bytes(piece)
 
-    def _put(self, path: str, body: bytes, mode: Union[int, str, None], parents: bool,
+    def _put(self, path: str, body: Union[bytes, memoryview], mode: Union[int, str, None], parents: bool,
              offset: Optional[int]) -> Generator[Any, Any, FileInfo]:
         d = yield from self._call(
             "request_json", "PUT", self._path("/content"),
