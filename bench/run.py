@@ -909,7 +909,8 @@ def main():
     ap.add_argument("--parallel", type=int, default=20, help="sandboxes at once (default 20)")
     ap.add_argument("--exec-n", type=int, default=100, help="exec round trips (default 100)")
     ap.add_argument("--file-mib", type=int, default=100)
-    ap.add_argument("--file-reps", type=int, default=5)  # dd with conv=fsync swings with the disk: more reps, a steadier median
+    # dd with conv=fsync swings with the disk: five reps give a steadier median than three
+    ap.add_argument("--file-reps", type=int, default=5)
     ap.add_argument("--memory-mib", type=int, default=512)
     ap.add_argument("--platform", default="systrap", help="runsc platform for the baseline")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results"))
