@@ -145,6 +145,13 @@ class Daemon:
             if not os.access(p, os.X_OK):
                 raise RuntimeError(f"{p} is not built (run make)")
         os.makedirs(self.state_dir, exist_ok=True)
+        try:
+            taken = self.admin.request("GET", "/v1/health", timeout=2, validate=False)
+        except OSError:
+            taken = None
+        if taken is not None:  # its socket would answer our health checks instead of ours
+            raise RuntimeError(f"another daemon is using {self.state_dir}: stop it, or give "
+                               f"WR_TEST_STATE_DIR a directory of this run's own")
         self.build_image()
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(

@@ -147,6 +147,13 @@ class Daemon:
             if not os.access(p, os.X_OK):
                 raise RuntimeError(f"{p} is not built (run make)")
         os.makedirs(self.state_dir, exist_ok=True)
+        try:
+            taken = self.health() is not None
+        except OSError:
+            taken = False
+        if taken:  # its socket would answer our health checks, and our daemon would not start
+            raise RuntimeError(f"another daemon is using {self.state_dir}: stop it, or give "
+                               f"WR_TEST_STATE_DIR a directory of this run's own")
         self.build_image()
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
