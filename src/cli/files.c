@@ -251,12 +251,29 @@ int cli_sandbox_ls(struct cli_ctx *c, int argc, char **argv)
     const struct cli_endpoint *ep;
     if (cli_endpoint(c, &ep) != 0)
         return CLI_EXIT_DAEMON;
-    cleanup_free char *path =
-        cli_files_url(id, "list", npos == 2 ? argv[optind + 1] : "/workspace", NULL);
+    const char *where = npos == 2 ? argv[optind + 1] : "/workspace";
+    cleanup_free char *path = cli_files_url(id, "list", where, NULL);
     struct wr_err err = {0};
     json_t *res = NULL;
-    if (cli_json_call(ep, "GET", path, NULL, &res, &err) < 0)
-        return cli_fail(&err);
+    if (cli_json_call(ep, "GET", path, NULL, &res, &err) < 0) {
+        /* A file (or a symlink to one) is shown as one row, as ls(1) does; anything else that
+         * the daemon refused is its error. */
+        cleanup_free char *stat_path = cli_files_url(id, "stat", where, NULL);
+        struct wr_err serr = {0};
+        json_t *st = NULL;
+        if (err.code != CLI_EAPI || cli_json_call(ep, "GET", stat_path, NULL, &st, &serr) < 0 ||
+            !json_is_object(st) || !strcmp(cli_str_or(st, "type", "directory"), "directory")) {
+            json_decref(st);
+            return cli_fail(&err);
+        }
+        if (as_json) {
+            cli_print_json(st);
+            json_decref(st);
+            return CLI_EXIT_OK;
+        }
+        json_object_set_new(st, "name", json_string(where));
+        res = json_pack("{s:[o]}", "entries", st);
+    }
     if (as_json) {
         cli_print_json(res);
         json_decref(res);

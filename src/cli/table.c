@@ -376,7 +376,8 @@ const struct cli_command cli_commands[] = {
         .options = "--json",
         .help =
             "Lists a directory in the sandbox (default /workspace): TYPE MODE SIZE MTIME NAME.\n"
-            "--json prints the API's answer.\n"
+            "A PATH that is not a directory is shown as one row, as ls(1) does.\n"
+            "--json prints the API's answer (the list's, or the file's stat).\n"
             "\n"
             "Example:\n"
             "  withruntime sandbox ls sb-... /etc\n",

@@ -136,6 +136,19 @@ def test_sandbox_round_trip(daemon, client):
         listing = json.loads(r.stdout)
         entries = listing["entries"] if isinstance(listing, dict) else listing
         assert [(e["name"], e["size"]) for e in entries] == [("blob.bin", len(blob))]
+        # a file, or a symlink to one, is one row, as ls(1) shows it; a missing path is an error
+        r = wr(daemon, "sandbox", "exec", sid, "--", "ln", "-s", "note.txt", "link")
+        assert r.returncode == 0, r
+        r = wr(daemon, "sandbox", "ls", sid, "note.txt")
+        assert r.returncode == 0, r
+        assert r.stdout.decode().splitlines()[1].split()[::4] == ["file", "note.txt"], r.stdout
+        r = wr(daemon, "sandbox", "ls", sid, "link")
+        assert r.returncode == 0, r
+        assert r.stdout.decode().splitlines()[1].split()[-3:] == ["link", "->", "note.txt"]
+        r = wr(daemon, "sandbox", "ls", "--json", sid, "/workspace/note.txt")
+        assert r.returncode == 0 and json.loads(r.stdout)["type"] == "file", r
+        r = wr(daemon, "sandbox", "ls", sid, "nowhere")
+        assert r.returncode == 3 and r.stdout == b"" and b"nowhere" in r.stderr, r  # not found
 
         # cat of a missing file fails, saying so
         r = wr(daemon, "sandbox", "cat", sid, "missing.txt")
