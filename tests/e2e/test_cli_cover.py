@@ -169,7 +169,7 @@ def test_the_options_completion_offers_are_the_commands_own():
 
 def test_zsh_completion_loads(tmp_path):
     zsh = shutil.which("zsh")
-    assert zsh, "zsh is not installed (scripts/setup.sh installs it)"
+    assert zsh, "zsh is not installed (scripts/setup.sh --tests installs it)"
     script = subprocess.run([WR_BIN, "completion", "zsh"], capture_output=True, text=True,
                             check=True).stdout
     assert "'logs:''print a background command'\\''s output'" in script

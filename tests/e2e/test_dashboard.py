@@ -4,7 +4,7 @@ First the daemon's side, over plain HTTP: the files need no key and carry strict
 GET answers carry ETags and If-None-Match gets 304, the page's own Origin is let in and a
 foreign one is not, and /v1/whoami says who a key is. Then the page itself in a real browser:
 Debian's chromium, headless, driven by Selenium through Debian's chromium-driver (both
-installed by scripts/setup.sh), against the session's daemon with real sandboxes: the pages,
+installed by scripts/setup.sh --tests), against the session's daemon with real sandboxes: the pages,
 an auditor key's Keys and Audit pages, and basic accessibility checks run in the page at phone
 and desktop widths. One browser for the module; a screenshot of each page goes to
 build/test-artifacts/.
@@ -121,7 +121,7 @@ def test_whoami(daemon):
 @pytest.fixture(scope="module")
 def browser():
     if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
-        pytest.fail(f"{CHROMIUM} and {CHROMEDRIVER} are needed (scripts/setup.sh installs "
+        pytest.fail(f"{CHROMIUM} and {CHROMEDRIVER} are needed (scripts/setup.sh --tests installs "
                     "Debian's chromium and chromium-driver)")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service

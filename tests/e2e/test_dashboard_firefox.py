@@ -25,7 +25,8 @@ WIDTHS = {"phone": (390, 844), "desktop": (1280, 900)}
 @pytest.fixture(scope="module")
 def firefox():
     if not os.access(bidi.FIREFOX, os.X_OK):
-        pytest.fail(f"{bidi.FIREFOX} is needed (scripts/setup.sh installs Debian's firefox-esr)")
+        pytest.fail(f"{bidi.FIREFOX} is needed "
+                    "(scripts/setup.sh --tests installs Debian's firefox-esr)")
     os.makedirs(ARTIFACTS, exist_ok=True)
     with bidi.Firefox() as b:
         yield b
