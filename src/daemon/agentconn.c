@@ -23,6 +23,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "common/evbuf.h"
 #include "common/fault.h"
 #include "common/log.h"
 #include "common/util.h"
@@ -44,9 +45,8 @@
 #define IN_TURN (4u << 20)
 /* A DATA payload with at least this much still to come is read straight into blocks. */
 #define DIRECT_MIN (64u << 10)
-/* Its blocks: heap-sized (under the daemon's mmap threshold, so reused rather than mapped and
- * faulted in afresh), as many as the largest payload needs. */
-#define DIRECT_BLOCK ((size_t)65536 - 64)
+/* Its blocks: heap-sized (common/evbuf.h), as many as the largest payload needs. */
+#define DIRECT_BLOCK EVBUF_BLOCK
 #define DIRECT_BLOCKS (PROTO_MAX_PAYLOAD / DIRECT_BLOCK + 1)
 
 struct req {
@@ -224,15 +224,6 @@ static int is_output(uint16_t type)
     return type == PROTO_STDOUT || type == PROTO_STDERR || type == PROTO_DATA;
 }
 
-/* Copies len bytes at p onto buf in heap-sized chains (one chain for a whole 1 MiB payload
- * would be mapped afresh and faulted in every time). */
-static void add_pieces(struct evbuffer *buf, const uint8_t *p, size_t len)
-{
-    for (size_t off = 0; off < len; off += DIRECT_BLOCK)
-        if (evbuffer_add(buf, p + off, len - off < DIRECT_BLOCK ? len - off : DIRECT_BLOCK) < 0)
-            abort(); /* out of memory, as xmalloc */
-}
-
 /* Hands a frame to its request: the payload is at payload, or (a DATA frame read straight into
  * blocks) in buf. */
 static void deliver(struct agentconn *c, struct req *r, const struct proto_header *h,
@@ -243,7 +234,7 @@ static void deliver(struct agentconn *c, struct req *r, const struct proto_heade
         if (!buf) {
             if (!(tmp = buf = evbuffer_new()))
                 abort(); /* out of memory, as xmalloc */
-            add_pieces(buf, payload, h->len);
+            evbuf_add_pieces(buf, payload, h->len);
         }
         r->data_cb(r->arg, h, buf);
         if (tmp)
@@ -342,7 +333,7 @@ static void direct_begin(struct agentconn *c, const struct proto_header *h, cons
         return;
     if (!(c->direct = evbuffer_new()))
         abort(); /* out of memory, as xmalloc */
-    add_pieces(c->direct, payload, have);
+    evbuf_add_pieces(c->direct, payload, have);
     c->direct_h = *h;
     c->direct_left = h->len - have;
     c->in_off = c->in_len = 0;

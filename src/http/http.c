@@ -27,6 +27,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "common/evbuf.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "http/conn.h"
@@ -735,20 +736,14 @@ static void on_chunk_sent(struct evhttp_connection *evcon, void *arg)
         cb(r->drain_arg);
 }
 
-/* A stream's bytes are copied into pieces this big: with libevent's chain header each is a
- * 64 KiB block from the heap, reused, where one chain for a whole 256 KiB write would be mapped
- * afresh (the daemon's mmap threshold) and fault its pages in every time. */
-#define STREAM_PIECE ((size_t)65536 - 64)
-
 void http_stream_write(struct http_req *r, const void *data, size_t len)
 {
     if (r->gone || len == 0)
         return;
+    /* copied in heap-sized pieces (common/evbuf.h), not one big chain */
     struct evbuffer *buf = evbuffer_new();
-    const char *p = data;
-    for (size_t off = 0; off < len; off += STREAM_PIECE)
-        evbuffer_add(buf, p + off, len - off < STREAM_PIECE ? len - off : STREAM_PIECE);
-    evhttp_send_reply_chunk_with_cb(r->req, buf, on_chunk_sent, r);
+    evbuf_add_pieces(buf, data, len);
+    http_stream_write_buffer(r, buf);
     evbuffer_free(buf);
 }
 
