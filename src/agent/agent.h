@@ -100,6 +100,7 @@ struct agent {
     int self_pidns;     /* our own pid namespace, or -1 */
     char exe[PATH_MAX]; /* this binary, run again as the holder */
     uint64_t bounding;  /* our capability bounding set (as PID 1), which caps_limit trims */
+    sigset_t ignored;   /* signals set to SIG_IGN, which a command must put back (exec.c) */
 };
 
 /** The agent's single state: there is one channel and one loop per process. */

@@ -205,9 +205,10 @@ static __attribute__((noreturn)) void child_run(const struct spawn *s)
     if (ag.is_init && caps_limit(AGENT_COMMAND_CAPS) < 0)
         child_fail(s->report_w, STAGE_CAPS, errno);
     /* Undo what the agent set up for itself: blocked and ignored signals and a raised fd limit
-     * are inherited across exec and would surprise the command. */
+     * are inherited across exec and would surprise the command. (The signals the agent
+     * catches go back to SIG_DFL at the exec.) */
     for (int sig = 1; sig < NSIG; sig++)
-        if (sig != SIGKILL && sig != SIGSTOP)
+        if (sigismember(&ag.ignored, sig))
             signal(sig, SIG_DFL);
     sigset_t none;
     sigemptyset(&none);

@@ -1,6 +1,7 @@
 """Running commands: exit codes, stdio, cwd, env, argv, encodings, output caps, timeouts."""
 
 import base64
+import json
 import os
 import time
 
@@ -183,6 +184,38 @@ def test_killed_by_signal(client, sandbox):
     assert r["exit_code"] == -1
     assert r["signal"] == 9
     assert r["timed_out"] is False
+
+
+SIGNALS_SEEN = r"""
+import json, signal
+# python itself ignores SIGPIPE and SIGXFSZ and catches SIGINT (only if it was not ignored)
+own = {signal.SIGPIPE, signal.SIGXFSZ, signal.SIGKILL, signal.SIGSTOP}
+odd = {}
+for n in range(1, signal.NSIG):
+    try:
+        h = signal.getsignal(n)
+    except ValueError:
+        continue
+    if 32 <= n < signal.SIGRTMIN:
+        continue  # glibc's own (its threads' cancel and setxid)
+    if n not in own and h not in (signal.SIG_DFL, signal.default_int_handler):
+        odd[n] = str(h)
+print(json.dumps({"odd": odd, "blocked": sorted(signal.pthread_sigmask(signal.SIG_BLOCK, []))}))
+"""
+
+
+def test_a_command_starts_with_every_signal_at_its_default(client, sandbox):
+    """The agent (PID 1) catches or ignores nearly every signal for itself; none of that
+    reaches a command: nothing ignored or blocked, as after a login shell's exec."""
+    r = client.exec(sandbox, argv=["python3", "-c", SIGNALS_SEEN])
+    assert r["exit_code"] == 0, r
+    assert json.loads(r["stdout"]) == {"odd": {}, "blocked": []}, r["stdout"]
+    # SIGPIPE (which python hides): `yes` dies of it rather than seeing EPIPE
+    r = client.exec(sandbox, argv=["bash", "-c", "yes | head -1 >/dev/null; echo ${PIPESTATUS[0]}"])
+    assert r["stdout"] == "141\n", r
+    # and TERM ends a command that did not catch it
+    r = client.exec(sandbox, "sleep 30 & kill -TERM $!; wait $!; echo $?")
+    assert r["stdout"] == "143\n", r
 
 
 def test_timeout_kills_whole_tree(client, sandbox):
