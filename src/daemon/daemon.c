@@ -503,6 +503,7 @@ void daemon_close(struct daemon *d)
     secrets_free(d->secrets);
     d->secrets = NULL;
     meter_close(d);
+    audit_close(d);
     keys_free(d->keys);
     d->keys = NULL;
     if (d->store)

@@ -59,6 +59,7 @@ struct daemon_config {
     int session_grace_s; /* a session with no client is killed after this long (session.h) */
 };
 
+struct audit_queue;
 struct driver_ops;
 struct gateway;
 struct keys;
@@ -94,6 +95,7 @@ struct daemon {
     int pool_refilling;        /* a pool entry is being created (daemon/pool.h) */
     uint64_t pool_retry_ms;    /* monotonic: no refill before this */
     int logcap_running;        /* a check is on a worker */
+    struct audit_queue *audit; /* audit entries not yet written (daemon/admin.c) */
 };
 
 /**
@@ -112,6 +114,10 @@ void daemon_tick(struct daemon *d);
  * once; later calls do nothing.
  */
 void daemon_shutdown(struct daemon *d);
+
+/** Writes the audit entries still waiting (daemon/admin.c) and frees their queue: before the
+ * store closes. */
+void audit_close(struct daemon *d);
 
 /** daemon_shutdown if not done, then frees everything daemon_open made. */
 void daemon_close(struct daemon *d);

@@ -90,7 +90,8 @@ void svc_key_get(struct daemon *d, const char *id, struct sink *s);
 void svc_key_update(struct daemon *d, const char *id, const struct key_opts *o, struct sink *s);
 void svc_key_revoke(struct daemon *d, const char *id, struct sink *s);
 
-/** Records a mutating request in the audit trail: who, which route, which sandbox, the status. */
+/** Records a mutating request in the audit trail: who, which route, which sandbox, the status.
+ * Written within AUDIT_FLUSH_MS (admin.c), after the answer; reads of the trail see it. */
 void svc_audit_record(struct daemon *d, const struct principal *who, const char *method,
                       const char *route, const char *sandbox_id, int status);
 

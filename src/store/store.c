@@ -350,37 +350,65 @@ int store_key_foreach(struct store *s, int (*cb)(void *arg, const char *id, cons
 
 /* ---- the audit trail ---- */
 
-int store_audit_add(struct store *s, const struct store_audit *a, struct wr_err *err)
+/* Drops the oldest entries when the trail crossed a multiple of 256 (from before to after
+ * this seq): trimmed now and then, not on every insert, so the table stays within a few per
+ * cent of STORE_AUDIT_KEPT. */
+static int audit_trim(struct store *s, sqlite3_int64 before, sqlite3_int64 after,
+                      struct wr_err *err)
 {
+    if (after / 256 == before / 256)
+        return 0;
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(s->db, "DELETE FROM audit WHERE seq <= ?", -1, &st, NULL) != SQLITE_OK)
+        return db_err(s, err, "trim the audit trail");
+    sqlite3_bind_int64(st, 1, after - STORE_AUDIT_KEPT);
+    int rc = sqlite3_step(st);
+    sqlite3_finalize(st);
+    return rc == SQLITE_DONE ? 0 : db_err(s, err, "trim the audit trail");
+}
+
+int store_audit_add(struct store *s, const struct store_audit *a, size_t n, struct wr_err *err)
+{
+    if (n == 0)
+        return 0;
     if (db_fault("store.audit", "record an audit entry", err) < 0)
         return -1;
+    if (sqlite3_exec(s->db, "BEGIN", NULL, NULL, NULL) != SQLITE_OK)
+        return db_err(s, err, "record an audit entry");
     sqlite3_stmt *st = NULL;
     if (sqlite3_prepare_v2(s->db,
                            "INSERT INTO audit (at_ms, key_id, method, route, sandbox_id, status) "
                            "VALUES (?,?,?,?,?,?)",
                            -1, &st, NULL) != SQLITE_OK)
-        return db_err(s, err, "record an audit entry");
-    sqlite3_bind_int64(st, 1, a->at_ms);
-    sqlite3_bind_text(st, 2, a->key_id, -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 3, a->method, -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 4, a->route, -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 5, a->sandbox_id, -1, SQLITE_STATIC);
-    sqlite3_bind_int(st, 6, a->status);
-    int rc = sqlite3_step(st);
+        goto fail;
+    sqlite3_int64 first = 0;
+    for (size_t i = 0; i < n; i++) {
+        sqlite3_reset(st);
+        sqlite3_bind_int64(st, 1, a[i].at_ms);
+        sqlite3_bind_text(st, 2, a[i].key_id, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 3, a[i].method, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 4, a[i].route, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 5, a[i].sandbox_id, -1, SQLITE_STATIC);
+        sqlite3_bind_int(st, 6, a[i].status);
+        if (sqlite3_step(st) != SQLITE_DONE)
+            goto fail;
+        if (i == 0)
+            first = sqlite3_last_insert_rowid(s->db);
+    }
     sqlite3_finalize(st);
-    if (rc != SQLITE_DONE)
-        return db_err(s, err, "record an audit entry");
-    /* The trail keeps the newest STORE_AUDIT_KEPT entries; trimmed now and then, not on every
-     * insert, so the table stays within a few per cent of that. */
-    sqlite3_int64 seq = sqlite3_last_insert_rowid(s->db);
-    if (seq % 256 != 0)
-        return 0;
-    if (sqlite3_prepare_v2(s->db, "DELETE FROM audit WHERE seq <= ?", -1, &st, NULL) != SQLITE_OK)
-        return db_err(s, err, "trim the audit trail");
-    sqlite3_bind_int64(st, 1, seq - STORE_AUDIT_KEPT);
-    rc = sqlite3_step(st);
+    st = NULL;
+    if (audit_trim(s, first - 1, sqlite3_last_insert_rowid(s->db), err) < 0) {
+        sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+        return -1;
+    }
+    if (sqlite3_exec(s->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
+        goto fail;
+    return 0;
+fail:
+    db_err(s, err, "record an audit entry");
     sqlite3_finalize(st);
-    return rc == SQLITE_DONE ? 0 : db_err(s, err, "trim the audit trail");
+    sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+    return -1;
 }
 
 int store_audit_foreach(struct store *s, int64_t before_seq, int limit,

@@ -78,8 +78,9 @@ struct store_audit {
     int status;             /* the HTTP status answered */
 };
 
-/** Appends an entry to the audit trail (and trims it to about STORE_AUDIT_KEPT). */
-int store_audit_add(struct store *s, const struct store_audit *a, struct wr_err *err);
+/** Appends n entries to the audit trail in one transaction (and trims it to about
+ * STORE_AUDIT_KEPT): all or none. */
+int store_audit_add(struct store *s, const struct store_audit *a, size_t n, struct wr_err *err);
 
 /** Calls cb for the newest `limit` entries with seq < before_seq, newest first. */
 int store_audit_foreach(struct store *s, int64_t before_seq, int limit,

@@ -215,3 +215,26 @@ def test_lease_that_ended_while_the_daemon_was_down(own_daemon):
     assert c.read_file(kept, "kept.txt") == b"kept\n"
     c.delete(kept)
     assert host_traces(d, kept) == []
+
+
+def test_a_stop_right_after_an_answer_keeps_its_audit_entry(own_daemon):
+    """The audit trail is written just after the answers it records, in batches: a SIGTERM
+    straight after an answer still writes its entry, and a read of the trail sees every
+    request already answered."""
+    d = own_daemon
+    c = d.client
+    sid = c.create(memory_mib=256)["id"]
+    try:
+        c.write_file(sid, "a.txt", b"a")
+        trail = d.admin.expect(200, "GET", "/v1/audit", query={"limit": "5"}).json()["entries"]
+        assert [(e["method"], e["route"], e["sandbox_id"]) for e in trail[:1]] == \
+            [("PUT", "/v1/sandboxes/{id}/files/content", sid)], trail
+        c.write_file(sid, "b.txt", b"b")
+        d.proc.send_signal(signal.SIGTERM)
+        assert d.proc.wait(timeout=60) == 0, d.log_tail()
+        restart(d)
+        trail = d.admin.expect(200, "GET", "/v1/audit", query={"limit": "5"}).json()["entries"]
+        assert [(e["route"], e["sandbox_id"], e["status"]) for e in trail[:2]] == \
+            [("/v1/sandboxes/{id}/files/content", sid, 200)] * 2, trail
+    finally:
+        c.request("DELETE", f"/v1/sandboxes/{sid}")

@@ -3,6 +3,7 @@
  * reopen, walks stop when asked, and the fault points fail the way SQLite would.
  */
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +55,70 @@ static void arm(const char *spec)
 {
     setenv("WR_FAULTS", spec, 1);
     fault_reset();
+}
+
+struct audit_seen {
+    int n;
+    int64_t first_seq, last_seq;
+    char first_route[64];
+};
+
+static int collect_audit(void *arg, int64_t seq, const struct store_audit *a)
+{
+    struct audit_seen *w = arg;
+    if (w->n++ == 0) {
+        w->first_seq = seq;
+        snprintf(w->first_route, sizeof(w->first_route), "%s", a->route);
+    }
+    w->last_seq = seq;
+    return 0;
+}
+
+/* Batches go in whole and in order, and the trail is trimmed to about STORE_AUDIT_KEPT. */
+static void test_audit(struct store *s)
+{
+    struct wr_err err = {0};
+    enum { BATCH = 256 };
+    static char routes[BATCH][32];
+    struct store_audit a[BATCH];
+    for (int i = 0; i < BATCH; i++) {
+        snprintf(routes[i], sizeof(routes[i]), "/v1/route/%d", i);
+        a[i] = (struct store_audit){.at_ms = 1000 + i,
+                                    .key_id = "",
+                                    .method = "POST",
+                                    .route = routes[i],
+                                    .sandbox_id = "",
+                                    .status = 200};
+    }
+    ok(store_audit_add(s, a, 3, &err) == 0, "a batch of 3: %s", err.msg);
+    struct audit_seen w = {0};
+    ok(store_audit_foreach(s, INT64_MAX, 10, collect_audit, &w, &err) == 0 && w.n == 3 &&
+           !strcmp(w.first_route, "/v1/route/2") && w.first_seq == 3 && w.last_seq == 1,
+       "newest first, in the batch's order: n=%d first=%s", w.n, w.first_route);
+    ok(store_audit_add(s, a, 0, &err) == 0, "an empty batch is nothing");
+
+    arm("store.audit=ENOSPC:1");
+    ok(store_audit_add(s, a, BATCH, &err) < 0 && strstr(err.msg, "full"), "store.audit: %s",
+       err.msg);
+    arm("");
+    err = (struct wr_err){0};
+    struct audit_seen w2 = {0};
+    ok(store_audit_foreach(s, INT64_MAX, BATCH, collect_audit, &w2, &err) == 0 && w2.n == 3,
+       "a failed batch adds nothing");
+
+    /* Past STORE_AUDIT_KEPT, the oldest go: the trail stays within a batch of it. */
+    int batches = STORE_AUDIT_KEPT / BATCH + 3;
+    int failed = 0;
+    for (int b = 0; b < batches && !failed; b++)
+        failed = store_audit_add(s, a, BATCH, &err) < 0;
+    struct audit_seen w3 = {0};
+    ok(!failed && store_audit_foreach(s, INT64_MAX, STORE_AUDIT_KEPT + 2 * BATCH, collect_audit,
+                                      &w3, &err) == 0,
+       "%d batches: %s", batches, err.msg);
+    int64_t total = 3 + (int64_t)batches * BATCH;
+    ok(w3.first_seq == total && w3.n >= STORE_AUDIT_KEPT && w3.n <= STORE_AUDIT_KEPT + BATCH,
+       "trimmed to about %d: %d kept, the newest %lld", STORE_AUDIT_KEPT, w3.n,
+       (long long)w3.first_seq);
 }
 
 int main(void)
@@ -146,6 +211,10 @@ int main(void)
        "a reopen sees what was stored");
     store_close(s);
     store_close(NULL);
+
+    s = store_open(path, &err);
+    test_audit(s);
+    store_close(s);
 
     char cmd[160];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
