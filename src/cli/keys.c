@@ -12,6 +12,7 @@
 #include "cli/cli.h"
 #include "cli/client.h"
 #include "cli/sandbox.h"
+#include "common/ids.h"
 #include "common/util.h"
 
 /* Micro-dollars as "$12.500000". */
@@ -322,8 +323,7 @@ int cli_cmd_usage(struct cli_ctx *c, int argc, char **argv)
         return cli_usage_error("usage", "unexpected argument '%s'", argv[optind]);
     if (strcmp(by, "sandbox") && strcmp(by, "key") && strcmp(by, "day") && strcmp(by, "minute"))
         return cli_usage_error("usage", "--by wants sandbox, key, day or minute");
-    if (sb && (strlen(sb) != 24 || strncmp(sb, "sb-", 3) ||
-               strspn(sb + 3, "abcdefghijklmnopqrstuvwxyz234567") != 21))
+    if (sb && !sb_id_valid(sb))
         return cli_usage_error("usage", "--sandbox wants a sandbox id (sb-...)");
     static const char when_chars[] = "0123456789-:TZ";
     if ((from && (strlen(from) > 20 || strspn(from, when_chars) != strlen(from))) ||

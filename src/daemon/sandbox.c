@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/ids.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "daemon/agentconn.h"
@@ -64,29 +65,27 @@ int sandbox_state_parse(const char *name)
     return -1;
 }
 
-static const char b32[] = "abcdefghijklmnopqrstuvwxyz234567";
+_Static_assert(DRIVER_ID_LEN == SB_ID_LEN, "a sandbox id is the driver's container id");
 
 void sandbox_new_id(char *out)
 {
-    uint8_t rnd[21];
+    static const char b32[] = SB_ID_ALPHABET;
+    _Static_assert(sizeof(b32) == 33, "32 characters: 5 bits each");
+    uint8_t rnd[SB_ID_LEN - sizeof(SB_ID_PREFIX) + 1];
     int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
     if (fd < 0 || read_full(fd, rnd, sizeof(rnd)) != (ssize_t)sizeof(rnd))
         abort(); /* no randomness: ids could collide, refuse to go on */
     close(fd);
-    memcpy(out, "sb-", 3);
-    for (int i = 0; i < 21; i++)
-        out[3 + i] = b32[rnd[i] & 31];
-    out[DRIVER_ID_LEN] = '\0';
+    size_t plen = sizeof(SB_ID_PREFIX) - 1;
+    memcpy(out, SB_ID_PREFIX, plen);
+    for (size_t i = 0; i < sizeof(rnd); i++)
+        out[plen + i] = b32[rnd[i] & 31];
+    out[SB_ID_LEN] = '\0';
 }
 
 int sandbox_id_valid(const char *s)
 {
-    if (strlen(s) != DRIVER_ID_LEN || strncmp(s, "sb-", 3) != 0)
-        return 0;
-    for (int i = 3; i < DRIVER_ID_LEN; i++)
-        if (!strchr(b32, s[i]) || s[i] == '\0')
-            return 0;
-    return 1;
+    return sb_id_valid(s);
 }
 
 struct sandbox *sandbox_new(struct daemon *d)

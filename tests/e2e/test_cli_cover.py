@@ -187,7 +187,9 @@ def test_usage_errors_exit_2_before_anything_is_sent():
                  ["sandbox", "timeout", MISSING, "soon"], ["sandbox", "timeout", MISSING, "2d"],
                  ["sandbox", "logs", MISSING], ["sandbox", "kill", "--signal", "", MISSING, "c"],
                  ["sandbox", "stats", "--bogus", MISSING], ["completion", "fish"],
-                 ["sandbox", "exec", "--json", MISSING, "--", "true"]):
+                 ["sandbox", "exec", "--json", MISSING, "--", "true"],
+                 ["usage", "--sandbox", "sb-" + "A" * 21], ["usage", "--sandbox", MISSING + "a"],
+                 ["usage", "--sandbox", "xx-" + "a" * 21]):
         r = subprocess.run([WR_BIN, *args], capture_output=True, env=env, timeout=30)
         assert r.returncode == EXIT_USAGE, (args, r)
         assert b"--help" in r.stderr, (args, r)
