@@ -4,7 +4,10 @@ of memory and the sandbox no work; a caller that goes away stops the agent; a bi
 not keep the sandbox from answering anything else."""
 
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.parse
@@ -146,33 +149,45 @@ def test_streamed_command_waits_for_its_reader(daemon, client, sandbox):
     assert wrote_all()
 
 
+# The reader of test_big_transfer_leaves_the_sandbox_answering, in a process of its own so that
+# it reads flat out whatever the test's own thread does. It reads exactly what the answer says
+# (its Content-Length, or chunks up to the last), then stops.
+BIG_READER = r"""
+import os, socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=60)
+s.sendall(f"GET {sys.argv[2]} HTTP/1.1\r\nHost: 127.0.0.1\r\n{os.environ['AUTH']}\r\n".encode())
+head = b""
+while b"\r\n\r\n" not in head:
+    chunk = s.recv(65536)
+    if not chunk:
+        sys.exit(f"connection closed in the headers: {head!r}")
+    head += chunk
+head, body = head.split(b"\r\n\r\n", 1)
+fields = dict(line.split(b": ", 1) for line in head.split(b"\r\n")[1:])
+length = int(fields.get(b"Content-Length", -1))
+buf, got, tail = bytearray(1 << 20), len(body), body[-7:]
+while got != length and tail != b"\r\n0\r\n\r\n":
+    n = s.recv_into(buf)
+    if n == 0:
+        sys.exit(f"connection closed after {got} bytes of the body")
+    got += n
+    tail = (tail + bytes(buf[max(0, n - 7):n]))[-7:]
+print(head.split(b" ", 2)[1].decode(), got)
+"""
+
+
 def test_big_transfer_leaves_the_sandbox_answering(daemon, client, sandbox):
     """4 GiB read flat out while other calls run: every call is answered, and the sandbox is
     never taken for dead."""
     make_huge_file(client, sandbox, "huge3")
     total = 4 * 1024 * MIB
-    done = {}
-
-    def reader():
-        s, status, _ = raw_request(daemon, "GET", f"/v1/sandboxes/{sandbox}/files/content",
-                                   {"path": "/workspace/huge3", "length": total},
-                                   rcvbuf=1 << 20)
-        got = 0
-        try:
-            while True:
-                chunk = s.recv(1 << 20)
-                if not chunk or chunk.endswith(b"\r\n0\r\n\r\n"):
-                    got += len(chunk)
-                    break
-                got += len(chunk)
-        finally:
-            s.close()
-        done["status"], done["got"] = status, got
-
-    t = threading.Thread(target=reader)
-    t.start()
+    target = f"/v1/sandboxes/{sandbox}/files/content?" + urllib.parse.urlencode(
+        {"path": "/workspace/huge3", "length": total})
+    reader = subprocess.Popen([sys.executable, "-c", BIG_READER, str(daemon.port), target],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env=dict(os.environ, AUTH=conftest.auth_header(daemon.port)))
     answered = 0
-    while t.is_alive():
+    while reader.poll() is None:
         r = client.request("POST", f"/v1/sandboxes/{sandbox}/exec", {"command": "true"},
                            timeout=30)
         assert r.status == 200 and r.json()["exit_code"] == 0, r
@@ -180,9 +195,10 @@ def test_big_transfer_leaves_the_sandbox_answering(daemon, client, sandbox):
                            query={"path": "/workspace/huge3"}, timeout=30)
         assert r.status == 200, r
         answered += 1
-    t.join()
-    assert done.get("status") == 200
-    assert done["got"] >= total  # the body plus chunk framing
+    out, err = reader.communicate(timeout=60)
+    assert reader.returncode == 0, err.decode()
+    status, got = out.split()
+    assert status == b"200" and int(got) >= total, out  # the body (and any chunk framing)
     assert answered >= 1
     info = client.request("GET", f"/v1/sandboxes/{sandbox}").json()
     assert info["state"] == "running", info
