@@ -417,16 +417,16 @@ def stats_us(us):
             "p99_us": round(percentile(us, 99)), "max_us": round(max(us))}
 
 
-def measure_exec(b, n, blocks=5):
+def measure_exec(b, n, per=20):
     """exec `true` through the API against the spawn floor inside the same sandbox, in
-    interleaved blocks so that both see the same noise; and each exec's exit_to_answer_us."""
+    interleaved blocks of `per` each (a second or so), so that both see the same noise, which
+    on this host drifts by a quarter within a minute; and each exec's exit_to_answer_us."""
     log(f"exec `true` round trip vs posix_spawn floor in the sandbox, {n} each")
     sid = b.create()
     lat, floor, exit_to_answer = [], [], []
     try:
         for _ in range(3):
             b.exec_true(sid)
-        per = max(1, n // blocks)
         while len(lat) < n:
             for _ in range(min(per, n - len(lat))):
                 t0 = time.perf_counter()
@@ -907,7 +907,8 @@ def main():
     ap.add_argument("--agent", default=os.path.join(ROOT, "build/withruntime-agent"))
     ap.add_argument("-n", type=int, default=30, help="one-at-a-time samples (default 30)")
     ap.add_argument("--parallel", type=int, default=20, help="sandboxes at once (default 20)")
-    ap.add_argument("--exec-n", type=int, default=100, help="exec round trips (default 100)")
+    ap.add_argument("--exec-n", type=int, default=300,
+                    help="exec round trips, and spawns of the floor (default 300)")
     ap.add_argument("--file-mib", type=int, default=100)
     # dd with conv=fsync swings with the disk: five reps give a steadier median than three
     ap.add_argument("--file-reps", type=int, default=5)
