@@ -169,7 +169,7 @@ void svc_sandbox_create(struct daemon *d, const struct sandbox_opts *o, struct s
         sb->network = json_deep_copy(o->network);
     }
     sb->max_cost_micros = o->max_cost_micros;
-    if (admission_check(d, sb, 1, &err) < 0 || meter_admit(sb, &err) < 0) {
+    if (admission_limits(d, sb, 1, &err) < 0 || meter_admit(sb, &err) < 0) {
         log_warn(NULL, "sandbox.refused", "error=\"%s\"", err.msg);
         sandbox_unref(sb);
         sink_fail(s, &err);
@@ -177,6 +177,12 @@ void svc_sandbox_create(struct daemon *d, const struct sandbox_opts *o, struct s
     }
     if (d->cfg.pool_size > 0 && pool_claim(d, sb, s)) {
         sandbox_unref(sb); /* a warm one took its place */
+        return;
+    }
+    if (admission_loop(d, sb, &err) < 0) {
+        log_warn(NULL, "sandbox.refused", "error=\"%s\"", err.msg);
+        sandbox_unref(sb);
+        sink_fail(s, &err);
         return;
     }
     sandbox_create(sb, answer_created, s);
