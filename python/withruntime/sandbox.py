@@ -390,8 +390,8 @@ class _FilesCore:
             raise TypeError("data is a text file object; open it in binary mode ('rb')")
         return bytes(piece)
 
-    def _put(self, path: str, body: Union[bytes, memoryview], mode: Union[int, str, None], parents: bool,
-             offset: Optional[int]) -> Generator[Any, Any, FileInfo]:
+    def _put(self, path: str, body: Union[bytes, memoryview], mode: Union[int, str, None],
+             parents: bool, offset: Optional[int]) -> Generator[Any, Any, FileInfo]:
         d = yield from self._call(
             "request_json", "PUT", self._path("/content"),
             query={"path": path, "mode": _mode_str(mode), "parents": None if parents else False,

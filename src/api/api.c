@@ -11,6 +11,7 @@
 
 #include "api/door.h"
 #include "api/jsonv.h"
+#include "common/ids.h"
 #include "common/util.h"
 #include "daemon/daemon.h"
 #include "daemon/keys.h"
@@ -301,7 +302,7 @@ void api_handle(struct http_req *req, void *ctx)
         c->handler = m.handler;
         /* The audit names a sandbox only by a well-formed id. */
         if (c->route && strncmp(c->route, "/v1/sandboxes/{id}", 18) == 0 &&
-            sandbox_id_valid(m.params[0]))
+            sb_id_valid(m.params[0]))
             snprintf(c->sandbox_id, sizeof(c->sandbox_id), "%.39s", m.params[0]);
         /* Who may call it comes first: a read-only key gets its 403 whatever it sent. */
         if (route_allows(req, c, m.handler) < 0)

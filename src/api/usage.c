@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "api/api.h"
+#include "common/ids.h"
 #include "common/util.h"
 #include "daemon/meter.h"
 #include "daemon/sandbox.h"
@@ -102,7 +103,7 @@ void api_usage(struct daemon *d, struct http_req *req, struct route_match *m)
         return;
     }
     const char *sb = http_req_query(req, "sandbox");
-    if (sb && !sandbox_id_valid(sb)) {
+    if (sb && !sb_id_valid(sb)) {
         api_reply_invalid(req, "sandbox: not a sandbox id (sb- and 21 base32 characters)");
         return;
     }

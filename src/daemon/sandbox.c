@@ -83,11 +83,6 @@ void sandbox_new_id(char *out)
     out[SB_ID_LEN] = '\0';
 }
 
-int sandbox_id_valid(const char *s)
-{
-    return sb_id_valid(s);
-}
-
 struct sandbox *sandbox_new(struct daemon *d)
 {
     struct sandbox *sb = xcalloc(1, sizeof(*sb));
@@ -302,7 +297,7 @@ void sandbox_set_failed(struct sandbox *sb, const char *reason, const char *deta
 struct sandbox *sandbox_lookup(struct daemon *d, const char *id, const struct principal *who,
                                struct wr_err *err)
 {
-    struct sandbox *sb = sandbox_id_valid(id) ? sandbox_find(d, id) : NULL;
+    struct sandbox *sb = sb_id_valid(id) ? sandbox_find(d, id) : NULL;
     if (sb && (sb->pooled || !principal_sees(who, sb->key_id)))
         sb = NULL; /* another key's: the same answer as none at all */
     if (!sb)
@@ -824,7 +819,7 @@ static int load_doc(struct sandbox *sb, const char *id, const char *state, const
 {
     json_error_t jerr;
     json_t *o = json_loads(doc, 0, &jerr);
-    if (!o || !sandbox_id_valid(id)) {
+    if (!o || !sb_id_valid(id)) {
         log_error(id, "store.bad_row", "error=\"%s\"", o ? "bad id" : jerr.text);
         json_decref(o);
         return -1;

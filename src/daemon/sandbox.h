@@ -119,9 +119,6 @@ int sandbox_state_parse(const char *name);
 /** Makes a new fixed-width sandbox id ("sb-" + 21 base32 chars) into out[DRIVER_ID_LEN + 1]. */
 void sandbox_new_id(char *out);
 
-/** Returns 1 if s has the shape of a sandbox id. */
-int sandbox_id_valid(const char *s);
-
 /** Allocates a sandbox with defaults for d (refs = 1, owned by the daemon's list once added). */
 struct sandbox *sandbox_new(struct daemon *d);
 
