@@ -175,6 +175,23 @@ static void die(struct agentconn *c, const char *reason)
     c->in_callback--;
 }
 
+#define CLOSED_REASON "agent closed the control channel (the sandbox stopped or its agent died)"
+
+/* A failed read or write on the channel. A reset or a broken pipe is the agent's end going
+ * away: the kernel reports a close as ECONNRESET when the agent left frames it had not read yet
+ * (as a dying agent does), and a write after the close as EPIPE. Either reads as a close. */
+static void die_errno(struct agentconn *c, int err)
+{
+    if (err == ECONNRESET || err == EPIPE) {
+        die(c, CLOSED_REASON);
+        return;
+    }
+    char reason[128];
+    snprintf(reason, sizeof(reason), "control channel error%s%s", err ? ": " : "",
+             err ? strerror(err) : "");
+    die(c, reason);
+}
+
 int agentconn_frame_ends(uint16_t type)
 {
     return type == PROTO_EXIT || type == PROTO_OK || type == PROTO_ERROR || type == PROTO_PONG;
@@ -463,10 +480,12 @@ static void on_readable(evutil_socket_t fd, short what, void *p)
                 continue;
             if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
                 break;
-            if (n <= 0) {
-                die(c, n < 0 ? "control channel error"
-                             : "agent closed the control channel (the sandbox stopped or its "
-                               "agent died)");
+            if (n < 0) {
+                die_errno(c, errno);
+                break;
+            }
+            if (n == 0) {
+                die(c, CLOSED_REASON);
                 break;
             }
             turn += (size_t)n;
@@ -495,11 +514,11 @@ static void on_readable(evutil_socket_t fd, short what, void *p)
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
             break;
         if (n < 0) {
-            die(c, "control channel error");
+            die_errno(c, errno);
             break;
         }
         if (n == 0) {
-            die(c, "agent closed the control channel (the sandbox stopped or its agent died)");
+            die(c, CLOSED_REASON);
             break;
         }
         c->in_len += (size_t)n;
@@ -518,9 +537,9 @@ static void on_event(struct bufferevent *bev, short what, void *p)
     struct agentconn *c = p;
     c->in_callback++;
     if (what & BEV_EVENT_EOF)
-        die(c, "agent closed the control channel (the sandbox stopped or its agent died)");
+        die(c, CLOSED_REASON);
     else if (what & BEV_EVENT_ERROR) /* a write failed */
-        die(c, "control channel error");
+        die_errno(c, EVUTIL_SOCKET_ERROR());
     c->in_callback--;
     if (c->free_pending && c->in_callback == 0)
         destroy(c);

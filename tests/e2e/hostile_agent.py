@@ -19,11 +19,15 @@ Modes:
   garbage           first request: 16 bytes that are no frame header
   daemon_type       first request: a frame of type EXEC, which only the daemon sends
   close_mid         first request: half a STDOUT frame, then exit
+  close_unread      first request: waits (up to 10 s) until more of the daemon's frames are
+                    queued to it, then half a STDOUT frame and exit without reading them (the
+                    kernel then reports the close to the daemon as ECONNRESET, not EOF)
   bad_version       HELLO with protocol version 99
   hello_twice       HELLO twice
 """
 
 import os
+import select
 import struct
 import sys
 
@@ -122,6 +126,12 @@ def answer(mode, rid, ftype, first):
         send(frame(EXEC, rid, field(3, b"true")))
         return True
     if first and mode == "close_mid":
+        send(struct.pack(">IIHH", 1000, rid, STDOUT, 0) + b"y" * 10)
+        return False
+    if first and mode == "close_unread":
+        poller = select.poll()
+        poller.register(0, select.POLLIN)
+        poller.poll(10_000)
         send(struct.pack(">IIHH", 1000, rid, STDOUT, 0) + b"y" * 10)
         return False
     if mode == "wrong_type" and ftype == EXEC:

@@ -509,6 +509,17 @@ def test_hostile_frames_fail_the_sandbox(hs, mode, reason):
     assert r.status == 409, r
 
 
+def test_an_agent_that_dies_with_frames_unread_reads_as_closed(hs):
+    # The agent exits with the daemon's stdin frames still queued to it: the daemon reads
+    # ECONNRESET rather than EOF, and a user still hears that the agent closed the channel.
+    sid = hostile_sandbox(hs, "close_unread")
+    r = hs.req("POST", f"/v1/sandboxes/{sid}/exec", {"argv": ["x"], "stdin": "z" * 1000})
+    assert r.status == 500 and r.error[0] == "sandbox_failed", r
+    assert "agent closed the control channel" in r.error[1], r
+    sb = hs.wait_state(sid, "failed")
+    assert sb.get("state_reason") == "agent_died", sb
+
+
 def test_hostile_exit_after_hello(hs):
     sid = hostile_sandbox(hs, "exit_after_hello")
     hs.wait_state(sid, "failed", timeout=10)
