@@ -27,6 +27,8 @@
 #include <event2/bufferevent_ssl.h>
 #include <event2/http.h>
 #include <inttypes.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -600,6 +602,23 @@ static void on_closed(struct evhttp_connection *evcon, void *arg)
     conn_drop(c);
 }
 
+/* A TCP connection's answers go out as they are written. With Nagle's algorithm a write made
+ * while an earlier segment is unacknowledged waits for its ACK, which the client may delay by
+ * up to 40 ms: every TLS answer paid that (its header block and body are records of their
+ * own), and a streamed answer's pieces or a terminal's echo could. */
+static void no_delay(struct bufferevent *bev)
+{
+    evutil_socket_t fd = bufferevent_getfd(bev);
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof(ss);
+    if (fd < 0 || getsockname(fd, (struct sockaddr *)&ss, &len) < 0 ||
+        (ss.ss_family != AF_INET && ss.ss_family != AF_INET6))
+        return;
+    int one = 1;
+    if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) < 0)
+        log_warn(NULL, "http.nodelay_failed", "error=\"%s\"", strerror(errno));
+}
+
 /* One turn after the bufferevents were made: evhttp has set each one up by now, with its
  * evhttp_connection as the callback argument (or has let it go again). */
 static void on_attach(evutil_socket_t fd, short what, void *arg)
@@ -619,6 +638,7 @@ static void on_attach(evutil_socket_t fd, short what, void *arg)
         } else {
             c->evcon = cbarg;
             evhttp_connection_set_closecb(c->evcon, on_closed, c);
+            no_delay(bev);
         }
         bufferevent_decref(bev);
     }

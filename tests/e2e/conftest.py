@@ -61,6 +61,38 @@ def low_fd_limit():
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 1024), hard))
 
 
+def daemons_end(pid, ours):
+    """The daemon's end of our TCP connection `ours` (a socket whose peer is ours' own
+    address), copied out of process `pid` with pidfd_getfd(2): to read its socket options.
+    The copy is closed by the caller; closing it leaves the daemon's connection as it is."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    sys_pidfd_getfd = 438  # the same number on every architecture Linux has
+    want = ours.getsockname()
+    pidfd = os.pidfd_open(pid)
+    try:
+        for name in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                if not os.readlink(f"/proc/{pid}/fd/{name}").startswith("socket:"):
+                    continue
+            except OSError:
+                continue
+            fd = libc.syscall(sys_pidfd_getfd, pidfd, int(name), 0)
+            if fd < 0:
+                continue
+            s = socket.socket(fileno=fd)
+            try:
+                if s.family in (socket.AF_INET, socket.AF_INET6) and s.getpeername() == want:
+                    return s
+            except OSError:
+                pass
+            s.close()
+    finally:
+        os.close(pidfd)
+    raise AssertionError(f"no socket of process {pid} is connected to {want}")
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
