@@ -21,8 +21,9 @@ An ``https://`` daemon's certificate must chain to the system's CAs, or to the C
 ``RUNTIME_CA_FILE`` (a PEM file; else the saved connection's ``ca_file``, else the ``ca_file``
 argument) when given, and name the URL's host.
 
-Every call of a :class:`Client` opens its own connection, so one client (and every sandbox that
-uses it) can be shared between threads. :class:`~withruntime.AsyncClient` (``async_client``)
+A :class:`Client` keeps the connections of its finished calls open (HTTP/1.1 keep-alive) and
+gives each to one call at a time, so one client (and every sandbox that uses it) can be shared
+between threads. :class:`~withruntime.AsyncClient` (``async_client``)
 finds the daemon the same way and shares everything here but the I/O.
 """
 
@@ -33,12 +34,15 @@ import http.client
 import ipaddress
 import json
 import os
+import select
 import shutil
 import socket
 import ssl
 import subprocess
 import threading
+import time
 import urllib.parse
+import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, Generator, List, Mapping, Optional, Tuple, Type, TypeVar, Union
 
@@ -60,6 +64,14 @@ USER_AGENT = "withruntime-python/0.1.0"
 
 # Seconds to wait on any one socket operation of a call that has no better bound.
 DEFAULT_TIMEOUT = 120.0
+
+# A kept connection idle for longer than this is closed rather than used again (the daemon
+# closes idle connections after 60 s by default).
+_IDLE_MAX_S = 30.0
+# Errors that mean a kept connection had been closed by the daemon before our request reached
+# it: the daemon closes a connection only between requests, so it is sent again on a fresh one.
+_STALE_ERRORS = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
+                 ConnectionAbortedError)
 
 _C = TypeVar("_C", bound="ClientBase")
 
@@ -157,6 +169,63 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
             sock.close()
             raise
         self.sock = sock
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    """Whether an idle kept connection has anything to read: after a whole answer that can only
+    be its end (or bytes nobody asked for), so it is not used again."""
+    try:
+        if hasattr(select, "poll"):
+            p = select.poll()
+            p.register(sock, select.POLLIN | select.POLLPRI)
+            return bool(p.poll(0))
+        return bool(select.select([sock], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True
+
+
+class _Kept:
+    """A client's idle connections, the most recently used first out. Safe between threads; a
+    forked child drops the parent's (their sockets are the parent's conversations)."""
+
+    def __init__(self, max_idle: int) -> None:
+        self.max_idle = max_idle
+        self._lock = threading.Lock()
+        self._idle: List[Tuple[http.client.HTTPConnection, float]] = []
+        self._pid = os.getpid()
+
+    def take(self) -> Optional[http.client.HTTPConnection]:
+        now = time.monotonic()
+        done: List[http.client.HTTPConnection] = []
+        found = None
+        with self._lock:
+            if self._pid != os.getpid():
+                self._pid = os.getpid()
+                done = [c for c, _ in self._idle]
+                self._idle = []
+            while found is None and self._idle:
+                conn, since = self._idle.pop()
+                if (now - since < _IDLE_MAX_S and conn.sock is not None
+                        and not _closed_by_peer(conn.sock)):
+                    found = conn
+                else:
+                    done.append(conn)
+        for conn in done:
+            conn.close()
+        return found
+
+    def put(self, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            if self._pid == os.getpid() and len(self._idle) < self.max_idle:
+                self._idle.append((conn, time.monotonic()))
+                return
+        conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn, _ in idle:
+            conn.close()
 
 
 @dataclass
@@ -461,9 +530,44 @@ class Client(ClientBase):
             their own timeout plus a margin.
         ca_file: For ``https://``: trust only the CAs in this PEM file (default
             ``RUNTIME_CA_FILE``, else the saved connection's, else the system's CAs).
+        max_idle: Connections kept open between calls (HTTP/1.1 keep-alive), each for at most
+            30 s; ``0`` opens a connection per call. A kept connection that the daemon closed
+            before answering is replaced by a fresh one and the request sent again: the daemon
+            closes a connection only between requests, before reading the next one.
 
-    Every call opens its own connection, so threads may share a client.
+    Each call has a connection to itself, so threads may share a client. ``client.close()`` (or
+    ``with Client() as client:``) closes the kept connections; the client stays usable.
     """
+
+    def __init__(
+        self,
+        url: Optional[str] = None,
+        api_key: Optional[str] = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        ca_file: Optional[str] = None,
+        max_idle: int = 8,
+    ) -> None:
+        super().__init__(url, api_key, timeout=timeout, ca_file=ca_file)
+        if max_idle < 0:
+            raise ValueError("max_idle must be >= 0")
+        self._kept = _Kept(max_idle)
+        # The kept sockets are closed when the client goes, not left to the collector.
+        weakref.finalize(self, self._kept.close)
+
+    @property
+    def max_idle(self) -> int:
+        return self._kept.max_idle
+
+    def close(self) -> None:
+        """Closes the connections kept open between calls (the client stays usable)."""
+        self._kept.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     def _new_connection(self, timeout: Optional[float]) -> http.client.HTTPConnection:
         if self._unix_path is not None:
@@ -481,24 +585,35 @@ class Client(ClientBase):
         content_type: Optional[str],
         timeout: Optional[float],
         headers: Optional[Mapping[str, str]] = None,
+        kept: bool = False,
     ) -> Tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-        """Sends one request and returns the open connection and its response (any status)."""
+        """Sends one request and returns the open connection and its response (any status):
+        on a kept connection when ``kept`` and one is idle, else on a new one."""
         self._check_key_safe()
         hdrs = self._headers(content_type, headers)
-        for attempt in (0, 1):
-            conn = self._new_connection(timeout)
+        autostarted = False
+        while True:
+            conn = self._kept.take() if kept else None
+            reused = conn is not None
             sent = False
             try:
-                conn.connect()
+                if conn is None:
+                    conn = self._new_connection(timeout)
+                    conn.connect()
+                else:
+                    conn.timeout = timeout
+                    conn.sock.settimeout(timeout)
                 conn.request(method, target, body=body, headers=hdrs)
                 sent = True
                 return conn, conn.getresponse()
             except (OSError, http.client.HTTPException) as e:
                 conn.close()
-                if attempt == 0 and self._may_autostart(e, sent) and self._maybe_autostart():
+                if reused and isinstance(e, _STALE_ERRORS):
+                    continue
+                if not autostarted and self._may_autostart(e, sent) and self._maybe_autostart():
+                    autostarted = True
                     continue
                 raise self._unavailable(e, timeout, sent) from None
-        raise AssertionError("unreachable")
 
     def _read(self, resp: http.client.HTTPResponse, timeout: Optional[float]) -> bytes:
         try:
@@ -509,13 +624,20 @@ class Client(ClientBase):
     def _exchange(self, method: str, target: str, body: Optional[bytes],
                   content_type: Optional[str],
                   timeout: float) -> Tuple[int, Dict[str, str], bytes]:
-        """One request on a connection of its own: the answer's status, headers and body."""
-        conn, resp = self._open(method, target, body, content_type, timeout)
+        """One request on a kept connection or a new one: the answer's status, headers and
+        body. The connection is kept for the next call when the answer was read whole and the
+        daemon did not say it closes it."""
+        conn, resp = self._open(method, target, body, content_type, timeout, kept=True)
+        whole = False
         try:
             data = self._read(resp, timeout)
+            whole = True
             return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data
         finally:
-            conn.close()
+            if whole and not resp.will_close and conn.sock is not None:
+                self._kept.put(conn)
+            else:
+                conn.close()
 
     def _ws_open(self, target: str, timeout: float) -> Any:
         """A WebSocket to ``target`` (a terminal's), on a connection of its own."""

@@ -8,7 +8,8 @@
         sbx.files.write("notes.txt", "hello")
         print(sbx.files.read_text("notes.txt"))
 
-Every method is one HTTP call on its own connection, so threads may share a sandbox.
+Every method is one HTTP call on a connection of its own while it runs (its client keeps
+finished calls' connections open for the next ones), so threads may share a sandbox.
 
 :class:`AsyncSandbox` is the same for asyncio (``await AsyncSandbox.create()``): both are made
 from one set of operations (``_ops``), so they send the same requests and answer the same.
@@ -1085,12 +1086,16 @@ class Sandbox(_SandboxCore):
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
     ) -> None:
-        """Ends the lease as ``on_lease_end`` says, also when the block raised. If ending it
-        fails too, the block's own exception is the one that propagates."""
+        """Ends the lease as ``on_lease_end`` says, also when the block raised (if ending it
+        fails too, the block's own exception is the one that propagates); then closes the kept
+        connections of the client the sandbox made for itself (none was given)."""
         try:
             self.end_lease()
         except WithruntimeError as e:
             self._note_exit_failure(self.id, exc, e)
+        finally:
+            if self._owns_client:
+                self._client.close()
 
 
 @async_face(Sandbox="AsyncSandbox", Command="AsyncCommand", Client="AsyncClient",

@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from stubhttp import Stub, free_port
+from stubhttp import Server, Stub, free_port, json_answer
 from withruntime import (
     AsyncClient,
     AsyncCommand,
@@ -481,83 +481,6 @@ def test_error_answers_like_sync(status, body, cls):
 
 
 # ---- the transport, against a local server of the test's own ----
-
-
-class Server:
-    """An HTTP/1.1 server on 127.0.0.1 in the test's event loop. ``answer(n, request)`` gives the
-    n-th request's raw answer (bytes; ``(bytes, "close")`` to close the connection after it), or
-    None to close the connection without one; it may be a coroutine. Counts connections, open
-    ones, and requests in flight."""
-
-    def __init__(self, answer):
-        self.answer = answer
-        self.connections = 0
-        self.open = 0
-        self.in_flight = 0
-        self.max_in_flight = 0
-        self.requests = 0
-        self.changed = asyncio.Condition()
-
-    async def __aenter__(self):
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-        return self
-
-    async def __aexit__(self, exc_type, *exc):
-        if exc_type is None:  # every connection was closed by one side or the other
-            await self.wait_for(lambda: self.open == 0)
-        self.server.close()
-        await self.server.wait_closed()
-
-    async def _note(self, **delta):
-        async with self.changed:
-            for k, v in delta.items():
-                setattr(self, k, getattr(self, k) + v)
-            self.max_in_flight = max(self.max_in_flight, self.in_flight)
-            self.changed.notify_all()
-
-    async def wait_for(self, predicate):
-        async with self.changed:
-            await asyncio.wait_for(self.changed.wait_for(predicate), 10)
-
-    async def _serve(self, reader, writer):
-        await self._note(connections=1, open=1)
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":")[1])
-                await reader.readexactly(length)
-                self.requests += 1
-                await self._note(in_flight=1)
-                out = self.answer(self.requests, head)
-                if asyncio.iscoroutine(out):
-                    out = await out
-                await self._note(in_flight=-1)
-                if out is None:
-                    break
-                close = isinstance(out, tuple)
-                writer.write(out[0] if close else out)
-                await writer.drain()
-                if close:
-                    break
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-            await self._note(open=-1)
-
-
-def json_answer(obj, chunked=False, extra=b""):
-    data = json.dumps(obj).encode()
-    if not chunked:
-        return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
-                + str(len(data)).encode() + b"\r\n" + extra + b"\r\n" + data)
-    body = b"".join(b"%x;ext=1\r\n%s\r\n" % (len(p), p) for p in (data[:3], data[3:]))
-    return (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n" + extra + b"\r\n" + body
-            + b"0\r\nX-Trailer: t\r\n\r\n")
 
 
 def test_keep_alive_reuses_one_connection():
