@@ -42,7 +42,7 @@ import urllib.parse
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-PARTS = ("latency", "exec", "files", "pool", "idle", "restore")
+PARTS = ("latency", "exec", "files", "pool", "idle", "restore", "sdk")
 
 
 # ---------------------------------------------------------------- small helpers
@@ -182,6 +182,7 @@ class Daemon:
         self.sock = os.path.join(state_dir, "withruntime.sock")
         self.key_id = self.key = None
         self.log_path = os.path.join(state_dir, "bench-daemon.log")
+        self.extra_args = []  # more `serve` options
 
     def start(self):
         log(f"image build in {self.state_dir} (cached after the first time)")
@@ -192,7 +193,7 @@ class Daemon:
             [self.binary, "serve", "--state-dir", self.state_dir,
              "--listen", f"127.0.0.1:{self.port}",
              "--socket", self.sock,
-             "--agent", self.agent],
+             "--agent", self.agent, *self.extra_args],
             stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT)
         logf.close()
         deadline = time.monotonic() + 60
@@ -658,8 +659,10 @@ def markdown(res):
         if "withruntime_curl" in f["read"]:
             lines.append(f"| read, curl to /dev/null | {f['read']['withruntime_curl']} | "
                          f"{f['read']['sandbox_dd_page_cache']} | {f['read']['ratio_curl']:.2f} |")
+    import sdk  # noqa: E402 - bench/sdk.py (imports this module)
+
     lines += markdown_pool(r.get("pool")) + markdown_idle(r.get("idle")) + \
-        markdown_restore(r.get("restore")) + markdown_targets(r)
+        markdown_restore(r.get("restore")) + sdk.markdown(r.get("sdk")) + markdown_targets(r)
     return "\n".join(lines)
 
 
@@ -919,6 +922,8 @@ def main():
                     help="pool: single creates of each kind (default 20); bursts are --parallel")
     ap.add_argument("--restore-n", type=int, default=10,
                     help="restore: boots and restores of each (default 10)")
+    ap.add_argument("--sdk-n", type=int, default=200,
+                    help="sdk: calls of each kind on each transport (default 200)")
     import idle  # noqa: E402 - bench/idle.py (imports this module)
     idle.add_args(ap, "idle-")
     ap.add_argument("--only", default=",".join(PARTS),
@@ -988,6 +993,11 @@ def main():
             log(f"runsc checkpoint/restore against run, {args.restore_n} each")
             results["restore"] = restore.measure(rootfs, args.platform, args.restore_n,
                                                  tempfile.mkdtemp(dir=workdir))
+        if "sdk" in parts:
+            import sdk  # noqa: E402 - bench/sdk.py
+            results["sdk"] = sdk.measure(argparse.Namespace(bin=args.bin, agent=args.agent,
+                                                            n=args.sdk_n),
+                                         images, tempfile.mkdtemp(dir=workdir))
         busy1 = host_jiffies()
         machine = machine_info(args.platform)
         machine["host_busy_pct_during_run"] = round(
