@@ -722,8 +722,8 @@ def markdown_targets(r):
     return lines
 
 
-def p50_99(s):
-    return f"{s['p50_ms']:.1f} / {s['p99_ms']:.1f}"
+def p50_99(s, digits=1):
+    return f"{s['p50_ms']:.{digits}f} / {s['p99_ms']:.{digits}f}"
 
 
 def markdown_pool(p):

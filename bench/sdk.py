@@ -120,10 +120,6 @@ def measure(args, images, workdir):
     return out
 
 
-def p50_99(s):
-    return f"{s['p50_ms']:.2f} / {s['p99_ms']:.2f}"
-
-
 def markdown(s):
     if not s:
         return []
@@ -133,7 +129,7 @@ def markdown(s):
         for what, label in (("health", "`client.health()`"), ("exec", "`sbx.exec([\"true\"])`")):
             x = r[what]
             lines.append(f"| {label}, {name.replace('_', ' ')} (n={x['kept']['n']}) | "
-                         f"{p50_99(x['kept'])} | {p50_99(x['fresh'])} | "
+                         f"{base.p50_99(x['kept'], 2)} | {base.p50_99(x['fresh'], 2)} | "
                          f"{x['fresh_p50_over_kept_p50']:.2f}× |")
     return lines
 
