@@ -595,14 +595,15 @@ class Client(ClientBase):
         while True:
             conn = self._kept.take() if kept else None
             reused = conn is not None
+            if conn is None:
+                conn = self._new_connection(timeout)
             sent = False
             try:
-                if conn is None:
-                    conn = self._new_connection(timeout)
-                    conn.connect()
-                else:
+                if reused:
                     conn.timeout = timeout
                     conn.sock.settimeout(timeout)
+                else:
+                    conn.connect()
                 conn.request(method, target, body=body, headers=hdrs)
                 sent = True
                 return conn, conn.getresponse()
@@ -614,6 +615,9 @@ class Client(ClientBase):
                     autostarted = True
                     continue
                 raise self._unavailable(e, timeout, sent) from None
+            except BaseException:  # an interrupt: the connection is in no state to keep
+                conn.close()
+                raise
 
     def _read(self, resp: http.client.HTTPResponse, timeout: Optional[float]) -> bytes:
         try:
