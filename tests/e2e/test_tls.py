@@ -10,6 +10,7 @@ this host. All traffic goes to loopback.
 """
 
 import asyncio
+import http.client
 import json
 import os
 import pty
@@ -270,16 +271,19 @@ def test_tls_answers_go_out_without_waiting_for_acks(tls, key):
     (bench/sdk.py measured 44 ms for a health check, 0.3 ms with the option). The daemon's end
     of the connection is read for TCP_NODELAY."""
     ctx = ssl.create_default_context(cafile=tls.pki["ca.pem"])
-    with socket.create_connection(("127.0.0.1", tls.port), timeout=T) as raw:
-        with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as s:
-            s.sendall(f"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                      f"Authorization: Bearer {key}\r\n\r\n".encode())
-            assert s.recv(100).startswith(b"HTTP/1.1 200")
-            end = conftest.daemons_end(tls.proc.pid, s)
-            try:
-                assert end.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
-            finally:
-                end.close()
+    conn = http.client.HTTPSConnection("127.0.0.1", tls.port, timeout=T, context=ctx)
+    try:
+        conn.request("GET", "/v1/health", headers={"Authorization": f"Bearer {key}"})
+        r = conn.getresponse()
+        r.read()
+        assert r.status == 200, r.status
+        end = conftest.daemons_end(tls.proc.pid, conn.sock)
+        try:
+            assert end.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+        finally:
+            end.close()
+    finally:
+        conn.close()
 
 
 def test_plain_http_to_the_tls_port_is_closed_and_the_daemon_serves_on(tls, key):
