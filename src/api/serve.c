@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 
 #include "api/api.h"
@@ -572,6 +573,9 @@ int api_serve_main(int argc, char **argv)
     }
     if (getenv("WITHRUNTIME_DEBUG"))
         log_set_level(WR_LOG_DEBUG);
+    /* A daemon the CLI started runs as /proc/self/exe, which the kernel names "exe": ps, top
+     * and pgrep would not know it as ours (nor tell it from runsc's processes, named alike). */
+    prctl(PR_SET_NAME, "withruntime", 0, 0, 0);
     struct wr_err err = {0};
     if (daemon_open(&s.d, &err) < 0 || listen_all(&s, &err) < 0) {
         fprintf(stderr, "withruntime serve: %s\n", err.msg);

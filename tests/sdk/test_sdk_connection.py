@@ -231,6 +231,9 @@ def test_starts_the_local_daemon_when_none_runs(daemon, clean_env, monkeypatch):
         assert client.url == f"unix:{state}/withruntime.sock"
         assert client.health()["status"] == "ok"
         assert len(_pids_serving(state)) == 1
+        # started as /proc/self/exe, it still goes by its own name in ps, top and pgrep
+        with open(f"/proc/{_pids_serving(state)[0]}/comm") as f:
+            assert f.read().strip() == "withruntime"
     finally:
         # the daemon was started detached (not our child): stop it by its pid
         pids = _pids_serving(state)
