@@ -1,4 +1,4 @@
-"""200 create/delete cycles leave nothing behind on the host.
+"""120 create/delete cycles (WR_CHURN_CYCLES) leave nothing behind on the host.
 
 Counted before and after: mounts (in the daemon's mount namespace) that mention the state
 directory; processes below the daemon; the daemon's open fds; and the entries of every directory
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-CYCLES = int(os.environ.get("WR_CHURN_CYCLES", "200"))
+CYCLES = int(os.environ.get("WR_CHURN_CYCLES", "120"))
 IMAGE_DIRS = {"images", "image"}
 
 
