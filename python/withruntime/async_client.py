@@ -27,7 +27,7 @@ from collections import deque
 from typing import Any, Awaitable, Deque, Dict, Mapping, Optional, Tuple, TypeVar
 
 from ._ops import async_face
-from .client import DEFAULT_TIMEOUT, ClientBase
+from .client import _IDLE_MAX_S, DEFAULT_TIMEOUT, ClientBase
 from .errors import ConfigurationError, ServerError, WithruntimeError
 
 __all__ = ["AsyncClient"]
@@ -38,8 +38,6 @@ _MAX_HEADERS = 100
 # Largest piece read from the socket at once, and longest line of a streamed answer.
 _PIECE = 1 << 20
 _MAX_STREAM_LINE = 16 << 20
-# A kept connection idle for longer than this is closed rather than used again.
-_IDLE_MAX_S = 30.0
 
 _BAD_TARGET = re.compile(r"[\x00-\x20\x7f]")
 _BAD_HEADER = re.compile(r"[\x00\r\n]")
