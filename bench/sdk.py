@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,7 +24,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
 
+import fakenet  # noqa: E402  (the tests' CA and certificates)
 import run as base  # noqa: E402  (bench/run.py: stats, the daemon, machine)
 import withruntime  # noqa: E402  (the tree's SDK)
 
@@ -33,19 +34,10 @@ BLOCK = 20
 
 
 def make_pki(d):
-    """A CA and a server certificate for IP 127.0.0.1 signed by it."""
-    with open(os.path.join(d, "ext.cnf"), "w") as f:
-        f.write("[srv]\nsubjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n"
-                "extendedKeyUsage=serverAuth\n")
-    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes")
-    for argv in (("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
-                  "-subj", "/CN=withruntime bench CA"),
-                 ("req", *ec, "-keyout", "srv.key", "-out", "srv.csr", "-subj", "/CN=127.0.0.1"),
-                 ("x509", "-req", "-in", "srv.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-                  "-CAcreateserial", "-out", "srv.pem", "-days", "1", "-extfile", "ext.cnf",
-                  "-extensions", "srv")):
-        subprocess.run(["openssl", *argv], cwd=d, check=True, capture_output=True, timeout=60)
-    return {n: os.path.join(d, n) for n in ("ca.pem", "srv.pem", "srv.key")}
+    """A CA and a server certificate for IP 127.0.0.1 signed by it (tests/e2e/fakenet.py's)."""
+    ca, leaves = fakenet.make_certs(d, ["127.0.0.1"])
+    cert, key = leaves["127.0.0.1"]
+    return {"ca.pem": ca, "srv.pem": cert, "srv.key": key}
 
 
 class TLSDaemon(base.Daemon):

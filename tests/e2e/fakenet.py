@@ -39,6 +39,7 @@ Notes for a test that runs the daemon in host_ns:
 import base64
 import hashlib
 import io
+import ipaddress
 import json
 import os
 import re
@@ -112,9 +113,17 @@ def build_wheel(path):
     return path
 
 
+def _is_address(name):
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        return False
+
+
 def make_certs(d, names):
-    """A test CA and one leaf per name (EC P-256, subjectAltName DNS:name). Returns
-    (ca_pem, {name: (cert, key)})."""
+    """A test CA and one leaf per name (EC P-256, subjectAltName DNS:name, or IP:name for an
+    address). Returns (ca_pem, {name: (cert, key)})."""
     ca_cnf = os.path.join(d, "ca.cnf")
     with open(ca_cnf, "w") as f:
         f.write("[req]\ndistinguished_name = dn\nx509_extensions = v3_ca\nprompt = no\n"
@@ -133,7 +142,7 @@ def make_certs(d, names):
             f.write("[v3]\nbasicConstraints = critical, CA:FALSE\n"
                     "keyUsage = critical, digitalSignature\n"
                     "extendedKeyUsage = serverAuth\n"
-                    f"subjectAltName = DNS:{name}\n"
+                    f"subjectAltName = {'IP' if _is_address(name) else 'DNS'}:{name}\n"
                     "subjectKeyIdentifier = hash\n"
                     "authorityKeyIdentifier = keyid:always\n")
         _run(["openssl", "req", "-new", "-newkey", "ec", "-pkeyopt",
