@@ -83,10 +83,18 @@ def _exec_report(r: ExecResult, timeout: float, max_chars: int) -> str:
     elif r.signal is not None:
         name = _SIGNALS.get(r.signal, f"signal {r.signal}")
         lines.append(f"note: the command was killed by {name} ({r.signal})")
-    for label, text, truncated in (("stdout", r.stdout, r.stdout_truncated),
-                                   ("stderr", r.stderr, r.stderr_truncated)):
+    for label, text, raw, truncated in (
+            ("stdout", r.stdout, r.stdout_bytes, r.stdout_truncated),
+            ("stderr", r.stderr, r.stderr_bytes, r.stderr_truncated)):
         if not text:
             lines.append(f"{label}: (empty)")
+            continue
+        if _as_text(raw, False, truncated) is None:
+            # Replacement characters and NULs would only cost the model tokens and mislead it.
+            more = "at least " if truncated else ""
+            lines.append(f"{label}: binary output ({more}{len(raw)} bytes); not shown. Redirect it "
+                         f"to a file and inspect that, e.g. `CMD > out.bin; file out.bin; "
+                         f"xxd out.bin | head`.")
             continue
         lines.append(f"{label}:")
         lines.append(trim_middle(text, max_chars).rstrip("\n"))

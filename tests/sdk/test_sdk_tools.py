@@ -105,6 +105,16 @@ def test_exec_reports_exit_code_and_streams(sandbox):
     assert run("true") == "exit code: 0\nstdout: (empty)\nstderr: (empty)"
 
 
+def test_exec_describes_binary_output(sandbox):
+    run = sandbox_tools(sandbox)[0]
+    out = run("head -c 4096 /bin/true; echo text >&2")
+    assert out.splitlines()[1].startswith("stdout: binary output (4096 bytes); not shown.")
+    assert "\ufffd" not in out and "\x00" not in out
+    assert out.splitlines()[2:] == ["stderr:", "text"]
+    # UTF-8 that is not ASCII is text.
+    assert run("printf 'caf\\303\\251\\n'").splitlines()[1:3] == ["stdout:", "caf\u00e9"]
+
+
 def test_exec_cwd_and_timeout(sandbox):
     run = sandbox_tools(sandbox)[0]
     sandbox.files.mkdir("proj")
