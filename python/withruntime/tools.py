@@ -326,7 +326,8 @@ def _tools(
             return f"{full} is empty"
         entries.sort(key=lambda e: (e.type != "directory", e.name))
         shown = entries[:max_list_entries]
-        lines = [f"{full} ({len(entries)} entries):"] + [_entry_line(e) for e in shown]
+        count = "1 entry" if len(entries) == 1 else f"{len(entries)} entries"
+        lines = [f"{full} ({count}):"] + [_entry_line(e) for e in shown]
         if len(entries) > len(shown):
             lines.append(f"[... {len(entries) - len(shown)} more entries not shown; use "
                          f"runtime_exec with ls or find to see them]")

@@ -158,6 +158,7 @@ def test_write_read_list(sandbox):
     assert "pkg/  (directory)" in ls()
     assert ls("pkg/mod.py") == "/workspace/pkg/mod.py is not a directory: mod.py  (12 bytes)"
     assert read("pkg/data/x.txt") == "(/workspace/pkg/data/x.txt is an empty file)"
+    assert ls("pkg/data") == "/workspace/pkg/data (1 entry):\nx.txt  (0 bytes)"
 
 
 def test_read_reports_what_it_cannot_show(sandbox):
