@@ -26,17 +26,20 @@ int cli_create_opt(const char *cmd, struct cli_create_opts *co, int opt, const c
     case OPT_IMAGE: json_object_set_new(co->body, "image", json_string(arg)); return 1;
     case OPT_CPUS:
         if (cli_parse_long(arg, 1, 1024, &v) < 0)
-            return cli_usage_error(cmd, "--cpus wants a whole number, got '%s'", arg);
+            return cli_usage_error(cmd, "--cpus wants a whole number from 1 to 1024, got '%s'",
+                                   arg);
         json_object_set_new(co->body, "cpus", json_integer(v));
         return 1;
     case OPT_MEMORY:
-        if (cli_parse_long(arg, 1, 1L << 30, &v) < 0)
-            return cli_usage_error(cmd, "--memory wants MiB as a whole number, got '%s'", arg);
+        if (cli_parse_long(arg, 128, 65536, &v) < 0)
+            return cli_usage_error(
+                cmd, "--memory wants MiB, a whole number from 128 to 65536, got '%s'", arg);
         json_object_set_new(co->body, "memory_mib", json_integer(v));
         return 1;
     case OPT_DISK:
-        if (cli_parse_long(arg, 1, 1L << 30, &v) < 0)
-            return cli_usage_error(cmd, "--disk wants MiB as a whole number, got '%s'", arg);
+        if (cli_parse_long(arg, 64, 1048576, &v) < 0)
+            return cli_usage_error(
+                cmd, "--disk wants MiB, a whole number from 64 to 1048576, got '%s'", arg);
         json_object_set_new(co->body, "disk_mib", json_integer(v));
         return 1;
     case OPT_ENV:

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "common/ids.h"
 #include "common/util.h"
 
 #define AUTOSTART_WAIT_MS 15000
@@ -378,9 +379,25 @@ void cli_errorf(const char *fmt, ...)
     va_end(ap);
 }
 
+/* The daemon's "sandbox ID is stopped (...)" and "has failed (...)" speak to every client;
+ * a CLI user is told the command that starts it. */
+static void hint_start(const char *msg)
+{
+    char id[SB_ID_LEN + 1];
+    if (strncmp(msg, "sandbox ", 8) != 0 || strlen(msg) < 8 + SB_ID_LEN)
+        return;
+    memcpy(id, msg + 8, SB_ID_LEN);
+    id[SB_ID_LEN] = '\0';
+    const char *rest = msg + 8 + SB_ID_LEN;
+    if (sb_id_valid(id) &&
+        (strncmp(rest, " is stopped (", 13) == 0 || strncmp(rest, " has failed (", 13) == 0))
+        fprintf(stderr, "withruntime: start it with 'withruntime sandbox start %s'\n", id);
+}
+
 int cli_fail(const struct wr_err *err)
 {
     cli_errorf("%s", err->msg[0] ? err->msg : "failed");
+    hint_start(err->msg);
     return cli_exit_code(err);
 }
 

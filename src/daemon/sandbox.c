@@ -323,13 +323,12 @@ int sandbox_check_running(const struct sandbox *sb, struct wr_err *err)
                            sb->id, sb->key_id);
     if (sb->state == SB_STOPPED)
         return wr_err_kind(err, WR_E_CONFLICT, 0,
-                           "sandbox %s is stopped (%s); start it with POST /v1/sandboxes/%s/start",
-                           sb->id, sb->reason[0] ? sb->reason : "stopped", sb->id);
+                           "sandbox %s is stopped (%s): start it again first", sb->id,
+                           sb->reason[0] ? sb->reason : "stopped");
     if (sb->state == SB_FAILED)
         return wr_err_kind(err, WR_E_CONFLICT, 0,
-                           "sandbox %s has failed (%s%s%s); start it again with POST "
-                           "/v1/sandboxes/%s/start, or delete it",
-                           sb->id, sb->reason, sb->detail[0] ? ": " : "", sb->detail, sb->id);
+                           "sandbox %s has failed (%s%s%s): start it again, or delete it", sb->id,
+                           sb->reason, sb->detail[0] ? ": " : "", sb->detail);
     return wr_err_kind(err, WR_E_CONFLICT, 0, "sandbox %s is %s, not running", sb->id,
                        sandbox_state_name(sb->state));
 }

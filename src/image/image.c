@@ -495,6 +495,11 @@ static int current_build(const char *state_dir, const char *name, char *out, siz
     struct img_paths p;
     img_paths(state_dir, name, &p);
     char real[PATH_MAX];
+    if (!realpath(p.link, real) && !recipe_find(name))
+        return wr_err_set(err, ENOENT,
+                          "there is no image named '%s'; the images this daemon can run are its "
+                          "built-in ones (default)",
+                          name);
     if (!realpath(p.link, real))
         return wr_err_set(err, ENOENT, "image %s is not built; run `withruntime image build%s%s`",
                           name, strcmp(name, "default") ? " " : "",

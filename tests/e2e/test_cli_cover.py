@@ -195,6 +195,16 @@ def test_usage_errors_exit_2_before_anything_is_sent():
         assert b"--help" in r.stderr, (args, r)
 
 
+def test_size_flags_say_their_range():
+    env = dict(os.environ, RUNTIME_URL="http://127.0.0.1:1")
+    for flag, value, want in (("--cpus", "0", b"from 1 to 1024, got '0'"),
+                              ("--memory", "64", b"from 128 to 65536, got '64'"),
+                              ("--disk", "1", b"from 64 to 1048576, got '1'")):
+        r = subprocess.run([WR_BIN, "sandbox", "create", flag, value], capture_output=True,
+                           env=env, timeout=30)
+        assert r.returncode == EXIT_USAGE and want in r.stderr, (flag, r)
+
+
 # ---- against the daemon ----
 
 def test_exit_codes_for_missing_refused_and_unreachable(daemon, client, sandbox):
@@ -208,6 +218,10 @@ def test_exit_codes_for_missing_refused_and_unreachable(daemon, client, sandbox)
     # refused: a bad network policy (400), a read-only key changing something (403)
     r = wr(daemon, "sandbox", "create", "--allow", "10.0.0.1")
     assert r.returncode == EXIT_REFUSED and b"10.0.0.1" in r.stderr, r
+    # an image with no recipe is said not to exist, not to be built with a command that fails
+    r = wr(daemon, "sandbox", "create", "--image", "ubuntu")
+    assert r.returncode == EXIT_NOT_FOUND and b"no image named 'ubuntu'" in r.stderr, r
+    assert b"image build" not in r.stderr, r
     ro = daemon.make_key(read_only=True)
     r = wr(daemon, "sandbox", "create", RUNTIME_API_KEY=ro["key"])
     assert r.returncode == EXIT_REFUSED, r
@@ -227,6 +241,9 @@ def test_stop_start_and_timeout(daemon, client, make_sandbox):
     # a stopped sandbox refuses an exec: the daemon's 409, said and exited with
     r = wr(daemon, "sandbox", "exec", sid, "--", "true")
     assert r.returncode == EXIT_REFUSED and b"stopped" in r.stderr, r
+    # ... and tells a CLI user the command that starts it, not the API's route
+    assert f"start it with 'withruntime sandbox start {sid}'".encode() in r.stderr, r
+    assert b"POST" not in r.stderr, r
 
     r = wr(daemon, "sandbox", "start", "--json", sid)
     sb = json.loads(ok(r))
