@@ -159,8 +159,10 @@ class ExecEvent:
     """One event of :meth:`Sandbox.exec_stream`.
 
     Attributes:
-        type: ``"stdout"``, ``"stderr"`` or ``"exit"`` (the last one; newer daemons may add
-            types, which are passed on with ``raw`` only).
+        type: ``"stdout"``, ``"stderr"``, ``"truncated"`` (once per stream that passed
+            ``max_output_bytes``: ``raw["stream"]`` names it; what followed was dropped) or
+            ``"exit"`` (the last one; newer daemons may add types, which are passed on with
+            ``raw`` only).
         data: The bytes of an output event.
         text: ``data`` as text (invalid UTF-8 replaced; a multi-byte character may be split
             across two events, so join ``data`` when that matters).

@@ -3,6 +3,7 @@
  * service (daemon/exec.c), which runs it whole, streamed, or in the
  * background.
  */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,8 @@
 #define MAX_ARGS 4096
 #define MAX_ARG_BYTES (256 * 1024)
 #define MAX_CWD_BYTES 4096
+/* A streamed command's output cap at most: 1 TiB, past anything a reader means to take. */
+#define STREAM_OUTPUT_LIMIT (1LL << 40)
 
 static const char *const exec_fields[] = {
     "command",          "argv",   "cwd",        "env", "stdin", "stdin_base64", "timeout_seconds",
@@ -40,11 +43,18 @@ static int parse(struct daemon *d, json_t *o, struct exec_request *r, unsigned c
         jv_string(o, "stdin_base64", d->cfg.max_json_body, &in64, err) < 0 ||
         jv_number(o, "timeout_seconds", 0, 86400, d->cfg.default_exec_timeout, &r->timeout_seconds,
                   err) < 0 ||
-        jv_int(o, "max_output_bytes", 1, (long long)d->cfg.max_output_cap,
-               (long long)d->cfg.default_output_cap, &cap, err) < 0 ||
         jv_bool(o, "stream", 0, &r->stream, err) < 0 ||
-        jv_bool(o, "background", 0, &r->background, err) < 0)
+        jv_bool(o, "background", 0, &r->background, err) < 0 ||
+        jv_int(o, "max_output_bytes", 1, r->stream ? STREAM_OUTPUT_LIMIT : LLONG_MAX,
+               (long long)d->cfg.default_output_cap, &cap, err) < 0)
         return -1;
+    /* A whole answer (and a background command's kept tail) is held in the daemon's memory;
+     * a stream is sent as it comes, with flow control, and holds nothing. */
+    if (!r->stream && (unsigned long long)cap > d->cfg.max_output_cap)
+        return wr_err_kind(err, WR_E_INVALID, 0,
+                           "max_output_bytes: at most %zu for an answer that holds the whole "
+                           "output; stream it (\"stream\": true) for up to %lld",
+                           d->cfg.max_output_cap, STREAM_OUTPUT_LIMIT);
     r->max_output = (size_t)cap;
     if (r->stream && r->background)
         return wr_err_kind(err, WR_E_INVALID, 0, "stream, background: give at most one of them");

@@ -169,15 +169,28 @@ static void on_whole_output(struct exec_op *op, int which, const uint8_t *b, siz
     ob->len += n;
 }
 
+/* Said once per stream, in its place among the output lines, so that a reader of the stream
+ * knows at once that what follows is not all the command wrote (the exit line says it too). */
+static void stream_truncated(struct exec_op *op, int which)
+{
+    sink_record(op->sink,
+                json_pack("{s:s, s:s, s:I}", "type", "truncated", "stream",
+                          which ? "stderr" : "stdout", "max_output_bytes", (json_int_t)op->cap));
+}
+
 static void on_stream_output(struct exec_op *op, int which, const uint8_t *b, size_t n)
 {
     struct outbuf *ob = &op->out[which];
     ob->total += n;
+    int cut = 0;
     if (n > op->cap - ob->forwarded) {
         n = op->cap - ob->forwarded;
+        cut = !ob->truncated;
         ob->truncated = 1;
     }
     if (n == 0) {
+        if (cut)
+            stream_truncated(op, which);
         stream_topup(op); /* past the cap, output is dropped: the agent may go on */
         return;
     }
@@ -193,6 +206,11 @@ static void on_stream_output(struct exec_op *op, int which, const uint8_t *b, si
     if (whole)
         stream_chunk(op, which, buf, whole);
     free(buf);
+    if (cut) {
+        /* The held-back start of a character split at the cap would never be completed. */
+        ob->holdlen = 0;
+        stream_truncated(op, which);
+    }
     stream_topup(op);
 }
 

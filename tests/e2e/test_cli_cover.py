@@ -231,6 +231,14 @@ def test_exit_codes_for_missing_refused_and_unreachable(daemon, client, sandbox)
     assert r.returncode == EXIT_DAEMON and r.stderr.strip(), r
 
 
+def test_exec_passes_more_than_16_mib(daemon, sandbox):
+    """A terminal gets all of a command's output: the CLI streams it, past the 16 MiB that a
+    whole answer holds, with no warning."""
+    r = wr(daemon, "sandbox", "exec", sandbox, "--", "head", "-c", "20000000", "/dev/zero")
+    assert r.returncode == 0 and len(r.stdout) == 20000000, (r.returncode, r.stderr)
+    assert r.stderr == b"", r.stderr
+
+
 def test_stop_start_and_timeout(daemon, client, make_sandbox):
     sid = make_sandbox(memory_mib=256)["id"]
     client.write_file(sid, "kept.txt", b"still here")

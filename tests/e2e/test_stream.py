@@ -81,6 +81,24 @@ def test_stream_output_cap(client, sandbox):
     assert events[-1]["type"] == "exit"
     assert events[-1]["stdout_truncated"] is True
     assert events[-1]["exit_code"] == 0
+    # the stream says where it was cut, once, after the last output it sent
+    cuts = [i for i, e in enumerate(events) if e["type"] == "truncated"]
+    assert [events[i] for i in cuts] == [
+        {"type": "truncated", "stream": "stdout", "max_output_bytes": 1000}], events
+    assert all(e["type"] != "stdout" for e in events[cuts[0]:]), events
+
+
+def test_stream_may_ask_for_more_than_a_whole_answer(client, sandbox):
+    """A stream holds nothing in the daemon: its cap may pass the 16 MiB of a whole answer."""
+    with client.stream(sandbox, {"command": "head -c 20000000 /dev/zero",
+                                 "max_output_bytes": 64 << 20}) as s:
+        events = s.read_all()
+    assert len(collect(events, "stdout")) == 20000000
+    assert events[-1]["stdout_truncated"] is False
+    assert not [e for e in events if e["type"] == "truncated"]
+    r = client.request("POST", f"/v1/sandboxes/{sandbox}/exec",
+                       {"command": "true", "max_output_bytes": 64 << 20})
+    assert r.status == 400 and '"stream": true' in r.error[1], r
 
 
 def test_stream_timeout(client, sandbox):
