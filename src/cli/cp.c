@@ -154,6 +154,57 @@ static int upload_dir(const struct cli_endpoint *ep, const char *id, int dirfd, 
     return CLI_EXIT_OK;
 }
 
+/* The last component of path (trailing slashes ignored), or NULL for "/" or "". */
+static char *base_name(const char *path)
+{
+    size_t end = strlen(path);
+    while (end > 0 && path[end - 1] == '/')
+        end--;
+    size_t start = end;
+    while (start > 0 && path[start - 1] != '/')
+        start--;
+    if (end == start)
+        return NULL;
+    char *name = xmalloc(end - start + 1);
+    memcpy(name, path + start, end - start);
+    name[end - start] = '\0';
+    return name;
+}
+
+/* A file copied onto a directory (or a DEST ending in '/') goes into it under its own name,
+ * as cp(1) and docker cp do. Returns the path to write: into, or a new string in *joined. */
+static const char *into_dir(const char *dst, int dst_is_dir, const char *src, char **joined)
+{
+    size_t n = strlen(dst);
+    cleanup_free char *name = base_name(src);
+    if (!name || (!dst_is_dir && (n == 0 || dst[n - 1] != '/')))
+        return dst;
+    if (asprintf(joined, "%s%s%s", dst, n && dst[n - 1] == '/' ? "" : "/", name) < 0)
+        abort();
+    return *joined;
+}
+
+/* 1 when PATH in the sandbox is a directory (following a symlink), else 0. */
+static int remote_is_dir(const struct cli_endpoint *ep, const char *id, const char *path)
+{
+    cleanup_free char *url = cli_files_url(id, "list", path, NULL);
+    cleanup_free char *stat_url = cli_files_url(id, "stat", path, NULL);
+    json_t *st = NULL;
+    struct wr_err err = {0};
+    if (cli_json_call(ep, "GET", stat_url, NULL, &st, &err) < 0)
+        return 0;
+    const char *type = cli_str_or(st, "type", "");
+    int dir = strcmp(type, "directory") == 0, link = strcmp(type, "symlink") == 0;
+    json_decref(st);
+    if (link) {
+        json_t *ls = NULL;
+        struct wr_err lerr = {0};
+        dir = cli_json_call(ep, "GET", url, NULL, &ls, &lerr) == 0;
+        json_decref(ls);
+    }
+    return dir;
+}
+
 static int cp_up(const struct cli_endpoint *ep, const char *src, const char *id, const char *dst)
 {
     int fd = open(src, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
@@ -168,7 +219,10 @@ static int cp_up(const struct cli_endpoint *ep, const char *src, const char *id,
     if (S_ISDIR(st.st_mode)) {
         rc = upload_dir(ep, id, fd, src, dst);
     } else if (S_ISREG(st.st_mode)) {
-        rc = upload_file(ep, id, fd, st.st_mode, src, dst);
+        cleanup_free char *joined = NULL;
+        size_t n = strlen(dst);
+        int dir = (n && dst[n - 1] == '/') || remote_is_dir(ep, id, dst);
+        rc = upload_file(ep, id, fd, st.st_mode, src, into_dir(dst, dir, src, &joined));
     } else {
         cli_errorf("%s: not a file or directory", src);
         rc = CLI_EXIT_ERR;
@@ -219,6 +273,9 @@ static int cp_down(const struct cli_endpoint *ep, const char *id, const char *sr
     struct cli_request req;
     struct cli_response resp;
     if (is_file) {
+        struct stat lst;
+        cleanup_free char *joined = NULL;
+        dst = into_dir(dst, stat(dst, &lst) == 0 && S_ISDIR(lst.st_mode), src, &joined);
         int fd = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOCTTY, mode);
         if (fd < 0) {
             cli_errorf("%s: %s", dst, strerror(errno));

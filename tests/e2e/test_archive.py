@@ -360,6 +360,19 @@ def test_cli_cp_both_ways(daemon, client, sandbox, d, tmp_path):
     r = wr(daemon, "sandbox", "cp", f"{sandbox}:{d}/to-dir", str(tmp_path / "via-link-dir"))
     assert r.returncode == 0, r
     assert local_manifest(tmp_path / "via-link-dir") == local_manifest(src)
+    # a file onto a directory goes into it under its own name, both ways (as cp does)
+    into = tmp_path / "into"
+    into.mkdir()
+    r = wr(daemon, "sandbox", "cp", f"{sandbox}:{d}/one.bin", str(into))
+    assert r.returncode == 0, r
+    assert (into / "one.bin").read_bytes() == (src / "big.bin").read_bytes()
+    r = wr(daemon, "sandbox", "cp", f"{sandbox}:{d}/up/sub/run.sh", str(tmp_path / "new") + "/")
+    assert r.returncode == 1 and b"No such file or directory" in r.stderr, r  # no such dir
+    sh(client, sandbox, f"mkdir {d}/updir")
+    for dest in (f"{d}/updir", f"{d}/updir/"):
+        r = wr(daemon, "sandbox", "cp", str(src / "sub" / "run.sh"), f"{sandbox}:{dest}")
+        assert r.returncode == 0, r
+    assert sh(client, sandbox, f"ls {d}/updir; sh {d}/updir/run.sh") == "run.sh\nhi\n"
     # errors: a missing path, a bad operand
     r = wr(daemon, "sandbox", "cp", f"{sandbox}:{d}/nope", str(tmp_path / "nope"))
     assert r.returncode != 0 and b"nope" in r.stderr, r
