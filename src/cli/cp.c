@@ -374,8 +374,9 @@ int cli_sandbox_cp(struct cli_ctx *c, int argc, char **argv)
         return cli_usage_error(cmd, "exactly one of SRC and DEST must be ID:PATH (a sandbox's "
                                     "id, a colon, a path in it)");
     const struct cli_endpoint *ep;
-    if (cli_endpoint(c, &ep) != 0)
-        return CLI_EXIT_DAEMON;
+    int ep_rc = cli_endpoint(c, &ep);
+    if (ep_rc != 0)
+        return ep_rc;
     if (dst_remote)
         return cp_up(ep, src, did, rdst);
     return cp_down(ep, sid, rsrc, dst, &lim);

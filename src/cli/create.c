@@ -163,8 +163,9 @@ int cli_sandbox_create(struct cli_ctx *c, int argc, char **argv)
         goto out;
     }
     const struct cli_endpoint *ep;
-    if (cli_endpoint(c, &ep) != 0) {
-        code = CLI_EXIT_DAEMON;
+    int ep_rc = cli_endpoint(c, &ep);
+    if (ep_rc != 0) {
+        code = ep_rc;
         goto out;
     }
     struct wr_err err = {0};

@@ -342,8 +342,10 @@ int cli_endpoint_get(struct cli_ctx *c, const struct cli_endpoint **out, struct 
     const char *key = getenv("RUNTIME_API_KEY");
     int r = 0;
     if (!c->state_dir_explicit && url && url[0]) {
-        if (cli_url_parse(url, &ep->url, err) < 0)
+        if (cli_url_parse(url, &ep->url, err) < 0) {
+            err->kind = WR_E_INVALID; /* the caller's setting, not the daemon, is wrong */
             return wr_err_prefix(err, "RUNTIME_URL");
+        }
         snprintf(ep->desc, sizeof(ep->desc), "%s", url);
     } else {
         if (!c->state_dir_explicit)
@@ -355,12 +357,12 @@ int cli_endpoint_get(struct cli_ctx *c, const struct cli_endpoint **out, struct 
     }
     if (key && key[0]) {
         if ((size_t)snprintf(ep->key, sizeof(ep->key), "%s", key) >= sizeof(ep->key))
-            return wr_err_set(err, EINVAL, "RUNTIME_API_KEY is too long");
+            return wr_err_kind(err, WR_E_INVALID, EINVAL, "RUNTIME_API_KEY is too long");
     }
     const char *ca = getenv("RUNTIME_CA_FILE");
     if (ca && ca[0]) {
         if ((size_t)snprintf(ep->ca_file, sizeof(ep->ca_file), "%s", ca) >= sizeof(ep->ca_file))
-            return wr_err_set(err, EINVAL, "RUNTIME_CA_FILE is too long");
+            return wr_err_kind(err, WR_E_INVALID, EINVAL, "RUNTIME_CA_FILE is too long");
     }
     c->have_ep = true;
     *out = ep;

@@ -223,8 +223,9 @@ int cli_sandbox_exec(struct cli_ctx *c, int argc, char **argv)
     }
     if (ea.use_stdin && (code = cli_exec_set_stdin(ea.exec)) != CLI_GO_ON)
         goto out;
-    if (cli_endpoint(c, &ep) != 0) {
-        code = CLI_EXIT_DAEMON;
+    int ep_rc = cli_endpoint(c, &ep);
+    if (ep_rc != 0) {
+        code = ep_rc;
         goto out;
     }
     if (ea.background) {

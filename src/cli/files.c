@@ -47,8 +47,9 @@ int cli_sandbox_cat(struct cli_ctx *c, int argc, char **argv)
     if (!cli_id_ok(id))
         return cli_usage_error("sandbox cat", "bad sandbox id '%s'", id);
     const struct cli_endpoint *ep;
-    if (cli_endpoint(c, &ep) != 0)
-        return CLI_EXIT_DAEMON;
+    int ep_rc = cli_endpoint(c, &ep);
+    if (ep_rc != 0)
+        return ep_rc;
     cleanup_free char *path = cli_files_url(id, "content", argv[optind + 1], NULL);
     struct cli_request req;
     cli_request_init(&req, "GET", path);
@@ -199,8 +200,9 @@ int cli_sandbox_write(struct cli_ctx *c, int argc, char **argv)
         return CLI_EXIT_ERR;
 
     const struct cli_endpoint *ep;
-    if (cli_endpoint(c, &ep) != 0)
-        return CLI_EXIT_DAEMON;
+    int ep_rc = cli_endpoint(c, &ep);
+    if (ep_rc != 0)
+        return ep_rc;
     /* The first piece replaces the file, each next one is written at its offset. */
     size_t sent = 0;
     struct wr_err err = {0};
@@ -249,8 +251,9 @@ int cli_sandbox_ls(struct cli_ctx *c, int argc, char **argv)
     if (!cli_id_ok(id))
         return cli_usage_error("sandbox ls", "bad sandbox id '%s'", id);
     const struct cli_endpoint *ep;
-    if (cli_endpoint(c, &ep) != 0)
-        return CLI_EXIT_DAEMON;
+    int ep_rc = cli_endpoint(c, &ep);
+    if (ep_rc != 0)
+        return ep_rc;
     const char *where = npos == 2 ? argv[optind + 1] : "/workspace";
     cleanup_free char *path = cli_files_url(id, "list", where, NULL);
     struct wr_err err = {0};

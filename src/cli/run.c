@@ -157,8 +157,9 @@ int cli_sandbox_run(struct cli_ctx *c, int argc, char **argv)
         goto out;
     if ((code = run_build_exec(&run, argc - optind, argv + optind)) != CLI_GO_ON)
         goto out;
-    if (cli_endpoint(c, &ep) != 0) {
-        code = CLI_EXIT_DAEMON;
+    int ep_rc = cli_endpoint(c, &ep);
+    if (ep_rc != 0) {
+        code = ep_rc;
         goto out;
     }
     /* From here a stop signal must not leave a sandbox behind: it is only acted on while we

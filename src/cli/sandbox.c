@@ -48,7 +48,8 @@ int cli_endpoint(struct cli_ctx *c, const struct cli_endpoint **ep)
     struct wr_err err = {0};
     if (cli_endpoint_get(c, ep, &err) < 0) {
         cli_fail(&err);
-        return CLI_EXIT_DAEMON;
+        /* A malformed RUNTIME_URL (or the like) is a usage error, not an unreachable daemon. */
+        return err.kind == WR_E_INVALID ? CLI_EXIT_USAGE : CLI_EXIT_DAEMON;
     }
     return 0;
 }
@@ -131,8 +132,9 @@ int cli_sandbox_list(struct cli_ctx *c, int argc, char **argv)
     if (optind < argc)
         return cli_usage_error("sandbox list", "unexpected argument '%s'", argv[optind]);
     const struct cli_endpoint *ep;
-    if (cli_endpoint(c, &ep) != 0)
-        return CLI_EXIT_DAEMON;
+    int ep_rc = cli_endpoint(c, &ep);
+    if (ep_rc != 0)
+        return ep_rc;
     struct wr_err err = {0};
     json_t *res = NULL;
     if (cli_json_call(ep, "GET", "/v1/sandboxes", NULL, &res, &err) < 0)
@@ -199,8 +201,9 @@ int cli_sandbox_rm(struct cli_ctx *c, int argc, char **argv)
         if (!cli_id_ok(argv[i]))
             return cli_usage_error("sandbox rm", "bad sandbox id '%s'", argv[i]);
     const struct cli_endpoint *ep;
-    if (cli_endpoint(c, &ep) != 0)
-        return CLI_EXIT_DAEMON;
+    int ep_rc = cli_endpoint(c, &ep);
+    if (ep_rc != 0)
+        return ep_rc;
     int code = CLI_EXIT_OK;
     for (int i = optind; i < argc; i++) {
         struct wr_err err = {0};
@@ -242,8 +245,9 @@ int cli_sandbox_prune(struct cli_ctx *c, int argc, char **argv)
     if (optind < argc)
         return cli_usage_error("sandbox prune", "unexpected argument '%s'", argv[optind]);
     const struct cli_endpoint *ep;
-    if (cli_endpoint(c, &ep) != 0)
-        return CLI_EXIT_DAEMON;
+    int ep_rc = cli_endpoint(c, &ep);
+    if (ep_rc != 0)
+        return ep_rc;
     struct wr_err err = {0};
     json_t *res = NULL;
     json_t *body = json_pack("{s:I}", "older_than_seconds", (json_int_t)age);

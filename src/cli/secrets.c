@@ -135,8 +135,9 @@ int cli_secrets_list(struct cli_ctx *c, int argc, char **argv)
     if (optind < argc)
         return cli_usage_error("secrets list", "unexpected argument '%s'", argv[optind]);
     const struct cli_endpoint *ep;
-    if (cli_endpoint(c, &ep) != 0)
-        return CLI_EXIT_DAEMON;
+    int ep_rc = cli_endpoint(c, &ep);
+    if (ep_rc != 0)
+        return ep_rc;
     struct wr_err err = {0};
     json_t *res = NULL;
     if (cli_json_call(ep, "GET", "/v1/secrets", NULL, &res, &err) < 0)
@@ -168,8 +169,9 @@ int cli_secrets_rm(struct cli_ctx *c, int argc, char **argv)
     if (optind >= argc)
         return cli_usage_error("secrets rm", "want NAME");
     const struct cli_endpoint *ep;
-    if (cli_endpoint(c, &ep) != 0)
-        return CLI_EXIT_DAEMON;
+    int ep_rc = cli_endpoint(c, &ep);
+    if (ep_rc != 0)
+        return ep_rc;
     int ret = CLI_EXIT_OK;
     for (int i = optind; i < argc; i++) {
         if (!name_ok(argv[i])) {

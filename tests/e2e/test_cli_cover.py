@@ -229,6 +229,10 @@ def test_exit_codes_for_missing_refused_and_unreachable(daemon, client, sandbox)
     assert r.returncode == 0, r
     r = wr(daemon, "sandbox", "list", RUNTIME_URL="http://127.0.0.1:1")
     assert r.returncode == EXIT_DAEMON and r.stderr.strip(), r
+    # a malformed RUNTIME_URL is the caller's mistake, not an unreachable daemon
+    for url in ("127.0.0.1:7070", "ftp://127.0.0.1/", "http://[::1"):
+        r = wr(daemon, "sandbox", "list", RUNTIME_URL=url)
+        assert r.returncode == EXIT_USAGE and b"RUNTIME_URL" in r.stderr, (url, r)
 
 
 def test_exec_passes_more_than_16_mib(daemon, sandbox):
