@@ -199,7 +199,8 @@ json_t *sandbox_to_json(const struct sandbox *sb)
                         sb->max_cost_micros >= 0 ? json_integer(sb->max_cost_micros) : json_null());
     json_object_set_new(o, "cost_micros", json_integer(sb->cost_micros));
     json_object_set_new(o, "frozen", json_boolean(sb->frozen && sb->state == SB_RUNNING));
-    if (sb->reason[0] && (sb->state == SB_FAILED || sb->state == SB_STOPPED))
+    if (sb->reason[0] &&
+        (sb->state == SB_FAILED || sb->state == SB_STOPPED || sb->state == SB_STOPPING))
         json_object_set_new(o, "state_reason", json_string(sb->reason));
     if (sb->detail[0] && sb->state == SB_FAILED) {
         json_t *dt = json_string(sb->detail);

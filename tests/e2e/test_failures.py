@@ -362,6 +362,22 @@ def test_create_fails_and_its_cleanup_fails(fk):
     fk.assert_nothing_left()
 
 
+def test_a_stopping_sandbox_says_why(fk):
+    """While a stop is under way, GET shows the reason it will be stopped with, not nothing."""
+    sid = create(fk).json()["id"]
+    fk.set_faults("fake.stop=delay1500:1")
+    stopper = threading.Thread(target=fk.req, args=("POST", f"/v1/sandboxes/{sid}/stop", {}))
+    stopper.start()
+    try:
+        sb = fk.wait_state(sid, "stopping", timeout=10)
+        assert sb.get("state_reason") == "user", sb
+    finally:
+        stopper.join(T)
+    sb = fk.wait_state(sid, "stopped")
+    assert sb.get("state_reason") == "user", sb
+    assert fk.req("DELETE", f"/v1/sandboxes/{sid}").status == 200
+
+
 # ---- operations deferred while a failed sandbox is cleaned up ----
 
 
