@@ -31,6 +31,8 @@
   function usd(micros) {
     if (micros === null || micros === undefined) return "–";
     const d = micros / 1e6;
+    // Nothing spent reads $0.00, not $0.0000 beside a neighbour's $0.000050.
+    if (d === 0) return "$0.00";
     return d < 0.01 && d > 0 ? "$" + d.toFixed(6) : "$" + d.toFixed(d < 1 ? 4 : 2);
   }
   function mib(bytes) {

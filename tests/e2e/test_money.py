@@ -194,7 +194,9 @@ def test_a_keys_daily_limit(md):
                                    ("POST", f"/v1/sandboxes/{a}/exec", {"command": "true"})):
             r = c.request(method, path, body)
             assert r.status == 402 and r.error[0] == "cost_limit", (path, r)
-        assert "daily" in c.request("POST", "/v1/sandboxes", {}).error[1]
+        msg = c.request("POST", "/v1/sandboxes", {}).error[1]
+        assert "daily limit of $0.002000 (spent $0.00" in msg, msg  # dollars, as it is set
+        assert "micro" not in msg, msg
         # the key cannot raise its own limit, on any route; the admin can
         r = c.request("PATCH", f"/v1/keys/{k['id']}", {"daily_limit_micros": 10**9})
         assert r.status == 403
