@@ -64,6 +64,39 @@ static int key_call(struct cli_ctx *c, const char *method, const char *path, jso
     return cli_call(c, method, path, body, res);
 }
 
+/* Key names by id, from GET /v1/keys where this caller may read it (the admin, an auditor
+ * key), for tables that would otherwise show only ids (the dashboard shows names); else an
+ * empty object, and the tables show ids. */
+static json_t *key_names(struct cli_ctx *c)
+{
+    json_t *names = json_object(), *res = NULL, *k;
+    const struct cli_endpoint *ep;
+    struct wr_err err = {0};
+    if (cli_endpoint_get(c, &ep, &err) < 0 ||
+        cli_json_call(ep, "GET", "/v1/keys", NULL, &res, &err) < 0)
+        return names;
+    size_t i;
+    json_array_foreach(json_object_get(res, "keys"), i, k)
+    {
+        const char *id = json_string_value(json_object_get(k, "id"));
+        json_t *name = json_object_get(k, "name");
+        if (id && json_is_string(name))
+            json_object_set(names, id, name);
+    }
+    json_decref(res);
+    return names;
+}
+
+/* The key's name where known, else its id; no key is the admin. */
+static const char *key_label(json_t *names, json_t *row, const char *field)
+{
+    const char *id = json_string_value(json_object_get(row, field));
+    if (!id)
+        return "(admin)";
+    const char *name = json_string_value(json_object_get(names, id));
+    return name ? name : id;
+}
+
 /* Options shared by create and set into body; returns CLI_GO_ON or an exit status. */
 static int key_options(const char *cmd, int argc, char **argv, int create, json_t *body)
 {
@@ -190,7 +223,7 @@ int cli_keys_list(struct cli_ctx *c, int argc, char **argv)
         json_decref(res);
         return CLI_EXIT_OK;
     }
-    printf("%-22s  %-20s  %-9s  %-14s  %-14s  %-8s  %s\n", "ID", "NAME", "ACCESS", "DAILY LIMIT",
+    printf("%-22s  %-20s  %-10s  %-14s  %-14s  %-8s  %s\n", "ID", "NAME", "ACCESS", "DAILY LIMIT",
            "SPENT TODAY", "MAX SB", "STATE");
     size_t i;
     json_t *k;
@@ -198,7 +231,7 @@ int cli_keys_list(struct cli_ctx *c, int argc, char **argv)
     {
         json_t *limit = json_object_get(k, "daily_limit_micros");
         json_t *maxsb = json_object_get(k, "max_sandboxes");
-        printf("%-22s  %-20.20s  %-9s  ", cli_str_or(k, "id", "?"), cli_str_or(k, "name", "?"),
+        printf("%-22s  %-20.20s  %-10s  ", cli_str_or(k, "id", "?"), cli_str_or(k, "name", "?"),
                json_is_true(json_object_get(k, "metrics"))     ? "metrics"
                : json_is_true(json_object_get(k, "auditor"))   ? "auditor"
                : json_is_true(json_object_get(k, "read_only")) ? "read-only"
@@ -280,16 +313,18 @@ int cli_cmd_audit(struct cli_ctx *c, int argc, char **argv)
     }
     printf("%-8s  %-20s  %-22s  %-6s  %-44s  %-25s  %s\n", "SEQ", "AT", "KEY", "METHOD", "ROUTE",
            "SANDBOX", "STATUS");
+    json_t *names = key_names(c);
     size_t i;
     json_t *e;
     json_array_foreach(json_object_get(res, "entries"), i, e)
     {
-        printf("%-8" PRId64 "  %-20s  %-22s  %-6s  %-44s  %-25s  %lld\n",
+        printf("%-8" PRId64 "  %-20s  %-22.22s  %-6s  %-44s  %-25s  %lld\n",
                (int64_t)json_integer_value(json_object_get(e, "seq")), cli_str_or(e, "at", "?"),
-               cli_str_or(e, "key_id", "-"), cli_str_or(e, "method", "?"),
+               key_label(names, e, "key_id"), cli_str_or(e, "method", "?"),
                cli_str_or(e, "route", "?"), cli_str_or(e, "sandbox_id", "-"),
                (long long)json_integer_value(json_object_get(e, "status")));
     }
+    json_decref(names);
     json_decref(res);
     return CLI_EXIT_OK;
 }
@@ -352,6 +387,7 @@ int cli_cmd_usage(struct cli_ctx *c, int argc, char **argv)
            : !strcmp(by, "key")    ? "KEY"
                                    : "SANDBOX",
            "COST", "CPU (s)", "MEMORY (GiB-h)");
+    json_t *names = !strcmp(by, "key") ? key_names(c) : json_object();
     size_t i;
     json_t *row;
     json_array_foreach(json_object_get(res, "rows"), i, row)
@@ -362,9 +398,11 @@ int cli_cmd_usage(struct cli_ctx *c, int argc, char **argv)
         long long mem = json_integer_value(json_object_get(row, "memory_mib_ms"));
         /* GiB-hours with four decimals, in integers: mib_ms / (1024 * 3.6e6) */
         long long gh4 = (long long)((__int128)mem * 10000 / (1024LL * 3600000));
-        printf("%-25s  %14s  %8lld.%03lld  %9lld.%04lld\n", cli_str_or(row, col, "(admin)"), cost,
-               cpu / 1000000, (cpu / 1000) % 1000, gh4 / 10000, gh4 % 10000);
+        printf("%-25.25s  %14s  %8lld.%03lld  %9lld.%04lld\n",
+               !strcmp(by, "key") ? key_label(names, row, col) : cli_str_or(row, col, "(admin)"),
+               cost, cpu / 1000000, (cpu / 1000) % 1000, gh4 / 10000, gh4 % 10000);
     }
+    json_decref(names);
     char total[32];
     format_usd(json_integer_value(json_object_get(res, "total_micros")), total, sizeof(total));
     printf("%-25s  %14s%s\n", "TOTAL", total,

@@ -524,6 +524,34 @@ def test_cli_keys(daemon):
     assert r.returncode == 0 and "/v1/keys/{id}/revoke" in r.stdout, r
 
 
+def test_cli_tables_name_keys_and_line_up(daemon):
+    name = f"cli-names-{os.getpid()}"
+    r = admin_cli(daemon, "keys", "create", name)
+    assert r.returncode == 0, r.stderr
+    key = r.stdout.strip()
+    kid = re.search(r"key (key_[a-z2-7]{16})", r.stderr).group(1)
+    try:
+        env = daemon.cli_env(RUNTIME_API_KEY=key)
+        r = subprocess.run([daemon.bin, "sandbox", "run", "--", "true"], env=env,
+                           capture_output=True, text=True, timeout=T)
+        assert r.returncode == 0, r
+        # the audit trail and usage by key say the key's name, as the dashboard does
+        audit = admin_cli(daemon, "audit", "--limit", "20").stdout.splitlines()
+        mine = [x for x in audit if "/v1/sandboxes" in x and f" {name} " in x]
+        assert mine and not [x for x in audit if kid in x], audit
+        usage = admin_cli(daemon, "usage", "--by", "key").stdout.splitlines()
+        assert [x for x in usage if x.startswith(name + " ")], usage
+        # keys list: every ACCESS value starts under its header (read-write is 10 wide)
+        rows = admin_cli(daemon, "keys", "list").stdout.splitlines()
+        col = rows[0].index("ACCESS")
+        after = rows[0].index("DAILY LIMIT")
+        for row in rows[1:]:
+            assert row[col - 2:col] == "  " and row[col] != " ", rows
+            assert row[after - 2:after] == "  ", rows
+    finally:
+        admin_cli(daemon, "keys", "revoke", kid)
+
+
 def test_cli_auditor_key(daemon):
     r = admin_cli(daemon, "keys", "create", f"cli-auditor-{os.getpid()}", "--auditor")
     assert r.returncode == 0, r.stderr
