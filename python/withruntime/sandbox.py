@@ -36,7 +36,7 @@ from typing import (  # AsyncIterator: named by the async classes' annotations
     Type,
     Union,
 )
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import asyncio
 import functools
@@ -671,10 +671,22 @@ class _SandboxCore:
         return sbx
 
     @class_operation
-    def list(cls, *, client: Optional[Client] = None) -> List["Sandbox"]:
-        """Every sandbox the daemon has (that this key may see)."""
+    def list(cls, *, metadata: Optional[Mapping[str, str]] = None, state: Optional[str] = None,
+             client: Optional[Client] = None) -> List["Sandbox"]:
+        """Every sandbox the daemon has (that this key may see), oldest first.
+
+        Args:
+            metadata: Only those whose metadata holds every one of these pairs, e.g.
+                ``{"team": "blue"}``.
+            state: Only those in this state (``"running"``, ``"stopped"``, ...).
+        """
         c = client if client is not None else cls._client_cls()
-        d = yield from steps(c.request_json, "GET", "/v1/sandboxes")
+        query: Dict[str, str] = {}
+        if metadata:
+            query["metadata"] = urlencode(dict(metadata))
+        if state is not None:
+            query["state"] = state
+        d = yield from steps(c.request_json, "GET", "/v1/sandboxes", query=query or None)
         return [cls(info, c) for info in d.get("sandboxes", [])]
 
     # ---- what it is ----

@@ -172,7 +172,7 @@ static const struct route routes[] = {
     {"PUT", "/v1/secrets/{name}", H_SECRET_SET, NULL},
     {"DELETE", "/v1/secrets/{name}", H_SECRET_DELETE, NULL},
     {"POST", "/v1/sandboxes", H_SB_CREATE, NULL},
-    {"GET", "/v1/sandboxes", H_SB_LIST, NULL},
+    {"GET", "/v1/sandboxes", H_SB_LIST, "metadata,state"},
     {"POST", "/v1/sandboxes/prune", H_SB_PRUNE, NULL},
     {"GET", "/v1/sandboxes/{id}", H_SB_GET, NULL},
     {"DELETE", "/v1/sandboxes/{id}", H_SB_DELETE, NULL},

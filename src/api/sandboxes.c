@@ -8,8 +8,10 @@
 
 #include "api/api.h"
 #include "api/jsonv.h"
+#include "common/util.h"
 #include "daemon/daemon.h"
 #include "daemon/metrics.h"
+#include "daemon/sandbox.h"
 #include "daemon/service.h"
 #include "net/netpolicy.h"
 
@@ -73,9 +75,76 @@ bad:
     api_reply_err(req, &err);
 }
 
+static int hex_val(char c)
+{
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+}
+
+/* The n bytes at p, percent-decoded ('+' is a space, as in a form); NULL if malformed, holding
+ * a NUL, or not UTF-8 (json_stringn refuses it). */
+static json_t *form_piece(const char *p, size_t n)
+{
+    cleanup_free char *out = xmalloc(n + 1);
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] != '%') {
+            out[o++] = p[i] == '+' ? ' ' : p[i];
+            continue;
+        }
+        int hi = i + 2 < n ? hex_val(p[i + 1]) : -1, lo = i + 2 < n ? hex_val(p[i + 2]) : -1;
+        if (hi < 0 || lo < 0 || (hi | lo) == 0)
+            return NULL;
+        out[o++] = (char)(hi * 16 + lo);
+        i += 2;
+    }
+    return json_stringn(out, o);
+}
+
+/* metadata=K=V&K2=V2 (the form E2B's API takes, itself percent-encoded in the query; a key or
+ * value holding '&' or '=' is percent-encoded once more) into {K: V, ...}. NULL with err set if
+ * malformed. */
+static json_t *parse_metadata_filter(const char *q, struct wr_err *err)
+{
+    json_t *md = json_object();
+    while (*q) {
+        size_t len = strcspn(q, "&");
+        const char *eq = memchr(q, '=', len);
+        json_t *k = eq ? form_piece(q, (size_t)(eq - q)) : NULL;
+        json_t *v = eq ? form_piece(eq + 1, len - (size_t)(eq + 1 - q)) : NULL;
+        if (!k || !v || !json_string_length(k) || json_object_size(md) >= 64) {
+            json_decref(k);
+            json_decref(v);
+            json_decref(md);
+            wr_err_kind(err, WR_E_INVALID, 0,
+                        "metadata: want KEY=VALUE pairs joined by '&' (URL-encoded), at most 64");
+            return NULL;
+        }
+        json_object_set_new(md, json_string_value(k), v);
+        json_decref(k);
+        q += len + (q[len] == '&');
+    }
+    return md;
+}
+
 void api_sandboxes_list(struct daemon *d, struct http_req *req, struct route_match *m)
 {
-    svc_sandbox_list(d, api_sink_new(req));
+    struct wr_err err = {0};
+    struct sandbox_filter f = {.metadata = NULL, .state = -1};
+    const char *md = http_req_query(req, "metadata"), *state = http_req_query(req, "state");
+    if (state && (f.state = sandbox_state_parse(state)) < 0) {
+        wr_err_kind(&err, WR_E_INVALID, 0, "state: not a sandbox state (running, stopped, ...)");
+        api_reply_err(req, &err);
+        return;
+    }
+    if (md && !(f.metadata = parse_metadata_filter(md, &err))) {
+        api_reply_err(req, &err);
+        return;
+    }
+    svc_sandbox_list(d, &f, api_sink_new(req));
+    json_decref(f.metadata);
 }
 
 void api_sandboxes_get(struct daemon *d, struct http_req *req, struct route_match *m)

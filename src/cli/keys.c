@@ -64,10 +64,8 @@ static int key_call(struct cli_ctx *c, const char *method, const char *path, jso
     return cli_call(c, method, path, body, res);
 }
 
-/* Key names by id, from GET /v1/keys where this caller may read it (the admin, an auditor
- * key), for tables that would otherwise show only ids (the dashboard shows names); else an
- * empty object, and the tables show ids. */
-static json_t *key_names(struct cli_ctx *c)
+/* For tables that would otherwise show only ids (the dashboard shows names). */
+json_t *cli_key_names(struct cli_ctx *c)
 {
     json_t *names = json_object(), *res = NULL, *k;
     const struct cli_endpoint *ep;
@@ -87,8 +85,7 @@ static json_t *key_names(struct cli_ctx *c)
     return names;
 }
 
-/* The key's name where known, else its id; no key is the admin. */
-static const char *key_label(json_t *names, json_t *row, const char *field)
+const char *cli_key_label(json_t *names, json_t *row, const char *field)
 {
     const char *id = json_string_value(json_object_get(row, field));
     if (!id)
@@ -313,14 +310,14 @@ int cli_cmd_audit(struct cli_ctx *c, int argc, char **argv)
     }
     printf("%-8s  %-20s  %-22s  %-6s  %-44s  %-25s  %s\n", "SEQ", "AT", "KEY", "METHOD", "ROUTE",
            "SANDBOX", "STATUS");
-    json_t *names = key_names(c);
+    json_t *names = cli_key_names(c);
     size_t i;
     json_t *e;
     json_array_foreach(json_object_get(res, "entries"), i, e)
     {
         printf("%-8" PRId64 "  %-20s  %-22.22s  %-6s  %-44s  %-25s  %lld\n",
                (int64_t)json_integer_value(json_object_get(e, "seq")), cli_str_or(e, "at", "?"),
-               key_label(names, e, "key_id"), cli_str_or(e, "method", "?"),
+               cli_key_label(names, e, "key_id"), cli_str_or(e, "method", "?"),
                cli_str_or(e, "route", "?"), cli_str_or(e, "sandbox_id", "-"),
                (long long)json_integer_value(json_object_get(e, "status")));
     }
@@ -387,7 +384,7 @@ int cli_cmd_usage(struct cli_ctx *c, int argc, char **argv)
            : !strcmp(by, "key")    ? "KEY"
                                    : "SANDBOX",
            "COST", "CPU (s)", "MEMORY (GiB-h)");
-    json_t *names = !strcmp(by, "key") ? key_names(c) : json_object();
+    json_t *names = !strcmp(by, "key") ? cli_key_names(c) : json_object();
     size_t i;
     json_t *row;
     json_array_foreach(json_object_get(res, "rows"), i, row)
@@ -399,7 +396,8 @@ int cli_cmd_usage(struct cli_ctx *c, int argc, char **argv)
         /* GiB-hours with four decimals, in integers: mib_ms / (1024 * 3.6e6) */
         long long gh4 = (long long)((__int128)mem * 10000 / (1024LL * 3600000));
         printf("%-25.25s  %14s  %8lld.%03lld  %9lld.%04lld\n",
-               !strcmp(by, "key") ? key_label(names, row, col) : cli_str_or(row, col, "(admin)"),
+               !strcmp(by, "key") ? cli_key_label(names, row, col)
+                                  : cli_str_or(row, col, "(admin)"),
                cost, cpu / 1000000, (cpu / 1000) % 1000, gh4 / 10000, gh4 % 10000);
     }
     json_decref(names);

@@ -123,21 +123,77 @@ int cli_sandbox_delete(const struct cli_endpoint *ep, const char *id, struct wr_
 
 /* ---- list, get, rm ---- */
 
+/* --metadata K=V (each a pair of the API's metadata filter, itself form-encoded) and
+ * --state S as the list's query string; NULL after a usage error (said). */
+static char *list_query(json_t *pairs, const char *state)
+{
+    cleanup_free char *form = xstrdup("");
+    size_t i;
+    json_t *p;
+    json_array_foreach(pairs, i, p)
+    {
+        const char *kv = json_string_value(p), *eq = strchr(kv, '=');
+        if (!eq || eq == kv) {
+            cli_usage_error("sandbox list", "--metadata wants KEY=VALUE, got '%s'", kv);
+            return NULL;
+        }
+        cleanup_free char *k = xstrdup(kv);
+        k[eq - kv] = '\0';
+        cleanup_free char *ke = cli_query_escape(k), *ve = cli_query_escape(eq + 1);
+        char *next;
+        if (asprintf(&next, "%s%s%s=%s", form, i ? "&" : "", ke, ve) < 0)
+            abort();
+        free(form);
+        form = next;
+    }
+    cleanup_free char *fe = cli_query_escape(form), *se = state ? cli_query_escape(state) : NULL;
+    char *q;
+    if (asprintf(&q, "/v1/sandboxes?%s%s%s%s%s", form[0] ? "metadata=" : "", form[0] ? fe : "",
+                 form[0] && se ? "&" : "", se ? "state=" : "", se ? se : "") < 0)
+        abort();
+    size_t n = strlen(q);
+    if (q[n - 1] == '?')
+        q[n - 1] = '\0'; /* no filter */
+    return q;
+}
+
 int cli_sandbox_list(struct cli_ctx *c, int argc, char **argv)
 {
+    static const struct option opts[] = {{"json", no_argument, 0, OPT_JSON},
+                                         {"metadata", required_argument, 0, OPT_METADATA},
+                                         {"state", required_argument, 0, 's'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
     bool as_json = false;
-    int r = cli_simple_opts("sandbox list", argc, argv, &as_json);
-    if (r != CLI_GO_ON)
-        return r;
-    if (optind < argc)
+    const char *state = NULL;
+    json_t *pairs = json_array();
+    int opt;
+    optind = 0;
+    opterr = 0;
+    while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (opt) {
+        case 'h': json_decref(pairs); return cli_print_help();
+        case OPT_JSON: as_json = true; break;
+        case OPT_METADATA: json_array_append_new(pairs, json_string_nocheck(optarg)); break;
+        case 's': state = optarg; break;
+        default: json_decref(pairs); return cli_bad_option("sandbox list", argc, argv);
+        }
+    }
+    if (optind < argc) {
+        json_decref(pairs);
         return cli_usage_error("sandbox list", "unexpected argument '%s'", argv[optind]);
+    }
+    cleanup_free char *path = list_query(pairs, state);
+    json_decref(pairs);
+    if (!path)
+        return CLI_EXIT_USAGE;
     const struct cli_endpoint *ep;
     int ep_rc = cli_endpoint(c, &ep);
     if (ep_rc != 0)
         return ep_rc;
     struct wr_err err = {0};
     json_t *res = NULL;
-    if (cli_json_call(ep, "GET", "/v1/sandboxes", NULL, &res, &err) < 0)
+    if (cli_json_call(ep, "GET", path, NULL, &res, &err) < 0)
         return cli_fail(&err);
     if (as_json) {
         cli_print_json(res);
@@ -145,8 +201,10 @@ int cli_sandbox_list(struct cli_ctx *c, int argc, char **argv)
         return CLI_EXIT_OK;
     }
     json_t *list = json_object_get(res, "sandboxes");
-    printf("%-24s  %-8s  %-12s  %4s  %8s  %s\n", "ID", "STATE", "IMAGE", "CPUS", "MEMORY",
-           "CREATED");
+    /* The owner's name is worth a call only when someone else's could be listed. */
+    json_t *names = json_array_size(list) ? cli_key_names(c) : json_object();
+    printf("%-24s  %-8s  %-12s  %4s  %8s  %-20s  %s\n", "ID", "STATE", "IMAGE", "CPUS", "MEMORY",
+           "OWNER", "CREATED");
     size_t i;
     json_t *sb;
     json_array_foreach(list, i, sb)
@@ -158,10 +216,12 @@ int cli_sandbox_list(struct cli_ctx *c, int argc, char **argv)
         else
             snprintf(mem, sizeof(mem), "-");
         json_t *cpus = json_object_get(sb, "cpus");
-        printf("%-24s  %-8s  %-12s  %4lld  %8s  %s\n", cli_str_or(sb, "id", "?"),
+        printf("%-24s  %-8s  %-12s  %4lld  %8s  %-20.20s  %s\n", cli_str_or(sb, "id", "?"),
                cli_str_or(sb, "state", "?"), cli_str_or(sb, "image", "-"),
-               (long long)json_integer_value(cpus), mem, cli_str_or(sb, "created_at", "-"));
+               (long long)json_integer_value(cpus), mem, cli_key_label(names, sb, "key_id"),
+               cli_str_or(sb, "created_at", "-"));
     }
+    json_decref(names);
     json_decref(res);
     return CLI_EXIT_OK;
 }

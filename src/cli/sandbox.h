@@ -101,6 +101,15 @@ int cli_call(struct cli_ctx *c, const char *method, const char *path, json_t *bo
 /** The string o[key], or dflt when it is absent or not a string. Borrowed from o. */
 const char *cli_str_or(json_t *o, const char *key, const char *dflt);
 
+/**
+ * Key names by id, from GET /v1/keys where the caller may read it (the admin, an auditor key),
+ * else an empty object (keys.c). The caller owns it.
+ */
+json_t *cli_key_names(struct cli_ctx *c);
+
+/** The name (from cli_key_names) of the key in row's field, else its id; none: "(admin)". */
+const char *cli_key_label(json_t *names, json_t *row, const char *field);
+
 /** DELETE /v1/sandboxes/ID. Returns 0, or -1 with err set. */
 int cli_sandbox_delete(const struct cli_endpoint *ep, const char *id, struct wr_err *err);
 

@@ -106,15 +106,23 @@ const struct cli_command cli_commands[] = {
     },
     {
         .group = "sandbox", .name = "list", .fn = cli_sandbox_list,
-        .args = "[--json]",
+        .args = "[--json] [--metadata KEY=VALUE]... [--state STATE]",
         .summary = "list sandboxes",
-        .options = "--json",
+        .options = "--json --metadata= --state=",
         .help =
-            "Lists sandboxes: ID STATE IMAGE CPUS MEMORY CREATED. --json prints the API's\n"
+            "Lists sandboxes: ID STATE IMAGE CPUS MEMORY OWNER CREATED (OWNER: the key's\n"
+            "name where this caller may read keys, else its id). --json prints the API's\n"
             "answer ({\"sandboxes\": [...]}).\n"
             "\n"
-            "Example:\n"
-            "  withruntime sandbox list --json | jq -r '.sandboxes[].id'\n",
+            "Examples:\n"
+            "  withruntime sandbox list --metadata team=blue --state running\n"
+            "  withruntime sandbox list --json | jq -r '.sandboxes[].id'\n"
+            "\n"
+            "Options:\n"
+            "  --metadata KEY=VALUE  only sandboxes with this metadata (all given must match)\n"
+            "  --state STATE         only sandboxes in this state (running, stopped, ...)\n"
+            "  --json                the API's answer\n"
+            "  -h, --help            this help\n",
     },
     {
         .group = "sandbox", .name = "get", .fn = cli_sandbox_get,

@@ -189,12 +189,28 @@ void svc_sandbox_create(struct daemon *d, const struct sandbox_opts *o, struct s
     sandbox_unref(sb); /* the daemon's list holds it now */
 }
 
-void svc_sandbox_list(struct daemon *d, struct sink *s)
+static int filter_passes(const struct sandbox_filter *f, const struct sandbox *sb)
+{
+    if (!f)
+        return 1;
+    if (f->state >= 0 && (int)sb->state != f->state)
+        return 0;
+    const char *k;
+    json_t *v;
+    json_object_foreach(f->metadata, k, v)
+    {
+        if (!json_equal(json_object_get(sb->metadata, k), v))
+            return 0;
+    }
+    return 1;
+}
+
+void svc_sandbox_list(struct daemon *d, const struct sandbox_filter *f, struct sink *s)
 {
     json_t *arr = json_array();
     /* The list is newest first; answer oldest first. A key sees its own. */
     for (struct sandbox *sb = d->sandboxes; sb; sb = sb->next)
-        if (!sb->pooled && principal_sees(s->who, sb->key_id))
+        if (!sb->pooled && principal_sees(s->who, sb->key_id) && filter_passes(f, sb))
             json_array_insert_new(arr, 0, sandbox_to_json(sb));
     sink_reply(s, SINK_OK, json_pack("{s:o}", "sandboxes", arr));
 }

@@ -40,8 +40,14 @@ struct sandbox_opts {
 /** Creates and starts a sandbox; answers SINK_CREATED with it once its agent answered. */
 void svc_sandbox_create(struct daemon *d, const struct sandbox_opts *o, struct sink *s);
 
-/** Answers {"sandboxes": [...]}, oldest first. */
-void svc_sandbox_list(struct daemon *d, struct sink *s);
+/** Which sandboxes a list answers: all of them when empty. */
+struct sandbox_filter {
+    json_t *metadata; /* borrowed: every key of it must be in a sandbox's metadata, same value */
+    int state;        /* an enum sb_state, or -1 for any */
+};
+
+/** Answers {"sandboxes": [...]}, oldest first: those f (NULL: every one) lets through. */
+void svc_sandbox_list(struct daemon *d, const struct sandbox_filter *f, struct sink *s);
 
 /** Answers the sandbox. */
 void svc_sandbox_get(struct daemon *d, const char *id, struct sink *s);

@@ -79,6 +79,15 @@ def test_sandbox_round_trip(daemon, client):
         assert r.returncode == 0, r
         rows = [ln.split() for ln in r.stdout.decode().splitlines()]
         assert any(row and row[0] == sid and row[1] == "running" for row in rows), r.stdout
+        assert rows[0][5] == "OWNER", rows[0]
+        # ... and filters by metadata and state
+        r = wr(daemon, "sandbox", "list", "--metadata", "from=test", "--state", "running")
+        assert [row[0] for row in (ln.split() for ln in r.stdout.decode().splitlines()[1:])
+                if row[0] == sid] == [sid], r
+        r = wr(daemon, "sandbox", "list", "--metadata", "from=elsewhere")
+        assert sid.encode() not in r.stdout, r
+        r = wr(daemon, "sandbox", "list", "--metadata", "novalue")
+        assert r.returncode == 2 and b"KEY=VALUE" in r.stderr, r
         r = wr(daemon, "sandbox", "list", "--json")
         assert r.returncode == 0, r
         listed = json.loads(r.stdout)

@@ -1,7 +1,9 @@
 """Sandbox lifecycle through the API: create, get, list, delete; health and images."""
 
 import datetime
+import os
 import re
+import time
 
 import pytest
 
@@ -192,3 +194,28 @@ def test_the_network_policy_of_a_sandbox_can_be_replaced(client, make_sandbox):
     assert client.get(sid)["network"] == {"internet": False}
     r = client.request("PUT", "/v1/sandboxes/sb-aaaaaaaaaaaaaaaaaaaaa/network", {"internet": True})
     assert r.status == 404, r
+
+
+def test_list_filters_by_metadata_and_state(client, make_sandbox):
+    from urllib.parse import urlencode
+    tag = f"run-{os.getpid()}-{time.monotonic_ns()}"
+    a = make_sandbox(memory_mib=256, metadata={"tag": tag, "team": "blue"})["id"]
+    b = make_sandbox(memory_mib=256, metadata={"tag": tag, "team": "red&green=1"})["id"]
+    client.request("POST", f"/v1/sandboxes/{b}/stop", {})
+
+    def listed(**query):
+        r = client.request("GET", "/v1/sandboxes", query=query)
+        assert r.status == 200, r
+        return [s["id"] for s in r.json()["sandboxes"]]
+
+    assert listed(metadata=urlencode({"tag": tag})) == [a, b]
+    assert listed(metadata=urlencode({"tag": tag, "team": "blue"})) == [a]
+    # a value holding '&' and '=' is encoded once more, and matches whole
+    assert listed(metadata=urlencode({"team": "red&green=1", "tag": tag})) == [b]
+    assert listed(metadata=urlencode({"tag": tag}), state="stopped") == [b]
+    assert listed(metadata=urlencode({"tag": tag, "nope": "x"})) == []
+    for bad in ("novalue", "=v", "k=%ZZ", "k=%00"):
+        r = client.request("GET", "/v1/sandboxes", query={"metadata": bad})
+        assert r.status == 400 and "metadata" in r.error[1], (bad, r)
+    r = client.request("GET", "/v1/sandboxes", query={"state": "asleep"})
+    assert r.status == 400 and "state" in r.error[1], r

@@ -2,7 +2,9 @@
 leaving a `with` block, stop, start, timeout, refresh, delete."""
 
 import datetime
+import os
 import re
+import time
 
 import pytest
 
@@ -85,6 +87,20 @@ def test_connect_and_list(sandbox):
     # the connected object drives the same sandbox
     again.files.write("from-connect.txt", "x")
     assert sandbox.files.read("from-connect.txt") == b"x"
+
+
+def test_list_by_metadata_and_state(daemon, new_sandboxes):
+    tag = f"t{os.getpid()}-{time.monotonic_ns()}"
+    a = Sandbox.create(memory_mib=256, metadata={"tag": tag, "who": "a b&c=d"})
+    b = Sandbox.create(memory_mib=256, metadata={"tag": tag})
+    b.stop()
+    assert [s.id for s in Sandbox.list(metadata={"tag": tag})] == [a.id, b.id]
+    assert [s.id for s in Sandbox.list(metadata={"tag": tag, "who": "a b&c=d"})] == [a.id]
+    assert [s.id for s in Sandbox.list(metadata={"tag": tag}, state="stopped")] == [b.id]
+    assert Sandbox.list(metadata={"tag": tag, "who": "a"}) == []
+    with pytest.raises(InvalidRequest) as ei:
+        Sandbox.list(state="asleep")
+    assert "state" in ei.value.message
 
 
 def test_connect_unknown_id(daemon):

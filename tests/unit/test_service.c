@@ -113,7 +113,7 @@ int main(void)
 
     struct test_sink t = {0};
     sink_init(&t);
-    svc_sandbox_list(&d, &t.base);
+    svc_sandbox_list(&d, NULL, &t.base);
     ok(t.answers == 1 && t.status == SINK_OK &&
            json_array_size(json_object_get(t.obj, "sandboxes")) == 0,
        "list answers once: no sandboxes");
