@@ -611,7 +611,9 @@ class _SandboxCore:
                 normalised (``internet`` always, ``allow`` and ``deny`` only when given).
             secrets: Names of secrets (``withruntime secrets set``) to give it: each name is
                 set in its commands' environment to a placeholder that the daemon's proxy
-                replaces by the real value in HTTPS request headers to the secret's hosts.
+                replaces by the real value in the ``Authorization`` header (and those the
+                secret declares) of HTTPS requests to the secret's hosts. With a key, only
+                secrets the admin granted to it; any other raises :class:`NotFound`.
             max_cost_micros: A cost cap in micro-dollars: when the sandbox's cost reaches it,
                 the daemon stops it (files kept) and later execs raise :class:`CostLimit`. Its
                 ``cost_micros`` so far is in :attr:`info` (after :meth:`refresh`).

@@ -37,6 +37,7 @@ enum {
     H_SECRETS_LIST,
     H_SECRET_GET,
     H_SECRET_SET,
+    H_SECRET_UPDATE,
     H_SECRET_DELETE,
     H_SB_STATS,
     H_SB_PRUNE,
@@ -86,6 +87,7 @@ static const handler_fn handlers[] = {
     [H_SECRETS_LIST] = api_secrets_list,
     [H_SECRET_GET] = api_secrets_get,
     [H_SECRET_SET] = api_secrets_set,
+    [H_SECRET_UPDATE] = api_secrets_update,
     [H_SECRET_DELETE] = api_secrets_delete,
     [H_SB_STATS] = api_sandboxes_stats,
     [H_SB_PRUNE] = api_sandboxes_prune,
@@ -130,6 +132,7 @@ static enum access access_of(int handler, const char *method)
     case H_SECRETS_LIST:
     case H_SECRET_GET:
     case H_SECRET_SET:
+    case H_SECRET_UPDATE:
     case H_SECRET_DELETE:
     case H_KEYS_CREATE:
     case H_KEY_GET:
@@ -170,6 +173,7 @@ static const struct route routes[] = {
     {"GET", "/v1/secrets", H_SECRETS_LIST, NULL},
     {"GET", "/v1/secrets/{name}", H_SECRET_GET, NULL},
     {"PUT", "/v1/secrets/{name}", H_SECRET_SET, NULL},
+    {"PATCH", "/v1/secrets/{name}", H_SECRET_UPDATE, NULL},
     {"DELETE", "/v1/secrets/{name}", H_SECRET_DELETE, NULL},
     {"POST", "/v1/sandboxes", H_SB_CREATE, NULL},
     {"GET", "/v1/sandboxes", H_SB_LIST, "metadata,state"},

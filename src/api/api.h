@@ -102,6 +102,7 @@ void api_sandboxes_network_log(struct daemon *d, struct http_req *req, struct ro
 void api_secrets_list(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_secrets_get(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_secrets_set(struct daemon *d, struct http_req *req, struct route_match *m);
+void api_secrets_update(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_secrets_delete(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_sandboxes_events(struct daemon *d, struct http_req *req, struct route_match *m);
 void api_sandboxes_stats(struct daemon *d, struct http_req *req, struct route_match *m);

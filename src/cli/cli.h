@@ -146,6 +146,7 @@ int cli_keys_revoke(struct cli_ctx *c, int argc, char **argv);
 
 /* `secrets set|list|rm` (secrets.c). */
 int cli_secrets_set(struct cli_ctx *c, int argc, char **argv);
+int cli_secrets_update(struct cli_ctx *c, int argc, char **argv);
 int cli_secrets_list(struct cli_ctx *c, int argc, char **argv);
 int cli_secrets_rm(struct cli_ctx *c, int argc, char **argv);
 

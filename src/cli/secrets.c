@@ -1,6 +1,7 @@
 /*
- * `withruntime secrets set|list|rm`: secrets bound to hosts (docs/api.md, "Secrets"). A value is
- * read from stdin or a file, never from the command line (argv is visible to every user).
+ * `withruntime secrets set|update|list|rm`: secrets bound to hosts, granted to keys (docs/api.md,
+ * "Secrets"). A value is read from stdin or a file, never from the command line (argv is
+ * visible to every user); `update` changes who may use one and where it goes without it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -53,40 +54,97 @@ static int read_value(int fd, char *buf, size_t cap, size_t *len)
     return 0;
 }
 
-int cli_secrets_set(struct cli_ctx *c, int argc, char **argv)
+/* "a,b,,c" as a JSON list of its non-empty items ("" is the empty list). */
+static json_t *comma_list(const char *text)
 {
-    static const struct option opts[] = {{"hosts", required_argument, 0, 'H'},
-                                         {"from-file", required_argument, 0, 'f'},
-                                         {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
-    const char *hosts = NULL, *file = NULL;
+    json_t *list = json_array();
+    char *copy = xstrdup(text), *save = NULL;
+    for (char *h = strtok_r(copy, ",", &save); h; h = strtok_r(NULL, ",", &save))
+        if (h[0])
+            json_array_append_new(list, json_string(h));
+    free(copy);
+    return list;
+}
+
+/* What set and update share: --hosts, --keys, --headers (each a comma list; NULL if not given)
+ * and, for set, --from-file. */
+struct secret_args {
+    const char *hosts, *keys, *headers, *file, *name;
+};
+
+/* Parses argv into a (one NAME). Returns CLI_GO_ON, or an exit status (help printed, or a
+ * usage error). */
+static int secret_args(const char *cmd, int set, int argc, char **argv, struct secret_args *a)
+{
+    static const struct option opts[] = {
+        {"hosts", required_argument, 0, 'H'},   {"keys", required_argument, 0, 'k'},
+        {"headers", required_argument, 0, 'e'}, {"from-file", required_argument, 0, 'f'},
+        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+    memset(a, 0, sizeof(*a));
     optind = 1;
     opterr = 0;
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (o) {
-        case 'H': hosts = optarg; break;
-        case 'f': file = optarg; break;
+        case 'H': a->hosts = optarg; break;
+        case 'k': a->keys = optarg; break;
+        case 'e': a->headers = optarg; break;
+        case 'f':
+            if (!set)
+                return cli_usage_error(cmd, "--from-file: update keeps the value (a new one "
+                                            "goes in with 'secrets set')");
+            a->file = optarg;
+            break;
         case 'h': return cli_print_help();
-        default: return cli_bad_option("secrets set", argc, argv);
+        default: return cli_bad_option(cmd, argc, argv);
         }
     }
     if (optind != argc - 1)
-        return cli_usage_error("secrets set", "want one NAME");
-    const char *name = argv[optind];
-    if (!name_ok(name))
-        return cli_usage_error("secrets set", "NAME: 1 to 64 of A-Z, 0-9 and _");
-    if (!hosts || !hosts[0])
-        return cli_usage_error("secrets set", "--hosts HOST[,HOST...] is required");
-    json_t *list = json_array();
-    char *copy = xstrdup(hosts), *save = NULL;
-    for (char *h = strtok_r(copy, ",", &save); h; h = strtok_r(NULL, ",", &save))
-        if (h[0])
-            json_array_append_new(list, json_string(h));
-    free(copy);
+        return cli_usage_error(cmd, "want one NAME");
+    a->name = argv[optind];
+    if (!name_ok(a->name))
+        return cli_usage_error(cmd, "NAME: 1 to 64 of A-Z, 0-9 and _");
+    if (set && (!a->hosts || !a->hosts[0]))
+        return cli_usage_error(cmd, "--hosts HOST[,HOST...] is required");
+    if (!set && !a->hosts && !a->keys && !a->headers)
+        return cli_usage_error(cmd, "nothing to change: give --hosts, --keys or --headers");
+    if (!set && a->hosts && !a->hosts[0])
+        return cli_usage_error(cmd, "--hosts: at least one HOST");
+    return CLI_GO_ON;
+}
+
+/* {"hosts", "keys", "headers"} of those a gives. */
+static json_t *secret_body(const struct secret_args *a)
+{
+    json_t *body = json_object();
+    if (a->hosts)
+        json_object_set_new(body, "hosts", comma_list(a->hosts));
+    if (a->keys)
+        json_object_set_new(body, "keys", comma_list(a->keys));
+    if (a->headers)
+        json_object_set_new(body, "headers", comma_list(a->headers));
+    return body;
+}
+
+/* "key_a,key_b" from a secret's keys, or "the admin only". */
+static void print_keys(json_t *secret)
+{
+    json_t *keys = json_object_get(secret, "keys"), *k;
+    size_t i;
+    if (!json_array_size(keys))
+        printf("the admin's sandboxes only");
+    json_array_foreach(keys, i, k) printf("%s%s", i ? "," : "", json_string_value(k));
+}
+
+int cli_secrets_set(struct cli_ctx *c, int argc, char **argv)
+{
+    struct secret_args a;
+    int r = secret_args("secrets set", 1, argc, argv, &a);
+    if (r != CLI_GO_ON)
+        return r;
+    const char *name = a.name, *file = a.file;
     int fd = file ? open(file, O_RDONLY | O_CLOEXEC) : STDIN_FILENO;
     if (fd < 0) {
-        json_decref(list);
         cli_errorf("secrets set: cannot open %s: %s", file, strerror(errno));
         return CLI_EXIT_ERR;
     }
@@ -94,7 +152,7 @@ int cli_secrets_set(struct cli_ctx *c, int argc, char **argv)
         fprintf(stderr, "value for %s (then Enter and Ctrl-D): ", name);
     char *value = xmalloc(VALUE_MAX + 2);
     size_t len = 0;
-    int r = read_value(fd, value, VALUE_MAX + 1, &len);
+    r = read_value(fd, value, VALUE_MAX + 1, &len);
     if (file)
         close(fd);
     int ret = CLI_EXIT_ERR;
@@ -105,7 +163,8 @@ int cli_secrets_set(struct cli_ctx *c, int argc, char **argv)
     } else {
         const struct cli_endpoint *ep;
         if ((ret = cli_endpoint(c, &ep)) == 0) {
-            json_t *body = json_pack("{s:s%, s:O}", "value", value, len, "hosts", list);
+            json_t *body = secret_body(&a);
+            json_object_set_new(body, "value", json_stringn(value, len));
             char path[128];
             snprintf(path, sizeof(path), "/v1/secrets/%s", name);
             struct wr_err err = {0};
@@ -113,7 +172,9 @@ int cli_secrets_set(struct cli_ctx *c, int argc, char **argv)
             if (cli_json_call(ep, "PUT", path, body, &res, &err) < 0) {
                 ret = cli_fail(&err);
             } else {
-                printf("secret %s set for %s\n", name, hosts);
+                printf("secret %s set for %s, usable by ", name, a.hosts);
+                print_keys(res);
+                printf("\n");
                 ret = CLI_EXIT_OK;
             }
             json_decref(res);
@@ -122,7 +183,32 @@ int cli_secrets_set(struct cli_ctx *c, int argc, char **argv)
     }
     explicit_bzero(value, VALUE_MAX + 2);
     free(value);
-    json_decref(list);
+    return ret;
+}
+
+int cli_secrets_update(struct cli_ctx *c, int argc, char **argv)
+{
+    struct secret_args a;
+    int r = secret_args("secrets update", 0, argc, argv, &a);
+    if (r != CLI_GO_ON)
+        return r;
+    const struct cli_endpoint *ep;
+    if (cli_endpoint(c, &ep) != 0)
+        return CLI_EXIT_DAEMON;
+    json_t *body = secret_body(&a), *res = NULL;
+    char path[128];
+    snprintf(path, sizeof(path), "/v1/secrets/%s", a.name);
+    struct wr_err err = {0};
+    int ret = CLI_EXIT_OK;
+    if (cli_json_call(ep, "PATCH", path, body, &res, &err) < 0) {
+        ret = cli_fail(&err);
+    } else {
+        printf("secret %s usable by ", a.name);
+        print_keys(res);
+        printf("\n");
+    }
+    json_decref(res);
+    json_decref(body);
     return ret;
 }
 
@@ -147,14 +233,20 @@ int cli_secrets_list(struct cli_ctx *c, int argc, char **argv)
         json_decref(res);
         return CLI_EXIT_OK;
     }
-    printf("%-32s  %-20s  %s\n", "NAME", "UPDATED", "HOSTS");
+    printf("%-32s  %-20s  %-32s  %s\n", "NAME", "UPDATED", "HOSTS", "KEYS");
     size_t i, k;
     json_t *s, *h;
     json_array_foreach(json_object_get(res, "secrets"), i, s)
     {
         printf("%-32s  %-20s  ", cli_str_or(s, "name", "?"), cli_str_or(s, "updated_at", "-"));
-        json_array_foreach(json_object_get(s, "hosts"), k, h)
+        int w = 0;
+        json_array_foreach(json_object_get(s, "hosts"), k, h) w +=
             printf("%s%s", k ? "," : "", json_string_value(h) ? json_string_value(h) : "?");
+        printf("%*s  ", w < 32 ? 32 - w : 0, "");
+        json_t *keys = json_object_get(s, "keys");
+        if (!json_array_size(keys))
+            printf("-");
+        json_array_foreach(keys, k, h) printf("%s%s", k ? "," : "", json_string_value(h));
         printf("\n");
     }
     json_decref(res);

@@ -515,25 +515,49 @@ const struct cli_command cli_commands[] = {
             "A secret is a value (a token, say) that code in a sandbox uses without ever seeing it.\n"
             "A sandbox created with it (--secret NAME; `secrets=[\"NAME\"]` in the SDK) has NAME set\n"
             "to a random placeholder in its commands' environment; the daemon's egress proxy puts\n"
-            "the real value in place of the placeholder in the headers of HTTPS requests to the\n"
-            "secret's hosts, and nowhere else.\n"
+            "the real value in place of the placeholder in the Authorization header (and the\n"
+            "headers the secret declares) of HTTPS requests to the secret's hosts and ports, and\n"
+            "nowhere else. Secrets are the admin's: the admin's sandboxes may use every one, a\n"
+            "key's sandboxes only those granted to the key (--keys).\n"
+            "\n"
+            "Example:\n"
+            "  printf %s \"$GITHUB_TOKEN\" | withruntime secrets set GITHUB_TOKEN --hosts api.github.com \\\n"
+            "      --keys key_abc\n",
+    },
+    {
+        .group = "secrets", .name = "set", .fn = cli_secrets_set,
+        .args = "NAME --hosts HOST[,HOST...] [--keys KEY[,KEY...]] [--headers NAME[,NAME...]] "
+                "[--from-file FILE]",
+        .summary = "create or replace a secret",
+        .options = "--hosts= --keys= --headers= --from-file=",
+        .help =
+            "Creates or replaces secret NAME (1 to 64 of A-Z, 0-9 and _), bound to HOST: a name\n"
+            "or a wildcard (*.example.com), with :PORT if not 443 (api.example.com:8443). The\n"
+            "value is read from stdin (its one line, without the newline) or from FILE, never from\n"
+            "the command line; it is stored encrypted and is never shown again.\n"
+            "\n"
+            "  --keys KEY,...     the keys (ids, key_...) whose sandboxes may use it; a key made\n"
+            "                     --of another uses its owner's grants. Without it: only the\n"
+            "                     admin's sandboxes. Replacing a secret replaces its grants.\n"
+            "  --headers NAME,... header fields besides Authorization the value may go into\n"
+            "                     (X-Api-Key, say); never Host, Origin or the framing ones\n"
             "\n"
             "Example:\n"
             "  printf %s \"$GITHUB_TOKEN\" | withruntime secrets set GITHUB_TOKEN --hosts api.github.com\n",
     },
     {
-        .group = "secrets", .name = "set", .fn = cli_secrets_set,
-        .args = "NAME --hosts HOST[,HOST...] [--from-file FILE]",
-        .summary = "create or replace a secret",
-        .options = "--hosts= --from-file=",
+        .group = "secrets", .name = "update", .fn = cli_secrets_update,
+        .args = "NAME [--hosts HOST[,HOST...]] [--keys KEY[,KEY...]] [--headers NAME[,NAME...]]",
+        .summary = "change a secret's hosts, keys or headers, keeping its value",
+        .options = "--hosts= --keys= --headers=",
         .help =
-            "Creates or replaces secret NAME (1 to 64 of A-Z, 0-9 and _), bound to HOST: a name\n"
-            "or a wildcard (*.example.com). The value is read from stdin (its one line, without\n"
-            "the newline) or from FILE, never from the command line; it is stored encrypted and\n"
-            "is never shown again.\n"
+            "Changes what a secret is bound to, who may use it or which headers it goes into;\n"
+            "each option given replaces that list (--keys '' leaves it to the admin's sandboxes,\n"
+            "--headers '' to Authorization). The value stays. A grant taken back stops the value\n"
+            "going out of that key's sandboxes from their next request, running ones included.\n"
             "\n"
             "Example:\n"
-            "  printf %s \"$GITHUB_TOKEN\" | withruntime secrets set GITHUB_TOKEN --hosts api.github.com\n",
+            "  withruntime secrets update GITHUB_TOKEN --keys key_abc,key_def\n",
     },
     {
         .group = "secrets", .name = "list", .aliases = "ls", .fn = cli_secrets_list,
@@ -541,8 +565,8 @@ const struct cli_command cli_commands[] = {
         .summary = "list secrets (names and hosts, never values)",
         .options = "--json",
         .help =
-            "Lists secrets: NAME UPDATED HOSTS. Values are never shown. --json prints the API's\n"
-            "answer.\n"
+            "Lists secrets: NAME UPDATED HOSTS KEYS (the keys granted; - for none: the admin's\n"
+            "sandboxes only). Values are never shown. --json prints the API's answer.\n"
             "\n"
             "Example:\n"
             "  withruntime secrets list\n",

@@ -196,15 +196,21 @@ static void gw_allowed(void *ctx, const char *id, const char *host, int port)
         log_info(sb->id, "network.allowed", "host=\"%.256s\" port=%d", host ? host : "", port);
 }
 
-/* A request head to host on an intercepted TLS connection: the sandbox's secrets go in. */
-static char *gw_rewrite_head(void *ctx, const char *id, const char *host, const char *head,
-                             size_t len, size_t *outlen)
+/* A request head to host:port on an intercepted TLS connection: the sandbox's secrets go in,
+ * those its owner may use now. A revoked key's sandboxes get none: its grants went with it. */
+static char *gw_rewrite_head(void *ctx, const char *id, const char *host, int port,
+                             const char *head, size_t len, size_t *outlen)
 {
     struct daemon *d = ctx;
     struct sandbox *sb = sandbox_find(d, id);
     if (!sb || !json_object_size(sb->secrets))
         return NULL;
-    return secrets_rewrite_head(d->secrets, sb->secrets, host, head, len, outlen);
+    if (sb->key_id[0]) {
+        const struct api_key *k = keys_find(d->keys, sb->key_id);
+        if (!k || k->revoked_at)
+            return NULL;
+    }
+    return secrets_rewrite_head(d->secrets, sb->secrets, sb->key_id, host, port, head, len, outlen);
 }
 
 /* Opens sandbox networking as cfg->egress says. Returns 0, or -1 with err set ("on" only). */

@@ -1,4 +1,9 @@
-/* Secrets bound to hosts, sealed at rest (secrets.h). */
+/*
+ * Secrets bound to hosts and ports, usable by the keys the admin names, sealed at rest
+ * (secrets.h). Who may use one and which header fields it goes into are kept beside the sealed
+ * value, in the `access` column ({"keys": [...], "headers": [...]}): a secret stored before that
+ * column existed reads as {}, the admin's alone, until the admin grants it to keys.
+ */
 #include "daemon/secrets.h"
 
 #include <errno.h>
@@ -7,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -24,8 +30,10 @@
 
 struct secret {
     char name[SECRET_NAME_MAX + 1];
-    json_t *hosts;  /* the normalised list */
-    json_t *policy; /* {"internet": true, "allow": hosts}, to match a host with */
+    json_t *hosts;   /* the normalised list, as shown */
+    json_t *policy;  /* {"internet": true, "allow": hosts with ":443" where they name no port} */
+    json_t *keys;    /* key ids whose sandboxes may use it; [] = the admin's alone */
+    json_t *headers; /* field names besides Authorization that may carry it */
     char *value;
     size_t len;
     int64_t updated_at;
@@ -156,6 +164,8 @@ static void secret_free(struct secret *x)
     }
     json_decref(x->hosts);
     json_decref(x->policy);
+    json_decref(x->keys);
+    json_decref(x->headers);
     free(x);
 }
 
@@ -182,13 +192,111 @@ static json_t *parse_hosts(json_t *hosts, json_t **policy, struct wr_err *err)
         wr_err_prefix(err, "hosts");
         return NULL;
     }
+    /* A policy's entry without a port covers 80 and 443; a secret's, only 443: it is injected
+     * over TLS alone, and a port it was not bound to may be another service's. */
+    json_t *norm = json_incref(json_object_get(p, "allow")), *ported = json_array();
+    size_t i;
+    json_t *e;
+    json_array_foreach(norm, i, e)
+    {
+        const char *h = json_string_value(e);
+        json_array_append_new(ported, strchr(h, ':') ? json_string(h)
+                                                     : json_sprintf("%s:%d", h, SECRET_PORT));
+    }
+    json_object_set_new(p, "allow", ported);
     *policy = p;
-    return json_incref(json_object_get(p, "allow"));
+    return norm;
 }
 
-/* Adds or replaces name in memory (takes value). */
+/* Whether name is an HTTP field name (RFC 9110 token characters). */
+static int field_name_ok(const char *name, size_t n)
+{
+    if (n < 1 || n > SECRET_HEADER_NAME_MAX)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)name[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              strchr("!#$%&'*+-.^_`|~", c)))
+            return 0;
+    }
+    return 1;
+}
+
+/* Fields a value must never go into: what routes or frames the request (rewriting them changes
+ * where it goes or how it is read) and Origin, which servers echo back by design (CORS). */
+static const char *const never_fields[] = {
+    "host",       "content-length", "transfer-encoding", "connection", "upgrade", "te", "trailer",
+    "keep-alive", "expect",         "proxy-connection",  "origin",     NULL};
+
+/* headers: a list of field names, normalised (duplicates and Authorization dropped); NULL with
+ * err naming the entry. */
+static json_t *parse_headers(json_t *headers, struct wr_err *err)
+{
+    if (!json_is_array(headers) || json_array_size(headers) > SECRET_HEADERS_MAX) {
+        wr_err_kind(err, WR_E_INVALID, 0, "headers: must be a list of at most %d header names",
+                    SECRET_HEADERS_MAX);
+        return NULL;
+    }
+    json_t *out = json_array(), *e;
+    size_t i, j;
+    json_array_foreach(headers, i, e)
+    {
+        const char *h = json_string_value(e);
+        if (!h || !field_name_ok(h, json_string_length(e))) {
+            wr_err_kind(err, WR_E_INVALID, 0,
+                        "headers[%zu]: must be a header name (1 to %d of "
+                        "A-Z, a-z, 0-9 and !#$%%&'*+-.^_`|~)",
+                        i, SECRET_HEADER_NAME_MAX);
+            json_decref(out);
+            return NULL;
+        }
+        for (j = 0; never_fields[j]; j++)
+            if (!strcasecmp(h, never_fields[j])) {
+                wr_err_kind(err, WR_E_INVALID, 0,
+                            "headers[%zu]: a secret never goes into %s (it routes or frames "
+                            "the request, or servers echo it back)",
+                            i, h);
+                json_decref(out);
+                return NULL;
+            }
+        int dup = !strcasecmp(h, "authorization"); /* always one */
+        json_t *seen;
+        json_array_foreach(out, j, seen) dup |= !strcasecmp(json_string_value(seen), h);
+        if (!dup)
+            json_array_append_new(out, json_string(h));
+    }
+    return out;
+}
+
+/* keys: a list of key ids (the caller checked that they are keys), duplicates dropped. */
+static json_t *parse_keys(json_t *keys, struct wr_err *err)
+{
+    if (!json_is_array(keys) || json_array_size(keys) > SECRET_KEYS_MAX) {
+        wr_err_kind(err, WR_E_INVALID, 0, "keys: must be a list of at most %d key ids",
+                    SECRET_KEYS_MAX);
+        return NULL;
+    }
+    json_t *out = json_array(), *e, *seen;
+    size_t i, j;
+    json_array_foreach(keys, i, e)
+    {
+        const char *k = json_string_value(e);
+        if (!k || json_string_length(e) < 1 || json_string_length(e) > 31) {
+            wr_err_kind(err, WR_E_INVALID, 0, "keys[%zu]: must be a key id (key_...)", i);
+            json_decref(out);
+            return NULL;
+        }
+        int dup = 0;
+        json_array_foreach(out, j, seen) dup |= !strcmp(json_string_value(seen), k);
+        if (!dup)
+            json_array_append_new(out, json_string(k));
+    }
+    return out;
+}
+
+/* Adds or replaces name in memory (takes value and the references). */
 static void put(struct secrets *s, const char *name, char *value, size_t len, json_t *hosts,
-                json_t *policy, int64_t updated_at)
+                json_t *policy, json_t *keys, json_t *headers, int64_t updated_at)
 {
     struct secret *x = find(s, name);
     if (!x) {
@@ -204,11 +312,15 @@ static void put(struct secrets *s, const char *name, char *value, size_t len, js
         }
         json_decref(x->hosts);
         json_decref(x->policy);
+        json_decref(x->keys);
+        json_decref(x->headers);
     }
     x->value = value;
     x->len = len;
     x->hosts = hosts;
     x->policy = policy;
+    x->keys = keys;
+    x->headers = headers;
     x->updated_at = updated_at;
 }
 
@@ -217,22 +329,34 @@ struct load_ctx {
     unsigned bad;
 };
 
-static int load_one(void *arg, const char *name, const char *hosts_text, const void *sealed,
-                    size_t len, int64_t updated_at)
+static int load_one(void *arg, const char *name, const char *hosts_text, const char *access_text,
+                    const void *sealed, size_t len, int64_t updated_at)
 {
     struct load_ctx *lc = arg;
     json_t *hosts = json_loads(hosts_text, 0, NULL), *policy = NULL, *norm = NULL;
+    json_t *access = json_loads(access_text, 0, NULL), *keys = NULL, *headers = NULL;
+    json_t *kin = json_object_get(access, "keys"), *hin = json_object_get(access, "headers");
     struct wr_err e = {0};
     size_t vlen = 0;
     char *value =
         hosts && secrets_name_valid(name) ? unseal(lc->s->key, name, sealed, len, &vlen) : NULL;
     if (value)
         norm = parse_hosts(hosts, &policy, &e);
+    /* No access (a row from before it was kept): the admin's alone, Authorization only. */
+    if (norm && json_is_object(access)) {
+        keys = kin ? parse_keys(kin, &e) : json_array();
+        headers = hin ? parse_headers(hin, &e) : json_array();
+    }
     json_decref(hosts);
-    if (!value || !norm) {
+    json_decref(access);
+    if (!value || !norm || !keys || !headers) {
+        json_decref(keys);
+        json_decref(headers);
         lc->bad++;
         log_error(NULL, "secrets.unusable", "name=\"%.64s\" why=\"%s\"", name,
-                  value ? "bad hosts" : "cannot unseal it (another secrets.key?)");
+                  !value  ? "cannot unseal it (another secrets.key?)"
+                  : !norm ? "bad hosts"
+                          : "bad access");
         if (value) {
             explicit_bzero(value, vlen);
             free(value);
@@ -241,10 +365,10 @@ static int load_one(void *arg, const char *name, const char *hosts_text, const v
         json_decref(policy);
         /* Kept without a value, so that it is listed and can be deleted or set again. */
         if (secrets_name_valid(name))
-            put(lc->s, name, NULL, 0, json_array(), NULL, updated_at);
+            put(lc->s, name, NULL, 0, json_array(), NULL, json_array(), json_array(), updated_at);
         return 0;
     }
-    put(lc->s, name, value, vlen, norm, policy, updated_at);
+    put(lc->s, name, value, vlen, norm, policy, keys, headers, updated_at);
     return 0;
 }
 
@@ -278,8 +402,69 @@ void secrets_free(struct secrets *s)
     free(s);
 }
 
+/* Seals value and stores the secret with these fields, then holds it in memory (takes the
+ * references: released on failure too). */
+static int store_and_put(struct secrets *s, struct store *store, const char *name,
+                         const char *value, size_t len, json_t *hosts, json_t *policy, json_t *keys,
+                         json_t *headers, struct wr_err *err)
+{
+    unsigned char sealed[SEALED_MAX];
+    size_t slen = 0;
+    char *htext = json_dumps(hosts, JSON_COMPACT);
+    json_t *access = json_pack("{s:O, s:O}", "keys", keys, "headers", headers);
+    char *atext = json_dumps(access, JSON_COMPACT);
+    json_decref(access);
+    int64_t now = now_unix();
+    int rc = seal(s->key, name, value, len, sealed, &slen) < 0
+                 ? wr_err_set(err, EIO, "cannot seal the secret")
+                 : store_secret_put(store, name, htext, atext, sealed, slen, now, err);
+    free(htext);
+    free(atext);
+    explicit_bzero(sealed, sizeof(sealed));
+    if (rc < 0) {
+        json_decref(hosts);
+        json_decref(policy);
+        json_decref(keys);
+        json_decref(headers);
+        return -1;
+    }
+    char *copy = xmalloc(len + 1);
+    memcpy(copy, value, len);
+    copy[len] = '\0';
+    put(s, name, copy, len, hosts, policy, keys, headers, now);
+    return 0;
+}
+
+/* The fields of f parsed, each falling back to *was (new references; NULL was: an empty list);
+ * -1 with err naming the field. */
+static int parse_fields(const struct secret_fields *f, const struct secret *was, json_t **hosts,
+                        json_t **policy, json_t **keys, json_t **headers, struct wr_err *err)
+{
+    *hosts = *policy = *keys = *headers = NULL;
+    if (f->hosts)
+        *hosts = parse_hosts(f->hosts, policy, err);
+    else if (was) {
+        *hosts = json_incref(was->hosts);
+        *policy = json_incref(was->policy);
+    }
+    if (*hosts && f->keys)
+        *keys = parse_keys(f->keys, err);
+    else if (*hosts)
+        *keys = was ? json_incref(was->keys) : json_array();
+    if (*keys && f->headers)
+        *headers = parse_headers(f->headers, err);
+    else if (*keys)
+        *headers = was ? json_incref(was->headers) : json_array();
+    if (*headers)
+        return 0;
+    json_decref(*hosts);
+    json_decref(*policy);
+    json_decref(*keys);
+    return -1;
+}
+
 int secrets_set(struct secrets *s, struct store *store, const char *name, const char *value,
-                size_t len, json_t *hosts, struct wr_err *err)
+                size_t len, const struct secret_fields *f, struct wr_err *err)
 {
     if (!secrets_name_valid(name))
         return wr_err_kind(err, WR_E_INVALID, 0,
@@ -294,29 +479,40 @@ int secrets_set(struct secrets *s, struct store *store, const char *name, const 
     if (!find(s, name) && s->n >= SECRETS_MAX)
         return wr_err_kind(err, WR_E_CONFLICT, 0, "there are %d secrets already, the most kept",
                            SECRETS_MAX);
-    json_t *policy = NULL;
-    json_t *norm = parse_hosts(hosts, &policy, err);
-    if (!norm)
+    if (!f->hosts)
+        return wr_err_kind(err, WR_E_INVALID, 0, "hosts: required");
+    json_t *hosts, *policy, *keys, *headers;
+    if (parse_fields(f, NULL, &hosts, &policy, &keys, &headers, err) < 0 ||
+        store_and_put(s, store, name, value, len, hosts, policy, keys, headers, err) < 0)
         return -1;
-    unsigned char sealed[SEALED_MAX];
-    size_t slen = 0;
-    char *text = json_dumps(norm, JSON_COMPACT);
-    int64_t now = now_unix();
-    int rc = seal(s->key, name, value, len, sealed, &slen) < 0
-                 ? wr_err_set(err, EIO, "cannot seal the secret")
-                 : store_secret_put(store, name, text, sealed, slen, now, err);
-    free(text);
-    explicit_bzero(sealed, sizeof(sealed));
-    if (rc < 0) {
-        json_decref(norm);
-        json_decref(policy);
+    log_info(NULL, "secrets.set", "name=%s keys=%zu", name, json_array_size(keys));
+    return 0;
+}
+
+int secrets_update(struct secrets *s, struct store *store, const char *name,
+                   const struct secret_fields *f, struct wr_err *err)
+{
+    struct secret *x = find(s, name);
+    if (!x)
+        return wr_err_kind(err, WR_E_NOT_FOUND, ENOENT, "no secret named %.64s", name);
+    if (!x->value)
+        return wr_err_kind(err, WR_E_CONFLICT, 0,
+                           "secret %s cannot be opened with this daemon's secrets.key: set its "
+                           "value again (PUT)",
+                           name);
+    json_t *hosts, *policy, *keys, *headers;
+    if (parse_fields(f, x, &hosts, &policy, &keys, &headers, err) < 0)
         return -1;
-    }
-    char *copy = xmalloc(len + 1);
-    memcpy(copy, value, len);
-    copy[len] = '\0';
-    put(s, name, copy, len, norm, policy, now);
-    log_info(NULL, "secrets.set", "name=%s", name);
+    /* put() frees the old value before taking the copy: seal from a copy of our own */
+    size_t len = x->len;
+    char *value = xmalloc(len + 1);
+    memcpy(value, x->value, len + 1);
+    int rc = store_and_put(s, store, name, value, len, hosts, policy, keys, headers, err);
+    explicit_bzero(value, len);
+    free(value);
+    if (rc < 0)
+        return -1;
+    log_info(NULL, "secrets.updated", "name=%s keys=%zu", name, json_array_size(keys));
     return 0;
 }
 
@@ -343,11 +539,31 @@ int secrets_exists(const struct secrets *s, const char *name)
     return x && x->value;
 }
 
+/* Whether the sandboxes of owner ("" for the admin's) may use x. */
+static int usable_by(const struct secret *x, const char *owner)
+{
+    if (!x->value)
+        return 0;
+    if (!owner || !owner[0])
+        return 1;
+    size_t i;
+    json_t *k;
+    json_array_foreach(x->keys, i, k) if (!strcmp(json_string_value(k), owner)) return 1;
+    return 0;
+}
+
+int secrets_usable(const struct secrets *s, const char *name, const char *owner)
+{
+    const struct secret *x = find(s, name);
+    return x && usable_by(x, owner);
+}
+
 static json_t *one_json(const struct secret *x)
 {
     char ts[32];
     format_rfc3339(x->updated_at, ts, sizeof(ts));
-    return json_pack("{s:s, s:O, s:s}", "name", x->name, "hosts", x->hosts, "updated_at", ts);
+    return json_pack("{s:s, s:O, s:O, s:O, s:s}", "name", x->name, "hosts", x->hosts, "keys",
+                     x->keys, "headers", x->headers, "updated_at", ts);
 }
 
 json_t *secrets_get_json(const struct secrets *s, const char *name)
@@ -390,14 +606,33 @@ void secrets_placeholder(char out[SECRET_PLACEHOLDER_LEN + 1])
     out[SECRET_PLACEHOLDER_LEN] = '\0';
 }
 
-int secrets_bound(const struct secrets *s, json_t *placeholders, const char *host)
+/* Whether a request with this request line may carry a secret: only the methods that send a
+ * credential and do not echo the request (TRACE does, whole; OPTIONS needs none). */
+static int method_ok(const char *line, size_t n)
 {
-    const char *name;
-    json_t *ph;
-    json_object_foreach(placeholders, name, ph)
+    static const char *const ok[] = {"GET ", "HEAD ", "POST ", "PUT ", "PATCH ", "DELETE ", NULL};
+    for (size_t i = 0; ok[i]; i++)
+        if (n > strlen(ok[i]) && !memcmp(line, ok[i], strlen(ok[i])))
+            return 1;
+    return 0;
+}
+
+/* Whether the field line [p, p+n) (no CRLF) is one x's value may go into: Authorization or a
+ * field x declares. Sets *value to where its value starts (after the colon). */
+static int credential_field(const struct secret *x, const char *p, size_t n, size_t *value)
+{
+    const char *colon = memchr(p, ':', n);
+    if (!colon)
+        return 0;
+    size_t nl = (size_t)(colon - p);
+    *value = nl + 1;
+    if (nl == 13 && !strncasecmp(p, "authorization", 13))
+        return 1;
+    size_t i;
+    json_t *h;
+    json_array_foreach(x->headers, i, h)
     {
-        const struct secret *x = find(s, name);
-        if (x && x->value && netpolicy_name_allowed(x->policy, host))
+        if (json_string_length(h) == nl && !strncasecmp(p, json_string_value(h), nl))
             return 1;
     }
     return 0;
@@ -420,11 +655,49 @@ static size_t replace_into(char *out, const char *p, size_t len, const char *ph,
     return o;
 }
 
-char *secrets_rewrite_head(const struct secrets *s, json_t *placeholders, const char *host,
-                           const char *head, size_t len, size_t *outlen)
+/* src (len bytes; its field lines from first on) with x's placeholder ph replaced in x's
+ * credential fields, into a new buffer (*outlen bytes); NULL if none of them holds it. */
+static char *rewrite_fields(const struct secret *x, const char *ph, const char *src, size_t len,
+                            size_t first, size_t *outlen)
+{
+    size_t phlen = strlen(ph);
+    /* each occurrence grows by at most vlen - phlen */
+    size_t most = len + (len / phlen + 1) * (x->len > phlen ? x->len - phlen : 0);
+    char *out = xmalloc(most + 1);
+    memcpy(out, src, first);
+    size_t o = first;
+    int changed = 0;
+    for (size_t i = first; i < len;) {
+        const char *eol = memmem(src + i, len - i, "\r\n", 2);
+        size_t n = eol ? (size_t)(eol - (src + i)) : len - i, v = 0;
+        size_t end = eol ? n + 2 : n;
+        if (credential_field(x, src + i, n, &v) && memmem(src + i + v, n - v, ph, phlen)) {
+            memcpy(out + o, src + i, v);
+            o += v;
+            o += replace_into(out + o, src + i + v, n - v, ph, phlen, x->value, x->len);
+            memcpy(out + o, src + i + n, end - n);
+            o += end - n;
+            changed = 1;
+        } else {
+            memcpy(out + o, src + i, end);
+            o += end;
+        }
+        i += end;
+    }
+    if (!changed) {
+        explicit_bzero(out, o);
+        free(out);
+        return NULL;
+    }
+    *outlen = o;
+    return out;
+}
+
+char *secrets_rewrite_head(const struct secrets *s, json_t *placeholders, const char *owner,
+                           const char *host, int port, const char *head, size_t len, size_t *outlen)
 {
     const char *fields = memchr(head, '\n', len);
-    if (!fields)
+    if (!fields || !method_ok(head, len))
         return NULL;
     fields++;
     size_t first = (size_t)(fields - head);
@@ -436,18 +709,13 @@ char *secrets_rewrite_head(const struct secrets *s, json_t *placeholders, const 
     {
         const struct secret *x = find(s, name);
         const char *ph = json_string_value(phj);
-        if (!x || !x->value || !ph || !netpolicy_name_allowed(x->policy, host))
+        if (!x || !ph || !ph[0] || !usable_by(x, owner) ||
+            netpolicy_check(x->policy, host, port) != NETPOLICY_ALLOW)
             continue;
-        const char *src = cur ? cur : head;
-        size_t phlen = strlen(ph);
-        if (!memmem(src + first, curlen - first, ph, phlen))
+        size_t n = 0;
+        char *next = rewrite_fields(x, ph, cur ? cur : head, curlen, first, &n);
+        if (!next)
             continue;
-        /* each occurrence grows by at most vlen - phlen */
-        size_t most = curlen + (curlen / phlen + 1) * (x->len > phlen ? x->len - phlen : 0);
-        char *next = xmalloc(most + 1);
-        memcpy(next, src, first);
-        size_t n = first + replace_into(next + first, src + first, curlen - first, ph, phlen,
-                                        x->value, x->len);
         if (cur) {
             explicit_bzero(cur, curlen);
             free(cur);

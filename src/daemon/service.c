@@ -155,8 +155,16 @@ void svc_sandbox_create(struct daemon *d, const struct sandbox_opts *o, struct s
     json_array_foreach(o->secrets, i, name)
     {
         const char *n = json_string_value(name);
-        if (!secrets_exists(d->secrets, n)) {
-            sink_failf(s, WR_E_NOT_FOUND, ENOENT, "secrets: no secret named %.64s", n);
+        /* One answer for a secret that is not there and one another tenant's: a key learns
+         * no name it may not use. */
+        if (!secrets_usable(d->secrets, n, sb->key_id)) {
+            if (sb->key_id[0])
+                sink_failf(s, WR_E_NOT_FOUND, ENOENT,
+                           "secrets: no secret %.64s that this key may use (secrets are the "
+                           "admin's, who grants each to keys: ask for it to be granted to %s)",
+                           n, sb->key_id);
+            else
+                sink_failf(s, WR_E_NOT_FOUND, ENOENT, "secrets: no secret named %.64s", n);
             sandbox_unref(sb);
             return;
         }
@@ -376,11 +384,52 @@ void svc_secret_get(struct daemon *d, const char *name, struct sink *s)
     sink_reply(s, SINK_OK, o);
 }
 
+/* A grant names keys in use whose sandboxes are their own: a key made --of another makes its
+ * owner's, so the owner is the one to name. Answers and returns 1 if one is not. */
+static int grant_refused(struct daemon *d, json_t *keys, struct sink *s)
+{
+    size_t i;
+    json_t *id;
+    json_array_foreach(keys, i, id)
+    {
+        const char *kid = json_string_value(id);
+        const struct api_key *k = kid ? keys_find(d->keys, kid) : NULL;
+        if (!kid)
+            continue; /* secrets.c names the bad entry */
+        if (!k || k->revoked_at) {
+            sink_failf(s, WR_E_INVALID, 0, "keys[%zu]: no key %.40s in use", i, kid);
+            return 1;
+        }
+        if (strcmp(k->owner_id, k->id)) {
+            sink_failf(s, WR_E_INVALID, 0,
+                       "keys[%zu]: key %s was made --of %s and uses %s's grants: grant %s", i,
+                       k->id, k->owner_id, k->owner_id, k->owner_id);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 void svc_secret_set(struct daemon *d, const char *name, const char *value, size_t len,
-                    json_t *hosts, struct sink *s)
+                    const struct secret_fields *f, struct sink *s)
 {
     struct wr_err err = {0};
-    if (secrets_set(d->secrets, d->store, name, value, len, hosts, &err) < 0) {
+    if (grant_refused(d, f->keys, s))
+        return;
+    if (secrets_set(d->secrets, d->store, name, value, len, f, &err) < 0) {
+        sink_fail(s, &err);
+        return;
+    }
+    sink_reply(s, SINK_OK, secrets_get_json(d->secrets, name));
+}
+
+void svc_secret_update(struct daemon *d, const char *name, const struct secret_fields *f,
+                       struct sink *s)
+{
+    struct wr_err err = {0};
+    if (grant_refused(d, f->keys, s))
+        return;
+    if (secrets_update(d->secrets, d->store, name, f, &err) < 0) {
         sink_fail(s, &err);
         return;
     }

@@ -76,11 +76,15 @@ void svc_sandbox_set_timeout(struct daemon *d, const char *id, int timeout_secon
 void svc_sandbox_set_network(struct daemon *d, const char *id, json_t *policy, struct sink *s);
 
 /** Answers {"id", "events": [...]}: the sandbox's history, oldest first. */
-/** The secrets (daemon/secrets.h): list, get, set (create or replace), delete. */
+/** The secrets (daemon/secrets.h): list, get, set (create or replace), update (the fields f
+ * gives, keeping the value), delete. f->keys must name keys in use that are their own owners. */
+struct secret_fields;
 void svc_secrets_list(struct daemon *d, struct sink *s);
 void svc_secret_get(struct daemon *d, const char *name, struct sink *s);
 void svc_secret_set(struct daemon *d, const char *name, const char *value, size_t len,
-                    json_t *hosts, struct sink *s);
+                    const struct secret_fields *f, struct sink *s);
+void svc_secret_update(struct daemon *d, const char *name, const struct secret_fields *f,
+                       struct sink *s);
 void svc_secret_delete(struct daemon *d, const char *name, struct sink *s);
 
 /** GET /v1/sandboxes/{id}/network/log: its recent denied lookups and connections. */

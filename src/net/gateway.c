@@ -187,11 +187,11 @@ static void proxy_allowed(void *ctx, const char *id, const char *host, int port)
         g->hooks.allowed(g->ctx, id, host, port);
 }
 
-static char *proxy_rewrite_head(void *ctx, const char *id, const char *host, const char *head,
-                                size_t len, size_t *outlen)
+static char *proxy_rewrite_head(void *ctx, const char *id, const char *host, int port,
+                                const char *head, size_t len, size_t *outlen)
 {
     struct gateway *g = ctx;
-    return g->hooks.rewrite_head ? g->hooks.rewrite_head(g->ctx, id, host, head, len, outlen)
+    return g->hooks.rewrite_head ? g->hooks.rewrite_head(g->ctx, id, host, port, head, len, outlen)
                                  : NULL;
 }
 

@@ -51,10 +51,10 @@ struct gateway_hooks {
                    const char *reason);
     /** A connection let through to host:port (may be NULL). */
     void (*allowed)(void *ctx, const char *id, const char *host, int port);
-    /** A request head to host on sandbox id's intercepted TLS connection: a replacement
+    /** A request head to host:port on sandbox id's intercepted TLS connection: a replacement
      * (malloc'd, *outlen bytes) or NULL to send it as it is (see net/proxy.h). May be NULL. */
-    char *(*rewrite_head)(void *ctx, const char *id, const char *host, const char *head, size_t len,
-                          size_t *outlen);
+    char *(*rewrite_head)(void *ctx, const char *id, const char *host, int port, const char *head,
+                          size_t len, size_t *outlen);
 };
 
 struct gateway;

@@ -342,7 +342,8 @@ static void forward_head(struct conn *c, struct evbuffer *in, struct evbuffer *o
         const char *head = (const char *)evbuffer_pullup(in, (ev_ssize_t)len);
         size_t outlen = 0;
         char *repl =
-            head ? p->hooks.rewrite_head(p->ctx, c->id, c->host, head, len, &outlen) : NULL;
+            head ? p->hooks.rewrite_head(p->ctx, c->id, c->host, c->port, head, len, &outlen)
+                 : NULL;
         if (repl) {
             evbuffer_drain(in, len);
             evbuffer_add(out, repl, outlen);

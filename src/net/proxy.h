@@ -84,15 +84,16 @@ struct proxy_hooks {
     /** A connection let through: dialed and relaying to host:port (may be NULL). */
     void (*allowed)(void *ctx, const char *id, const char *host, int port);
     /**
-     * For each request head on an intercepted TLS connection to host (the SNI, already checked
-     * to match the request's Host): may return a replacement head (malloc'd, *outlen bytes; the
+     * For each request head on an intercepted TLS connection to host:port (the SNI, already
+     * checked to match the request's Host, and the port dialed): may return a replacement head
+     * (malloc'd, *outlen bytes; the
      * proxy frees it), which is forwarded upstream as it is (the replacement must keep the
      * head's body framing) -- the daemon puts secrets into header fields here -- or NULL to
      * forward the head as it is. head is len bytes, request line to blank line, valid only for
      * the call. May be NULL.
      */
-    char *(*rewrite_head)(void *ctx, const char *id, const char *host, const char *head, size_t len,
-                          size_t *outlen /* OUT */);
+    char *(*rewrite_head)(void *ctx, const char *id, const char *host, int port, const char *head,
+                          size_t len, size_t *outlen /* OUT */);
 };
 
 /** Limits; a field left 0 takes its default (PROXY_*). */

@@ -46,7 +46,8 @@ static const char *schema =
     "  name TEXT PRIMARY KEY,"
     "  hosts TEXT NOT NULL,"
     "  sealed BLOB NOT NULL,"
-    "  updated_at INTEGER NOT NULL"
+    "  updated_at INTEGER NOT NULL,"
+    "  access TEXT NOT NULL DEFAULT '{}'"
     ");"
     "CREATE TABLE IF NOT EXISTS api_keys ("
     "  id TEXT PRIMARY KEY,"
@@ -92,6 +93,25 @@ static int db_fault(const char *point, const char *what, struct wr_err *err)
     return wr_err_set(err, e.code, "%s: %s (%s)", what, as, e.msg);
 }
 
+/*
+ * Adds a column that a database from an older daemon lacks (its rows take the default). SQLite
+ * has no ADD COLUMN IF NOT EXISTS: a statement naming the column tells. Returns 0, or -1 with
+ * *msg from sqlite3_exec.
+ */
+static int add_column(struct store *s, const char *table, const char *column, const char *decl,
+                      char **msg)
+{
+    char sql[256];
+    snprintf(sql, sizeof(sql), "SELECT %s FROM %s LIMIT 0", column, table);
+    sqlite3_stmt *st = NULL;
+    int have = sqlite3_prepare_v2(s->db, sql, -1, &st, NULL) == SQLITE_OK;
+    sqlite3_finalize(st);
+    if (have)
+        return 0;
+    snprintf(sql, sizeof(sql), "ALTER TABLE %s ADD COLUMN %s %s", table, column, decl);
+    return sqlite3_exec(s->db, sql, NULL, NULL, msg) == SQLITE_OK ? 0 : -1;
+}
+
 struct store *store_open(const char *path, struct wr_err *err)
 {
     char what[64 + 4096];
@@ -109,7 +129,8 @@ struct store *store_open(const char *path, struct wr_err *err)
     }
     sqlite3_busy_timeout(s->db, 5000);
     char *msg = NULL;
-    if (sqlite3_exec(s->db, schema, NULL, NULL, &msg) != SQLITE_OK) {
+    if (sqlite3_exec(s->db, schema, NULL, NULL, &msg) != SQLITE_OK ||
+        add_column(s, "secrets", "access", "TEXT NOT NULL DEFAULT '{}'", &msg) < 0) {
         wr_err_set(err, EIO, "initialise database %s: %s", path, msg ? msg : "?");
         sqlite3_free(msg);
         store_close(s);
@@ -252,22 +273,25 @@ int store_event_foreach(struct store *s, const char *sandbox_id, int limit,
 
 /* ---- secrets (sealed by daemon/secrets.c; the store never sees a value) ---- */
 
-int store_secret_put(struct store *s, const char *name, const char *hosts, const void *sealed,
-                     size_t len, int64_t updated_at, struct wr_err *err)
+int store_secret_put(struct store *s, const char *name, const char *hosts, const char *access,
+                     const void *sealed, size_t len, int64_t updated_at, struct wr_err *err)
 {
     if (db_fault("store.secret", "store a secret", err) < 0)
         return -1;
     sqlite3_stmt *st = NULL;
     if (sqlite3_prepare_v2(s->db,
-                           "INSERT INTO secrets (name, hosts, sealed, updated_at) VALUES (?,?,?,?) "
+                           "INSERT INTO secrets (name, hosts, sealed, updated_at, access) "
+                           "VALUES (?,?,?,?,?) "
                            "ON CONFLICT(name) DO UPDATE SET hosts=excluded.hosts, "
-                           "sealed=excluded.sealed, updated_at=excluded.updated_at",
+                           "sealed=excluded.sealed, updated_at=excluded.updated_at, "
+                           "access=excluded.access",
                            -1, &st, NULL) != SQLITE_OK)
         return db_err(s, err, "store a secret");
     sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 2, hosts, -1, SQLITE_STATIC);
     sqlite3_bind_blob(st, 3, sealed, (int)len, SQLITE_STATIC);
     sqlite3_bind_int64(st, 4, updated_at);
+    sqlite3_bind_text(st, 5, access, -1, SQLITE_STATIC);
     int rc = sqlite3_step(st);
     sqlite3_finalize(st);
     return rc == SQLITE_DONE ? 0 : db_err(s, err, "store a secret");
@@ -288,13 +312,15 @@ int store_secret_delete(struct store *s, const char *name, struct wr_err *err)
 
 int store_secret_foreach(struct store *s,
                          int (*cb)(void *arg, const char *name, const char *hosts,
-                                   const void *sealed, size_t len, int64_t updated_at),
+                                   const char *access, const void *sealed, size_t len,
+                                   int64_t updated_at),
                          void *arg, struct wr_err *err)
 {
     sqlite3_stmt *st = NULL;
     if (sqlite3_prepare_v2(s->db,
-                           "SELECT name, hosts, sealed, updated_at FROM secrets ORDER BY name", -1,
-                           &st, NULL) != SQLITE_OK)
+                           "SELECT name, hosts, sealed, updated_at, access FROM secrets "
+                           "ORDER BY name",
+                           -1, &st, NULL) != SQLITE_OK)
         return db_err(s, err, "list secrets");
     int rc;
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
@@ -302,9 +328,11 @@ int store_secret_foreach(struct store *s,
         const char *hosts = (const char *)sqlite3_column_text(st, 1);
         const void *blob = sqlite3_column_blob(st, 2);
         size_t len = (size_t)sqlite3_column_bytes(st, 2);
+        const char *access = (const char *)sqlite3_column_text(st, 4);
         if (!name || !hosts)
             continue;
-        if (cb(arg, name, hosts, blob, len, sqlite3_column_int64(st, 3)) < 0)
+        if (cb(arg, name, hosts, access ? access : "{}", blob, len, sqlite3_column_int64(st, 3)) <
+            0)
             break;
     }
     sqlite3_finalize(st);

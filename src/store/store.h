@@ -45,9 +45,13 @@ int store_event_foreach(struct store *s, const char *sandbox_id, int limit,
                                   const char *reason),
                         void *arg, struct wr_err *err);
 
-/** Stores (or replaces) a secret: its name, its hosts (JSON text) and its sealed value. */
-int store_secret_put(struct store *s, const char *name, const char *hosts, const void *sealed,
-                     size_t len, int64_t updated_at, struct wr_err *err);
+/**
+ * Stores (or replaces) a secret: its name, its hosts (JSON text), who may use it and where it
+ * goes (access: JSON text, daemon/secrets.c's) and its sealed value. A row from before `access`
+ * existed reads as "{}".
+ */
+int store_secret_put(struct store *s, const char *name, const char *hosts, const char *access,
+                     const void *sealed, size_t len, int64_t updated_at, struct wr_err *err);
 
 /** Deletes a secret (none by that name is fine). */
 int store_secret_delete(struct store *s, const char *name, struct wr_err *err);
@@ -55,7 +59,8 @@ int store_secret_delete(struct store *s, const char *name, struct wr_err *err);
 /** Calls cb for every secret, by name; cb returning < 0 stops early. */
 int store_secret_foreach(struct store *s,
                          int (*cb)(void *arg, const char *name, const char *hosts,
-                                   const void *sealed, size_t len, int64_t updated_at),
+                                   const char *access, const void *sealed, size_t len,
+                                   int64_t updated_at),
                          void *arg, struct wr_err *err);
 
 /** Stores (or replaces) an API key's document (daemon/keys.c: its hash, never the key). */

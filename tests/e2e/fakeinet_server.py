@@ -3,7 +3,8 @@
 One process, one thread per listener (and per connection):
   - DNS on <dns>:53, UDP and TCP: A records from a table (names case-insensitive), NXDOMAIN
     for names not in it, an empty NOERROR answer for other types (AAAA, MX, ...) of known names.
-  - HTTP on :80 and HTTPS on :443 of every fake host's address. A server's identity is the
+  - HTTP on :80 and HTTPS on :443 and :8443 of every fake host's address (the second HTTPS port
+    for what must tell ports apart, as a secret bound to one). A server's identity is the
     address the connection arrived at (as on the real internet): it presents that host's
     certificate whatever the SNI says, and answers as that host whatever the Host header says.
   - a package index: pypi.org/simple/ (PEP 503) and files.pythonhosted.org/packages/<file>.
@@ -212,7 +213,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def record(self, body):
         srv = self.server
         self.server.state.http_log.write({
-            "host": srv.host, "addr": srv.addr, "scheme": srv.scheme,
+            "host": srv.host, "addr": srv.addr, "scheme": srv.scheme, "port": srv.port,
             "sni": getattr(self.request, "wr_sni", None),
             "method": self.command, "path": self.path,
             "headers": {k.lower(): v for k, v in self.headers.items()},
@@ -323,7 +324,7 @@ class HTTPServer(http.server.ThreadingHTTPServer):
     request_queue_size = 128
 
     def __init__(self, state, host, addr, port, ctx=None):
-        self.state, self.host, self.addr = state, host, addr
+        self.state, self.host, self.addr, self.port = state, host, addr, port
         self.scheme = "https" if ctx else "http"
         self.ctx = ctx
         super().__init__((addr, port), Handler)
@@ -395,8 +396,9 @@ def main():
     for host, h in cfg["servers"].items():
         servers = [HTTPServer(state, host, h["addr"], 80)]
         if h.get("cert"):
-            servers.append(HTTPServer(state, host, h["addr"], 443,
-                                      tls_context(h["cert"], h["key"])))
+            for port in (443, 8443):
+                servers.append(HTTPServer(state, host, h["addr"], port,
+                                          tls_context(h["cert"], h["key"])))
         for s in servers:
             threads.append(threading.Thread(target=s.serve_forever, daemon=True))
 

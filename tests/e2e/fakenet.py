@@ -20,7 +20,8 @@ No default route in either namespace: 1.1.1.1 (or any other address) is unreacha
 (ENETUNREACH), so no bug can send traffic anywhere real. IPv6 is off in both.
 
 Hosts (HOSTS): pypi.org .10, files.pythonhosted.org .11, api.github.test .12, evil.test .13,
-example.test .14 (HTTP :80 and HTTPS :443 with a certificate from the test CA), the resolver
+example.test .14 (HTTP :80 and HTTPS :443 and :8443 with a certificate from the test CA;
+example.test's also names *.example.test, for names set with set_dns), the resolver
 198.51.100.53 (:53 UDP and TCP), and the metadata service metadata.test = 169.254.169.254
 (HTTP :80 only). A server's identity is its address, as on the real internet: a connection to
 198.51.100.13 gets evil.test's certificate and answer whatever its SNI or Host header says.
@@ -58,7 +59,7 @@ HOST_ADDR = "198.51.100.1"
 DNS_ADDR = "198.51.100.53"
 PUBLIC_RANGES = "198.51.100.0/24"
 METADATA_ADDR = "169.254.169.254"
-HOSTS = {  # name -> address: HTTP :80 and HTTPS :443 each
+HOSTS = {  # name -> address: HTTP :80 and HTTPS :443 and :8443 each
     "pypi.org": "198.51.100.10",
     "files.pythonhosted.org": "198.51.100.11",
     "api.github.test": "198.51.100.12",
@@ -66,6 +67,8 @@ HOSTS = {  # name -> address: HTTP :80 and HTTPS :443 each
     "example.test": "198.51.100.14",
 }
 METADATA_NAME = "metadata.test"  # HTTP :80 only, at METADATA_ADDR
+HTTPS_PORTS = (443, 8443)
+ALT_NAMES = {"example.test": ["*.example.test"]}  # more subjectAltNames for a host's leaf
 
 WHEEL_NAME = "wr_hello-1.0-py3-none-any.whl"
 WHEEL_MODULE = 'def greet():\n    return "hello from the fake index"\n'
@@ -121,9 +124,9 @@ def _is_address(name):
         return False
 
 
-def make_certs(d, names):
+def make_certs(d, names, alt=None):
     """A test CA and one leaf per name (EC P-256, subjectAltName DNS:name, or IP:name for an
-    address). Returns (ca_pem, {name: (cert, key)})."""
+    address, plus DNS:each of alt[name] if given). Returns (ca_pem, {name: (cert, key)})."""
     ca_cnf = os.path.join(d, "ca.cnf")
     with open(ca_cnf, "w") as f:
         f.write("[req]\ndistinguished_name = dn\nx509_extensions = v3_ca\nprompt = no\n"
@@ -138,11 +141,13 @@ def make_certs(d, names):
     for i, name in enumerate(names):
         base = os.path.join(d, name)
         ext = base + ".ext"
+        san = f"{'IP' if _is_address(name) else 'DNS'}:{name}"
+        san += "".join(f", DNS:{a}" for a in (alt or {}).get(name, []))
         with open(ext, "w") as f:
             f.write("[v3]\nbasicConstraints = critical, CA:FALSE\n"
                     "keyUsage = critical, digitalSignature\n"
                     "extendedKeyUsage = serverAuth\n"
-                    f"subjectAltName = {'IP' if _is_address(name) else 'DNS'}:{name}\n"
+                    f"subjectAltName = {san}\n"
                     "subjectKeyIdentifier = hash\n"
                     "authorityKeyIdentifier = keyid:always\n")
         _run(["openssl", "req", "-new", "-newkey", "ec", "-pkeyopt",
@@ -257,7 +262,7 @@ class FakeNet:
         build_wheel(self.wheel_path)
         with open(self.wheel_path, "rb") as f:
             self.wheel_sha256 = hashlib.sha256(f.read()).hexdigest()
-        ca_pem, leaves = make_certs(self.dir, list(HOSTS))
+        ca_pem, leaves = make_certs(self.dir, list(HOSTS), ALT_NAMES)
         assert ca_pem == self.ca_pem
         self._write_resolver_files()
         self._make_namespaces()
@@ -333,7 +338,7 @@ class FakeNet:
         dropped (the marks start after them)."""
         targets = [(DNS_ADDR, 53)]
         for name, addr in HOSTS.items():
-            targets += [(addr, 80), (addr, 443)]
+            targets += [(addr, 80)] + [(addr, p) for p in HTTPS_PORTS]
         targets.append((METADATA_ADDR, 80))
         code = PROBE_CODE % {"dns": DNS_ADDR, "names": list(self.hosts), "tcp": targets}
         r = self.run_in_host_ns([sys.executable, "-c", code], timeout=30)
@@ -422,9 +427,9 @@ class FakeNet:
         return [r["name"] for r in self.dns_records()]
 
     def requests(self, host=None):
-        """Requests the fake web servers got, in order: {"host", "addr", "scheme", "method",
-        "path", "headers" (lower-case names), "sni", "client", "body"}. host: only those to
-        this server (its name, e.g. "pypi.org" or "metadata.test", or its address)."""
+        """Requests the fake web servers got, in order: {"host", "addr", "scheme", "port",
+        "method", "path", "headers" (lower-case names), "sni", "client", "body"}. host: only
+        those to this server (its name, e.g. "pypi.org" or "metadata.test", or its address)."""
         recs = self._read_jsonl(self.http_log)
         if host is not None:
             h = host.lower()

@@ -415,12 +415,12 @@ static void hook_denied(void *ctx, const char *id, const char *host, int port, c
 static char rewrite_log[4096];
 
 /* The daemon's part: the placeholder in a head replaced by the real value. */
-static char *hook_rewrite(void *ctx, const char *id, const char *host, const char *head, size_t len,
-                          size_t *outlen)
+static char *hook_rewrite(void *ctx, const char *id, const char *host, int port, const char *head,
+                          size_t len, size_t *outlen)
 {
     pthread_mutex_lock(&mu);
     size_t used = strlen(rewrite_log);
-    snprintf(rewrite_log + used, sizeof(rewrite_log) - used, "%s|%s;", id, host);
+    snprintf(rewrite_log + used, sizeof(rewrite_log) - used, "%s|%s|%d;", id, host, port);
     pthread_mutex_unlock(&mu);
     const char *at = memmem(head, len, PLACEHOLDER, strlen(PLACEHOLDER));
     if (!at)
@@ -1305,10 +1305,12 @@ static void mitm_secrets(void)
     ok(tls_heads_has("POST /secret2 HTTP/1.1\r\nHost: allowed.test\r\n" SECRET),
        "with the real value upstream");
     tls_close(ssl, fd);
+    char want[64];
+    snprintf(want, sizeof(want), "sb-1|allowed.test|%d;", up_ok.port);
     pthread_mutex_lock(&mu);
-    int hooked = strstr(rewrite_log, "sb-1|allowed.test;") != NULL;
+    int hooked = strstr(rewrite_log, want) != NULL;
     pthread_mutex_unlock(&mu);
-    ok(hooked, "rewrite_head was given the sandbox's id and the SNI");
+    ok(hooked, "rewrite_head was given the sandbox's id, the SNI and the port dialed");
 }
 
 static void mitm_refusals(void)
