@@ -194,8 +194,20 @@ static int check_counts(struct daemon *d, const struct tally *t, int is_new, str
     return 0;
 }
 
+void admission_read_host(const char *state_dir, struct admission_host *out)
+{
+    out->mem_available_mib = mem_available_mib();
+    if (out->mem_available_mib < 0)
+        log_warn(NULL, "admission.meminfo", "error=\"no MemAvailable in /proc/meminfo\"");
+    out->pressure_full = memory_pressure_full();
+    if (disk_free_mib(state_dir, &out->disk_free_mib) < 0) {
+        log_warn(NULL, "admission.statvfs", "error=\"%s\"", strerror(errno));
+        out->disk_free_mib = -1;
+    }
+}
+
 static int check_memory(struct daemon *d, const struct sandbox *sb, const struct tally *t,
-                        struct wr_err *err)
+                        const struct admission_host *h, struct wr_err *err)
 {
     const struct daemon_config *cfg = &d->cfg;
     long long host = d->host_memory_mib;
@@ -214,18 +226,16 @@ static int check_memory(struct daemon *d, const struct sandbox *sb, const struct
                            "memory_mib",
                            t->memory_limits, sb->memory_mib, budget, host, cfg->memory_overcommit);
 
-    double full = memory_pressure_full();
+    double full = h->pressure_full;
     if (full >= PRESSURE_FULL_MAX)
         return wr_err_kind(err, WR_E_CAPACITY, EAGAIN,
                            "not enough memory: the host is short of it (every task stalled on "
                            "memory %.0f%% of the last 10 s); stop or delete a sandbox, or retry "
                            "later",
                            full);
-    long long avail = mem_available_mib();
-    if (avail < 0) {
-        log_warn(NULL, "admission.meminfo", "error=\"no MemAvailable in /proc/meminfo\"");
+    long long avail = h->mem_available_mib;
+    if (avail < 0)
         return 0;
-    }
     long long keep = host / HOST_MEMORY_KEEP_DIV;
     long long need = min_ll(sb->memory_mib, MEMORY_RESERVE_MIB);
     if (t->memory_owed + need > avail - keep)
@@ -239,14 +249,12 @@ static int check_memory(struct daemon *d, const struct sandbox *sb, const struct
 }
 
 static int check_disk(struct daemon *d, const struct sandbox *sb, const struct tally *t, int is_new,
-                      struct wr_err *err)
+                      const struct admission_host *h, struct wr_err *err)
 {
     const struct daemon_config *cfg = &d->cfg;
-    long long free_mib;
-    if (disk_free_mib(cfg->state_dir, &free_mib) < 0) {
-        log_warn(NULL, "admission.statvfs", "error=\"%s\"", strerror(errno));
+    long long free_mib = h->disk_free_mib;
+    if (free_mib < 0)
         return 0;
-    }
     long long avail = free_mib - cfg->disk_reserve_mib;
     char note[160];
     /* A stopped one's disk exists already, and never holds more than its disk_mib. */
@@ -278,13 +286,21 @@ static int check_disk(struct daemon *d, const struct sandbox *sb, const struct t
     return 0;
 }
 
-int admission_limits(struct daemon *d, const struct sandbox *sb, int is_new, struct wr_err *err)
+int admission_limits_on(struct daemon *d, const struct sandbox *sb, int is_new,
+                        const struct admission_host *host, struct wr_err *err)
 {
     struct tally t;
     tally_sandboxes(d, sb, &t);
-    if (check_counts(d, &t, is_new, err) < 0 || check_memory(d, sb, &t, err) < 0)
+    if (check_counts(d, &t, is_new, err) < 0 || check_memory(d, sb, &t, host, err) < 0)
         return -1;
-    return check_disk(d, sb, &t, is_new, err);
+    return check_disk(d, sb, &t, is_new, host, err);
+}
+
+int admission_limits(struct daemon *d, const struct sandbox *sb, int is_new, struct wr_err *err)
+{
+    struct admission_host host;
+    admission_read_host(d->cfg.state_dir, &host);
+    return admission_limits_on(d, sb, is_new, &host, err);
 }
 
 int admission_loop(struct daemon *d, const struct sandbox *sb, struct wr_err *err)
