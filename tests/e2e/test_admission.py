@@ -134,6 +134,10 @@ def test_concurrent_creates_never_overshoot(limited):
         if r.status == 503:
             refused(r, "--max-running 3")
     assert len(ids(d)) == 3
+    # counted as refused (before anything was made), not as failed creates
+    text = d.admin.request("GET", "/metrics", validate=False).body.decode()
+    assert 'withruntime_sandbox_creates_total{result="refused"} 7\n' in text, text
+    assert 'withruntime_sandbox_creates_total{result="failed"} 0\n' in text, text
 
 
 def test_kept_sandboxes_are_capped_but_starting_a_kept_one_is_not(limited):
