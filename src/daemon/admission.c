@@ -158,7 +158,7 @@ static unsigned long long dir_held_bytes(const char *dir)
 }
 
 /* "N stopped sandboxes hold X": what a prune would free, for a refusal's message (read only
- * then: a pass over every stopped sandbox's directory). Empty if none are kept stopped. */
+ * then: a pass over every stopped sandbox's directory), or that none is kept stopped. */
 static void stopped_note(struct daemon *d, const struct sandbox *sb, char *out, size_t len)
 {
     int n = 0;
