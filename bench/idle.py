@@ -69,8 +69,7 @@ class IdleDaemon:
                 "--socket", self.sock, "--agent", self.args.agent,
                 "--freeze-after", str(self.freeze_after),
                 "--max-running", str(max(self.args.counts) + 10),
-                "--max-sandboxes", str(max(self.args.counts) + 100),
-                "--memory-overcommit", "8"]
+                "--max-sandboxes", str(max(self.args.counts) + 100)]
         with open(self.log_path, "ab") as logf:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf,
                                          stderr=subprocess.STDOUT)

@@ -42,7 +42,7 @@ import urllib.parse
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-PARTS = ("latency", "exec", "files", "pool", "idle", "restore", "sdk")
+PARTS = ("latency", "exec", "files", "pool", "idle", "restore", "sdk", "density")
 
 
 # ---------------------------------------------------------------- small helpers
@@ -659,10 +659,12 @@ def markdown(res):
         if "withruntime_curl" in f["read"]:
             lines.append(f"| read, curl to /dev/null | {f['read']['withruntime_curl']} | "
                          f"{f['read']['sandbox_dd_page_cache']} | {f['read']['ratio_curl']:.2f} |")
+    import density  # noqa: E402 - bench/density.py (imports this module)
     import sdk  # noqa: E402 - bench/sdk.py (imports this module)
 
     lines += markdown_pool(r.get("pool")) + markdown_idle(r.get("idle")) + \
-        markdown_restore(r.get("restore")) + sdk.markdown(r.get("sdk")) + markdown_targets(r)
+        markdown_restore(r.get("restore")) + sdk.markdown(r.get("sdk")) + \
+        density.markdown(r.get("density")) + markdown_targets(r)
     return "\n".join(lines)
 
 
@@ -924,6 +926,9 @@ def main():
                     help="restore: boots and restores of each (default 10)")
     ap.add_argument("--sdk-n", type=int, default=200,
                     help="sdk: calls of each kind on each transport (default 200)")
+    ap.add_argument("--density-n", type=int, default=100,
+                    help="density: default-shape sandboxes in all, --parallel at a time "
+                    "(default 100)")
     import idle  # noqa: E402 - bench/idle.py (imports this module)
     idle.add_args(ap, "idle-")
     ap.add_argument("--only", default=",".join(PARTS),
@@ -998,6 +1003,11 @@ def main():
             results["sdk"] = sdk.measure(argparse.Namespace(bin=args.bin, agent=args.agent,
                                                             n=args.sdk_n),
                                          images, tempfile.mkdtemp(dir=workdir))
+        if "density" in parts:
+            import density  # noqa: E402 - bench/density.py
+            results["density"] = density.measure(
+                argparse.Namespace(bin=args.bin, agent=args.agent, n=args.density_n,
+                                   wave=args.parallel), images)
         busy1 = host_jiffies()
         machine = machine_info(args.platform)
         machine["host_busy_pct_during_run"] = round(

@@ -26,6 +26,7 @@ from .async_client import AsyncClient
 from .client import Client, Connection, resolve_connection
 from .errors import (
     AuthError,
+    CapacityError,
     ConfigurationError,
     CostLimit,
     Conflict,
@@ -91,6 +92,7 @@ __all__ = [
     "FileTooLarge",
     "ExecFailed",
     "ServerError",
+    "CapacityError",
     "DaemonUnavailable",
     "ConfigurationError",
     "DirTransfer",

@@ -294,7 +294,8 @@ class _LineSource:
         if self._answer is None:
             self._answer = await self._client._open(*self._open_args)
             if self._answer.status >= 400:
-                raise self._client._error(self._answer.status, await self._answer.read_all())
+                raise self._client._error(self._answer.status, await self._answer.read_all(),
+                                          self._answer.headers)
         while True:
             nl = self._buf.find(b"\n")
             if nl < 0 and self._ended and self._buf:

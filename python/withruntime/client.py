@@ -427,8 +427,10 @@ class ClientBase:
             return True
 
     @staticmethod
-    def _error(status: int, raw: bytes) -> WithruntimeError:
-        """The typed error for an answer of 400 or more with body ``raw``."""
+    def _error(status: int, raw: bytes,
+               headers: Optional[Mapping[str, str]] = None) -> WithruntimeError:
+        """The typed error for an answer of 400 or more with body ``raw`` (and its headers,
+        lower-case names, for ``Retry-After``)."""
         err = None
         try:
             doc = json.loads(raw)
@@ -436,7 +438,7 @@ class ClientBase:
                 err = doc["error"]
         except ValueError:
             pass
-        return error_from_response(status, err, raw.decode("utf-8", "replace"))
+        return error_from_response(status, err, raw.decode("utf-8", "replace"), headers)
 
     def _json_of(self, resp: Response, method: str, path: str) -> Any:
         try:
@@ -491,7 +493,7 @@ class ClientBase:
         status, headers, data = yield Call(self, "_exchange", method, self._target(path, query),
                                            body, content_type, t)
         if status >= 400:
-            raise self._error(status, data)
+            raise self._error(status, data, headers)
         return Response(status, headers, data)
 
     @operation
@@ -665,7 +667,8 @@ class Client(ClientBase):
                                 headers={"Accept": "application/x-ndjson"})
         try:
             if resp.status >= 400:
-                raise self._error(resp.status, self._read(resp, t))
+                raise self._error(resp.status, self._read(resp, t),
+                                  {k.lower(): v for k, v in resp.getheaders()})
             while True:
                 try:
                     line = resp.readline()

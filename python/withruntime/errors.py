@@ -27,6 +27,7 @@ __all__ = [
     "FileTooLarge",
     "ExecFailed",
     "ServerError",
+    "CapacityError",
     "DaemonUnavailable",
     "ConfigurationError",
     "error_from_response",
@@ -157,6 +158,24 @@ class ServerError(WithruntimeError):
     default_code = "internal"
 
 
+class CapacityError(WithruntimeError):
+    """503 ``capacity``: the daemon's host has no room for one more sandbox now (its memory or
+    disk, or a limit of ``withruntime serve``); the message says what is short and what frees
+    it (stop or delete sandboxes, ``withruntime sandbox prune``, a smaller ``memory_mib`` or
+    ``disk_mib``). The daemon answered: this is not a :class:`DaemonUnavailable`.
+
+    Attributes:
+        retry_after: Seconds the daemon asks to wait before trying again (its ``Retry-After``
+            header), or None if it sent none.
+    """
+
+    default_code = "capacity"
+
+    def __init__(self, message: str, *, retry_after: Optional[int] = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.retry_after = retry_after
+
+
 class DaemonUnavailable(WithruntimeError, ConnectionError):
     """The daemon could not be reached, dropped the connection, did not answer in time, or
     answered 503 because it is shutting down. Also a :class:`ConnectionError`."""
@@ -187,6 +206,7 @@ _BY_CODE: Dict[str, Type[WithruntimeError]] = {
     "exec_failed": ExecFailed,
     "internal": ServerError,
     "unavailable": DaemonUnavailable,
+    "capacity": CapacityError,
 }
 
 _BY_STATUS: Dict[int, Type[WithruntimeError]] = {
@@ -204,7 +224,17 @@ _BY_STATUS: Dict[int, Type[WithruntimeError]] = {
 }
 
 
-def error_from_response(status: Optional[int], error: Any, fallback_text: str = "") -> WithruntimeError:
+def _retry_after(headers: Optional[Mapping[str, str]]) -> Optional[int]:
+    """A ``Retry-After`` of whole seconds (the daemon never sends a date), bounded to a day;
+    None if absent or anything else."""
+    value = (headers or {}).get("retry-after", "").strip()
+    if not value.isdigit() or len(value) > 6:
+        return None
+    return min(int(value), 86400)
+
+
+def error_from_response(status: Optional[int], error: Any, fallback_text: str = "",
+                        headers: Optional[Mapping[str, str]] = None) -> WithruntimeError:
     """Builds the exception for an error answer.
 
     Args:
@@ -212,6 +242,7 @@ def error_from_response(status: Optional[int], error: Any, fallback_text: str = 
         error: The decoded ``error`` object (a dict with ``code`` and ``message``), or None
             when the body was not the daemon's JSON.
         fallback_text: What to say when there is no message (e.g. a proxy's HTML body).
+        headers: The answer's headers, lower-case names (for ``Retry-After``), if any.
     """
     details: Dict[str, Any] = dict(error) if isinstance(error, dict) else {}
     code = details.get("code") if isinstance(details.get("code"), str) else None
@@ -231,4 +262,7 @@ def error_from_response(status: Optional[int], error: Any, fallback_text: str = 
         message = f"HTTP {status}: {text}" if status is not None else (text or "unknown error")
         if not text and status is not None:
             message = f"HTTP {status} with no error message"
+    if issubclass(cls, CapacityError):
+        return cls(message, code=code, status=status, errno=errno, details=details,
+                   retry_after=_retry_after(headers))
     return cls(message, code=code, status=status, errno=errno, details=details)

@@ -362,7 +362,9 @@ void api_reply_hook(struct http_req *req, int status, void *ctx)
             metrics_add(MC_CREATES_OK, 1);
             metrics_observe_us(MH_CREATE, now_us_monotonic() - c->start_us);
         } else {
-            metrics_add(status >= 500 ? MC_CREATES_FAILED : MC_CREATES_REFUSED, 1);
+            /* 503: refused before anything was made (no room, shutting down); a create that
+             * failed after admission answers 500. */
+            metrics_add(status >= 500 && status != 503 ? MC_CREATES_FAILED : MC_CREATES_REFUSED, 1);
         }
     }
     if (!c || !c->let_in || !c->route || !strcmp(c->method, "GET") || !strcmp(c->method, "HEAD") ||

@@ -36,7 +36,13 @@ static const struct {
     [WR_E_FORBIDDEN] = {403, "forbidden"},
     [WR_E_COST_LIMIT] = {402, "cost_limit"},
     [WR_E_RATE_LIMITED] = {429, "rate_limited"},
+    [WR_E_CAPACITY] = {503, "capacity"},
 };
+
+/* Retry-After on a capacity answer, in seconds: room comes back as sandboxes stop or are
+ * deleted (~0.1-1.5 s each) and as starting ones are measured (the meter reads each running
+ * sandbox every second), so a few seconds lets a burst drain without a storm of retries. */
+#define CAPACITY_RETRY_AFTER "5"
 
 static void kind_of(const struct wr_err *err, int *status, const char **code)
 {
@@ -61,6 +67,8 @@ void api_reply_err(struct http_req *req, const struct wr_err *err)
     const char *code;
     kind_of(err, &status, &code);
     json_t *extra = extra_of(err);
+    if (err->kind == WR_E_CAPACITY)
+        http_reply_header(req, "Retry-After", CAPACITY_RETRY_AFTER);
     if (extra)
         http_reply_error_extra(req, status, code, extra, "%s", err->msg);
     else

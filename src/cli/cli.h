@@ -23,6 +23,7 @@
 #define CLI_EXIT_NOT_FOUND 3 /* the daemon answered 404 */
 #define CLI_EXIT_REFUSED 4   /* the daemon answered another 4xx */
 #define CLI_EXIT_DAEMON 5    /* the daemon could not be reached, or answered 5xx */
+#define CLI_EXIT_CAPACITY 6  /* the daemon answered 503 capacity: no room for a sandbox now */
 
 #define CLI_DEFAULT_STATE_DIR "/var/lib/withruntime"
 
@@ -73,9 +74,9 @@ int cli_print_help(void);
 void cli_command_help(const struct cli_command *cmd, FILE *f);
 
 /**
- * The exit code for a failure: CLI_EXIT_NOT_FOUND, _REFUSED or _DAEMON for the daemon's error
- * answers (404, other 4xx, 5xx), CLI_EXIT_DAEMON when it could not be reached, else
- * CLI_EXIT_ERR.
+ * The exit code for a failure: CLI_EXIT_NOT_FOUND, _REFUSED, _CAPACITY or _DAEMON for the
+ * daemon's error answers (404, other 4xx, 503 capacity, other 5xx), CLI_EXIT_DAEMON when it could
+ * not be reached, else CLI_EXIT_ERR.
  */
 int cli_exit_code(const struct wr_err *err);
 

@@ -717,10 +717,13 @@ int cli_request_do(const struct cli_endpoint *ep, const struct cli_request *req,
         return 0;
     /* What kind of failure, for the exit code (cli_exit_code): the daemon's answer by its
      * status; a connection that failed is the daemon unreachable; the rest is ours. */
-    if (err->code == CLI_EAPI)
-        err->kind = resp->status == 404   ? WR_E_NOT_FOUND
-                    : resp->status >= 500 ? WR_E_UNAVAILABLE
-                                          : WR_E_INVALID;
+    if (err->code == CLI_EAPI && resp->status == 404)
+        err->kind = WR_E_NOT_FOUND;
+    else if (err->code == CLI_EAPI && resp->status == 503 &&
+             strcmp(resp->error_code, "capacity") == 0)
+        err->kind = WR_E_CAPACITY;
+    else if (err->code == CLI_EAPI)
+        err->kind = resp->status >= 500 ? WR_E_UNAVAILABLE : WR_E_INVALID;
     else if (!resp->local_error && err->code != EPERM && err->code != ECANCELED)
         err->kind = WR_E_UNAVAILABLE;
     return r;

@@ -56,6 +56,8 @@ static const char usage_tail[] =
     "  4    refused by the daemon: a bad request, no or a wrong key, a read-only\n"
     "       key, the sandbox not running, a cost limit (any other HTTP 4xx)\n"
     "  5    the daemon could not be reached, or failed (HTTP 5xx)\n"
+    "  6    no room for a sandbox now: the host's memory or disk, or a limit of\n"
+    "       `serve` (HTTP 503 capacity); the message says what frees it\n"
     "'sandbox run' and 'sandbox exec' exit with the command's own status once it\n"
     "ran: 128+N if signal N ended it, 124 if it timed out, 127 if it could not\n"
     "start, 5 if the sandbox failed under it, 130 (128+N) if we were interrupted.\n"
@@ -246,6 +248,8 @@ int cli_exit_code(const struct wr_err *err)
             return CLI_EXIT_NOT_FOUND;
         if (err->kind == WR_E_UNAVAILABLE)
             return CLI_EXIT_DAEMON;
+        if (err->kind == WR_E_CAPACITY)
+            return CLI_EXIT_CAPACITY;
         return CLI_EXIT_REFUSED;
     }
     return err->kind == WR_E_UNAVAILABLE ? CLI_EXIT_DAEMON : CLI_EXIT_ERR;

@@ -29,6 +29,7 @@ enum wr_kind {
     WR_E_FORBIDDEN,      /* the caller may not do this (a read-only key; an admin action) */
     WR_E_COST_LIMIT,     /* a sandbox's cost cap or a key's daily limit is reached */
     WR_E_RATE_LIMITED,   /* too many attempts: try again later */
+    WR_E_CAPACITY,       /* the host has no room for one more sandbox now (admission.c) */
 };
 
 struct wr_err {

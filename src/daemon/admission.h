@@ -1,6 +1,7 @@
 /*
  * Admission control: whether the host has room for one more sandbox to run (a create, or a
- * start of a stopped one), counted against the limits in the daemon's configuration. Runs on
+ * start of a stopped one), by what the host has and what sandboxes use, within the limits in
+ * the daemon's configuration (admission.c says how). Runs on
  * the loop thread, which is also the only thread that changes a sandbox's state, and a
  * sandbox admitted is CREATING or STARTING before the loop runs again: two creates can never
  * both take the last place.
@@ -13,9 +14,19 @@
 struct daemon;
 struct sandbox;
 
+/** What admission reads of the host when asked. */
+struct admission_host {
+    long long mem_available_mib; /* /proc/meminfo's MemAvailable; -1: unknown */
+    double pressure_full;        /* /proc/pressure/memory's "full avg10", percent; -1: no PSI */
+    long long disk_free_mib;     /* the state directory's filesystem, as df's Avail; -1: unknown */
+};
+
+/** Reads the host's numbers now (two small /proc files and one statvfs). */
+void admission_read_host(const char *state_dir, struct admission_host *out);
+
 /**
- * Returns 0 if sb may start now, else -1 with err (WR_E_UNAVAILABLE) naming the limit and
- * the numbers. is_new: sb is being created (not yet in the daemon's list); else it is a
+ * Returns 0 if sb may start now, else -1 with err (WR_E_CAPACITY) naming what is short and
+ * what frees it. is_new: sb is being created (not yet in the daemon's list); else it is a
  * stopped or failed sandbox about to start again (its disk is already counted).
  */
 int admission_check(struct daemon *d, const struct sandbox *sb, int is_new, struct wr_err *err);
@@ -27,6 +38,10 @@ int admission_check(struct daemon *d, const struct sandbox *sb, int is_new, stru
  * whose entry has its disk already, skips it.
  */
 int admission_limits(struct daemon *d, const struct sandbox *sb, int is_new, struct wr_err *err);
+
+/** admission_limits with the host's numbers given (tests/unit/test_admission.c). */
+int admission_limits_on(struct daemon *d, const struct sandbox *sb, int is_new,
+                        const struct admission_host *host, struct wr_err *err);
 int admission_loop(struct daemon *d, const struct sandbox *sb, struct wr_err *err);
 
 #endif

@@ -70,8 +70,9 @@ void daemon_config_defaults(struct daemon_config *cfg)
     cfg->output_budget = (size_t)budget;
     cfg->max_running = 100;
     cfg->max_sandboxes = 1000;
-    cfg->memory_overcommit = 1.5;
-    cfg->disk_overcommit = 4.0;
+    /* Bounds on limits, not on use (admission.c says why these). */
+    cfg->memory_overcommit = 32.0;
+    cfg->disk_overcommit = 16.0;
     cfg->disk_reserve_mib = 2048;
     cfg->max_loop_devices = 256;
     cfg->agent_log_max = 1 << 20;

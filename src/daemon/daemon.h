@@ -39,7 +39,7 @@ struct daemon_config {
     int max_running;           /* sandboxes creating, starting, running or stopping */
     int max_sandboxes;         /* sandboxes kept, stopped and failed ones too */
     double memory_overcommit;  /* running sandboxes' memory_mib up to host memory x this */
-    double disk_overcommit;    /* kept sandboxes' disk_mib up to (free - reserve) x this */
+    double disk_overcommit;    /* running sandboxes' disk_mib up to (free - reserve) x this */
     int disk_reserve_mib;      /* free space in the state directory never promised */
     int max_loop_devices;      /* loop devices bound on the host, starts in flight included */
     uint64_t agent_log_max;    /* bytes of a sandbox's agent.log before it is cut */

@@ -251,6 +251,8 @@ static void change_state(struct sandbox *sb, enum sb_state st, const char *reaso
 {
     enum sb_state was = sb->state;
     sb->state = st;
+    if (st != SB_RUNNING)
+        sb->memory_used_mib = 0; /* a reading belongs to one run */
     sb->state_since = now_unix();
     /* Money: metered while running; leaving for anything but a start gives its reservation
      * back (creating and starting hold the one their admission took). */
@@ -510,6 +512,8 @@ static void stats_done(void *p)
     struct sandbox_job *j = p;
     if (j->rc < 0)
         memset(&j->stats, 0, sizeof(j->stats));
+    else if (j->sb->state == SB_RUNNING)
+        j->sb->memory_used_mib = (long long)(j->stats.memory_bytes >> 20);
     j->stats_done(j->sb, j->rc, &j->stats, j->arg);
     job_free(j);
 }

@@ -73,6 +73,9 @@ struct sandbox {
      * when the exec started reports oom_killed. (So an OOM kill of some other process in the
      * few seconds before a failing exec is laid at that exec's door too.) */
     uint64_t oom_kills_seen;
+    /* Host memory its cgroup held at the last stats read of this run (the meter's, every
+     * second), in MiB; 0 until the first: admission (admission.c) counts what it uses. */
+    long long memory_used_mib;
     enum sb_deferred deferred;
     void (*deferred_done)(struct sandbox *sb, int ok, const char *message, void *arg);
     void *deferred_arg;

@@ -1,5 +1,8 @@
-"""Admission control: creates and starts past `withruntime serve`'s limits are refused with 503
-`unavailable` and a message naming the limit and the numbers (docs/lifecycle.md, "Admission").
+"""Admission control: creates and starts the host has no room for are refused with 503
+`capacity`, `Retry-After` and a message naming what is short and what frees it
+(docs/lifecycle.md, "Admission"). Room is what sandboxes use, not their limits: the seed's
+default shape (2 vCPU, 4096 MiB, 10 GiB) fits many times over on a host where the sum of its
+limits does not.
 
 Each test runs a daemon of its own with small limits: the fake driver where no real sandbox is
 needed (counts, memory, disk), gVisor for a real sandbox, a loop device and a real disk image.
@@ -7,15 +10,17 @@ needed (counts, memory, disk), gVisor for a real sandbox, a loop device and a re
 
 import os
 import shutil
+import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from conftest import WR_AGENT  # noqa: E402
-from test_failures import DaemonBroken, FakeDaemon, create  # noqa: E402
+from conftest import WR_AGENT, WR_BIN  # noqa: E402
+from test_failures import DaemonBroken, FakeDaemon, create, exec_ok  # noqa: E402
 
 HOST_MIB = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // (1 << 20)
 
@@ -68,10 +73,13 @@ def limited():
 
 
 def refused(r, *words):
-    """Checks a 503 `unavailable` answer whose message has every one of words; returns it."""
+    """Checks a 503 `capacity` answer with a Retry-After whose message has every one of words;
+    returns the message."""
     assert r.status == 503, r
     err = r.json()["error"]
-    assert err["code"] == "unavailable", r
+    assert err["code"] == "capacity", r
+    assert r.headers.get("retry-after", "").isdigit(), r.headers
+    assert int(r.headers["retry-after"]) >= 1, r.headers
     for w in words:
         assert w in err["message"], (w, err["message"])
     return err["message"]
@@ -126,6 +134,10 @@ def test_concurrent_creates_never_overshoot(limited):
         if r.status == 503:
             refused(r, "--max-running 3")
     assert len(ids(d)) == 3
+    # counted as refused (before anything was made), not as failed creates
+    text = d.admin.request("GET", "/metrics", validate=False).body.decode()
+    assert 'withruntime_sandbox_creates_total{result="refused"} 7\n' in text, text
+    assert 'withruntime_sandbox_creates_total{result="failed"} 0\n' in text, text
 
 
 def test_kept_sandboxes_are_capped_but_starting_a_kept_one_is_not(limited):
@@ -157,6 +169,19 @@ def test_total_memory_is_capped_at_host_memory_times_the_overcommit(limited):
     create(d, memory_mib=200)
 
 
+def test_cli_exits_6_with_the_message_when_there_is_no_room(limited):
+    d = limited("--memory-overcommit", "0.1")
+    budget = int(HOST_MIB * 0.1)
+    r = subprocess.run([WR_BIN, "sandbox", "create", "--memory", str(budget + 1)],
+                       env=d.cli_env(), capture_output=True, text=True, timeout=60,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 6, r
+    assert r.stdout == "", r
+    assert "not enough memory: running sandboxes have 0 MiB and this one asks" in r.stderr, r
+    assert "--memory-overcommit 0.1" in r.stderr, r
+    assert ids(d) == []
+
+
 def test_memory_of_stopped_sandboxes_is_not_counted_until_they_start(limited):
     d = limited("--memory-overcommit", "0.1")
     budget = int(HOST_MIB * 0.1)
@@ -173,24 +198,44 @@ def test_memory_of_stopped_sandboxes_is_not_counted_until_they_start(limited):
 # ---- disk ----
 
 
-def test_total_disk_is_capped_at_free_space_less_the_reserve(limited, tmp_path):
+def test_running_disks_are_capped_at_free_space_less_the_reserve(limited, tmp_path):
     # About 10 GiB promised-able: (free - reserve) x 0.1 ~ 1000 MiB, so one 600 MiB disk fits
     # and a second does not, whatever other processes write meanwhile (up to ~4 GiB).
     free = free_mib(tmp_path)
     reserve = free - 10000
     assert reserve > 0, f"needs 10 GB free on {tmp_path}"
     d = limited("--disk-overcommit", "0.1", "--disk-reserve-mib", str(reserve))
-    create(d, memory_mib=128, disk_mib=600)
+    a = create(d, memory_mib=128, disk_mib=600).json()["id"]
     msg = refused(create(d, 503, memory_mib=128, disk_mib=600),
-                  "not enough disk: kept sandboxes' disks total 600 MiB and this one asks 600 MiB",
-                  f"MiB free - {reserve} MiB reserve) x --disk-overcommit 0.1")
+                  "not enough disk: running sandboxes' disks total 600 MiB and this one asks "
+                  "600 MiB", f"MiB free - {reserve} MiB reserve) x --disk-overcommit 0.1",
+                  "ask a smaller disk_mib")
     assert "/" not in msg.replace("MiB free - ", ""), msg  # no host path in an API error
-    # stopped sandboxes keep their disks: still counted
-    sid = ids(d)[0]
-    assert d.req("POST", f"/v1/sandboxes/{sid}/stop").status == 200
-    refused(create(d, 503, memory_mib=128, disk_mib=600), "not enough disk")
-    assert d.req("DELETE", f"/v1/sandboxes/{sid}").status == 200
-    create(d, memory_mib=128, disk_mib=600)
+    # a stopped sandbox counts what its files hold, not its disk_mib
+    assert d.req("POST", f"/v1/sandboxes/{a}/stop").status == 200
+    b = create(d, memory_mib=128, disk_mib=600).json()["id"]
+    # ... but starting it again makes its disk_mib a running one's
+    refused(d.req("POST", f"/v1/sandboxes/{a}/start"), "not enough disk")
+    assert d.sandbox(a)["state"] == "stopped"
+    assert d.req("DELETE", f"/v1/sandboxes/{b}").status == 200
+    assert d.req("POST", f"/v1/sandboxes/{a}/start").json()["state"] == "running"
+
+
+def test_stopped_default_shape_sandboxes_do_not_block_a_create(limited, tmp_path):
+    # Room for three running 10 GiB disks: (free - reserve) x 1 ~ 30 GiB. Counted by their
+    # limits, the fourth create after three stopped ones was refused; stopped ones hold
+    # what their files hold, so as many as kept may be stopped.
+    free = free_mib(tmp_path)
+    reserve = free - 30000
+    assert reserve > 0, f"needs 30 GB free on {tmp_path}"
+    d = limited("--disk-overcommit", "1", "--disk-reserve-mib", str(reserve))
+    for _ in range(6):
+        sid = create(d).json()["id"]  # the default shape: 2 vCPU, 4096 MiB, 10 GiB
+        assert d.sandbox(sid)["disk_mib"] == 10240
+        assert d.req("POST", f"/v1/sandboxes/{sid}/stop").status == 200
+    sid = create(d).json()["id"]
+    assert exec_ok(d, sid, "echo", "hi")["stdout"] == "hi\n"
+    assert len(ids(d)) == 7
 
 
 # ---- single requests bigger than the host ----
@@ -258,3 +303,27 @@ def test_gvisor_loop_devices_are_capped(limited):
                   "bound on this host", "the limit is 1 (--max-loop-devices)")
     if first.status == 201:
         assert "0 are bound" not in msg, msg
+
+
+def test_twenty_default_shape_sandboxes_at_once_all_run(limited):
+    # (~3 s here for the 20, idle host)
+    # The seed's default shape, 20 at once, with the daemon's default limits: counted by
+    # their limits (80 GiB of memory, 200 GiB of disk) they were refused past the eighth on a
+    # 24 GiB host; each idle one uses ~17.5 MiB and ~1 MiB of disk.
+    d = limited(driver="gvisor")
+
+    def one(_):
+        r = d.req("POST", "/v1/sandboxes", {"cpus": 2, "memory_mib": 4096, "disk_mib": 10240},
+                  timeout=180)
+        if r.status != 201:
+            return r
+        sid = r.json()["id"]
+        return d.req("POST", f"/v1/sandboxes/{sid}/exec", {"argv": ["echo", sid]}, timeout=60)
+
+    with ThreadPoolExecutor(20) as pool:
+        answers = list(pool.map(one, range(20)))
+    bad = [(r.status, r.body[:300]) for r in answers if r.status != 200]
+    assert not bad, bad
+    made = ids(d)
+    assert len(made) == 20
+    assert sorted(r.json()["stdout"].strip() for r in answers) == made

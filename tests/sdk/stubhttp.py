@@ -24,8 +24,10 @@ def free_port():
 
 
 class Stub:
-    def __init__(self, status=200, body=None, content_type="application/json", unix_path=None):
+    def __init__(self, status=200, body=None, content_type="application/json", unix_path=None,
+                 headers=None):
         self.status = status
+        self.headers = dict(headers or {})  # sent with every answer
         self.body = body if body is not None else {"status": "ok"}
         self.content_type = content_type
         self.unix_path = unix_path
@@ -58,6 +60,8 @@ class Stub:
                 data = stub.body if isinstance(stub.body, bytes) else json.dumps(stub.body).encode()
                 self.send_response(stub.status)
                 self.send_header("Content-Type", stub.content_type)
+                for name, value in stub.headers.items():
+                    self.send_header(name, value)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)

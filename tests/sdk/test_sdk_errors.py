@@ -1,12 +1,17 @@
 """Every error the daemon answers arrives as its own exception type, carrying the daemon's code
 and message."""
 
+import asyncio
+
 import pytest
 
 import withruntime
 from stubhttp import Stub
 from withruntime import (
+    AsyncClient,
+    AsyncSandbox,
     AuthError,
+    CapacityError,
     Client,
     Conflict,
     DaemonUnavailable,
@@ -26,10 +31,12 @@ from withruntime import (
 def test_hierarchy():
     for cls in (InvalidRequest, AuthError, NotFound, MethodNotAllowed, Conflict,
                 PayloadTooLarge, SandboxError, FileError, ExecFailed, ServerError,
-                DaemonUnavailable, withruntime.ConfigurationError):
+                DaemonUnavailable, CapacityError, withruntime.ConfigurationError):
         assert issubclass(cls, WithruntimeError)
     assert issubclass(FileError, SandboxError) and issubclass(ExecFailed, SandboxError)
     assert issubclass(DaemonUnavailable, ConnectionError)
+    # the daemon answered: code that retries on a lost connection must not spin on it
+    assert not issubclass(CapacityError, (ConnectionError, DaemonUnavailable))
 
 
 def test_daemon_errors_are_typed(sandbox):
@@ -88,3 +95,41 @@ def test_success_that_is_not_json():
         with pytest.raises(WithruntimeError) as ei:
             Sandbox.list(client=Client(stub.url))
     assert "not JSON" in ei.value.message
+
+
+CAPACITY = {"error": {"code": "capacity", "message": (
+    "not enough disk: 2300 MiB free, 2048 MiB of it kept in reserve (--disk-reserve-mib), and 3 "
+    "running sandboxes are given 128 MiB each to write; 12 stopped sandboxes hold 9.1 GiB; "
+    "`withruntime sandbox prune` (POST /v1/sandboxes/prune) frees it")}}
+
+
+def check_capacity(e, retry_after):
+    assert type(e) is CapacityError, e
+    assert (e.status, e.code, e.retry_after) == (503, "capacity", retry_after)
+    assert str(e) == CAPACITY["error"]["message"]
+
+
+def test_capacity_answer_raises_capacity_error_with_retry_after():
+    with Stub(status=503, body=CAPACITY, headers={"Retry-After": "5"}) as stub:
+        with pytest.raises(CapacityError) as ei:
+            Sandbox.create(client=Client(stub.url))
+        check_capacity(ei.value, 5)
+
+        async def go():
+            async with AsyncClient(stub.url) as c:
+                await AsyncSandbox.create(client=c)
+
+        with pytest.raises(CapacityError) as ei:
+            asyncio.run(go())
+        check_capacity(ei.value, 5)
+    assert stub.requests[0][:2] == ("POST", "/v1/sandboxes")
+
+
+@pytest.mark.parametrize("value", [None, "soon", "Wed, 21 Oct 2026 07:28:00 GMT", "-1",
+                                   "99999999999999999999"])
+def test_capacity_answer_without_a_usable_retry_after(value):
+    headers = {"Retry-After": value} if value is not None else {}
+    with Stub(status=503, body=CAPACITY, headers=headers) as stub:
+        with pytest.raises(CapacityError) as ei:
+            Sandbox.create(client=Client(stub.url))
+    check_capacity(ei.value, None)

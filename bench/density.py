@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""Density: N sandboxes of the seed's default shape (2 vCPU, 4096 MiB, 10 GiB disk), created
+20 at a time on a daemon with its default admission limits, then every one asked to exec; how
+long it took and what it cost the host (issue 24: admission counted limits, and refused the
+ninth such create on a 24 GiB host).
+
+A daemon of its own (`--pool 0`; `--max-running` raised only when N is over its default 100) on
+a fresh state directory under /var/tmp that links a built image's directory. Reports the
+creates' and execs' times, any refusal (a 503 `capacity` answer is counted, not fatal), the
+host's MemAvailable before and with all N running, the sum of the sandboxes' cgroup memory
+(`GET …/stats`), and the state directory's disk use. Writes bench/results/density.json.
+
+    python3 bench/density.py [--n 100] [--wave 20] [--images /var/lib/withruntime/images]
+"""
+
+import argparse
+import datetime
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+import run as base  # noqa: E402  (bench/run.py: stats, percentiles, machine, Unix calls)
+
+SHAPE = {"cpus": 2, "memory_mib": 4096, "disk_mib": 10240}
+
+
+def mem_available_mib():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) // 1024
+    return None
+
+
+def du_mib(path):
+    r = subprocess.run(["du", "-sm", "--one-file-system", path], capture_output=True, text=True)
+    return int(r.stdout.split()[0]) if r.returncode == 0 and r.stdout else None
+
+
+class DensityDaemon:
+    def __init__(self, args, images):
+        self.args = args
+        self.state = tempfile.mkdtemp(prefix="wr-bench-density-", dir="/var/tmp")
+        os.makedirs(os.path.join(self.state, "sandboxes"))
+        os.symlink(images, os.path.join(self.state, "images"))
+        self.sock = os.path.join(self.state, "withruntime.sock")
+        self.proc = None
+
+    def __enter__(self):
+        argv = [self.args.bin, "serve", "--state-dir", self.state, "--listen", "none", "--socket",
+                self.sock, "--agent", self.args.agent, "--pool", "0"]
+        if self.args.n > 100:
+            argv += ["--max-running", str(self.args.n)]
+        with open(os.path.join(self.state, "daemon.log"), "wb") as log:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                self.call("GET", "/v1/health", timeout=2)
+                return self
+            except (OSError, RuntimeError):
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"bench: the daemon did not start; {self.state}/daemon.log")
+                time.sleep(0.1)
+
+    def __exit__(self, *exc):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=300)
+        base.remove_state_dir(self.state)
+
+    def call(self, method, path, body=None, timeout=300):
+        """(status, decoded JSON) of one call on the Unix socket, as root (the admin); a GET
+        that fails raises."""
+        status, doc = base.unix_call(self.sock, method, path, body, timeout)
+        if status >= 300 and method == "GET":
+            raise RuntimeError(f"{method} {path} -> {status}: {doc}")
+        return status, doc
+
+
+def measure(args, images):
+    """Creates args.n default-shape sandboxes args.wave at a time, then execs in each; returns
+    {config, results} (bench/run.py's `density`). args: bin, agent, n, wave."""
+    before = mem_available_mib()
+    with DensityDaemon(args, images) as d:
+        made, refusals, create_s = [], [], []
+
+        def one(_i):
+            t0 = time.perf_counter()
+            status, doc = d.call("POST", "/v1/sandboxes", SHAPE)
+            return status, doc, time.perf_counter() - t0
+
+        t_all = time.perf_counter()
+        while len(made) + len(refusals) < args.n:
+            k = min(args.wave, args.n - len(made) - len(refusals))
+            base.log(f"density: creating {k} at once ({len(made)} running)")
+            for status, doc, dt in base.in_parallel(k, one):
+                if status == 201:
+                    made.append(doc["id"])
+                    create_s.append(dt)
+                else:
+                    refusals.append({"status": status, "error": (doc or {}).get("error")})
+        created_in = time.perf_counter() - t_all
+
+        def exec_one(i):
+            t0 = time.perf_counter()
+            status, doc = d.call("POST", f"/v1/sandboxes/{made[i]}/exec",
+                                 {"argv": ["echo", made[i]]})
+            ok = status == 200 and doc["stdout"].strip() == made[i]
+            return ok, time.perf_counter() - t0
+
+        exec_s, exec_failed = [], 0
+        for lo in range(0, len(made), args.wave):
+            for ok, dt in base.in_parallel(min(args.wave, len(made) - lo),
+                                           lambda j, lo=lo: exec_one(lo + j)):
+                exec_s.append(dt)
+                exec_failed += not ok
+        total_s = time.perf_counter() - t_all
+        with_all = mem_available_mib()
+        cgroup = 0
+        for sid in made:
+            cgroup += d.call("GET", f"/v1/sandboxes/{sid}/stats")[1]["memory_bytes"]
+        disk = du_mib(os.path.join(d.state, "sandboxes"))
+        base.log(f"density: deleting {len(made)}")
+        for sid in made:
+            d.call("DELETE", f"/v1/sandboxes/{sid}")
+    n = len(made)
+    return {
+        "config": {"n": args.n, "wave": args.wave, "shape": SHAPE},
+        "results": {
+            "created": n,
+            "refused": len(refusals),
+            "refusals": refusals[:5],
+            "exec_failed": exec_failed,
+            "create_s": round(created_in, 2),
+            "create_and_exec_all_s": round(total_s, 2),
+            "create": base.stats_ms(create_s) if create_s else None,
+            "exec": base.stats_ms(exec_s) if exec_s else None,
+            "host_mem_available_mib_before": before,
+            "host_mem_available_mib_with_all": with_all,
+            "host_mem_used_mib_per_sandbox":
+                round((before - with_all) / n, 1) if n and before and with_all else None,
+            "cgroup_memory_mib_per_sandbox": round(cgroup / n / (1 << 20), 1) if n else None,
+            "state_disk_mib_per_sandbox": round(disk / n, 2) if n and disk is not None else None,
+        },
+    }
+
+
+def markdown(r):
+    if not r:
+        return []
+    x, c = r["results"], r["config"]
+    return [
+        "",
+        f"| {c['n']} default-shape sandboxes (2 vCPU, 4096 MiB, 10 GiB), {c['wave']} at a time "
+        "| this run |",
+        "|---|---|",
+        f"| created / refused (503 capacity) / exec failed | {x['created']} / {x['refused']} / "
+        f"{x['exec_failed']} |",
+        f"| all created, s; created and each answered an exec, s | {x['create_s']}; "
+        f"{x['create_and_exec_all_s']} |",
+        f"| create, ms (p50 / p99) | {base.p50_99(x['create']) if x['create'] else '—'} |",
+        f"| host memory per sandbox (MemAvailable drop), MiB; its cgroup's, MiB | "
+        f"{x['host_mem_used_mib_per_sandbox']}; {x['cgroup_memory_mib_per_sandbox']} |",
+        f"| state directory disk per sandbox, MiB | {x['state_disk_mib_per_sandbox']} |",
+    ]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "withruntime"))
+    ap.add_argument("--agent", default=os.path.join(ROOT, "build", "withruntime-agent"))
+    ap.add_argument("--images", default="/var/lib/withruntime/images",
+                    help="a built images directory to link (default: the default daemon's)")
+    ap.add_argument("--n", type=int, default=100, help="sandboxes in all (default 100)")
+    ap.add_argument("--wave", type=int, default=20, help="creates at once (default 20)")
+    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("bench: run as root")
+    images = os.path.realpath(args.images)
+    if not base.find_rootfs(os.path.dirname(images)):
+        raise SystemExit(f"bench: no built image under {images} (withruntime image build)")
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    res = dict({"started_at": started, "commit": base.git_commit(),
+                "machine": base.machine_info("systrap")}, **measure(args, images))
+    path = base.write_json(args.out, "density.json", res)
+    print("\n".join(markdown(res)))
+    print(f"-> {path}")
+
+
+if __name__ == "__main__":
+    main()
