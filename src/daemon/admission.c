@@ -174,7 +174,7 @@ static void stopped_note(struct daemon *d, const struct sandbox *sb, char *out, 
     else
         snprintf(out, len,
                  "%d stopped sandbox%s hold%s %.1f GiB; `withruntime sandbox prune` "
-                 "(POST /v1/sandboxes/prune) frees it",
+                 "or POST /v1/sandboxes/prune frees it",
                  n, n == 1 ? "" : "es", n == 1 ? "s" : "", (double)held / (1ULL << 30));
 }
 

@@ -100,7 +100,7 @@ def test_success_that_is_not_json():
 CAPACITY = {"error": {"code": "capacity", "message": (
     "not enough disk: 2300 MiB free, 2048 MiB of it kept in reserve (--disk-reserve-mib), and 3 "
     "running sandboxes are given 128 MiB each to write; 12 stopped sandboxes hold 9.1 GiB; "
-    "`withruntime sandbox prune` (POST /v1/sandboxes/prune) frees it")}}
+    "`withruntime sandbox prune` or POST /v1/sandboxes/prune frees it")}}
 
 
 def check_capacity(e, retry_after):
