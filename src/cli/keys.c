@@ -228,11 +228,25 @@ int cli_keys_revoke(struct cli_ctx *c, int argc, char **argv)
     for (int i = optind; i < argc; i++) {
         char path[128];
         snprintf(path, sizeof(path), "/v1/keys/%.64s/revoke", argv[i]);
-        int r1 = key_call(c, "POST", path, NULL, NULL);
-        if (r1 != CLI_EXIT_OK)
+        json_t *res = NULL;
+        int r1 = key_call(c, "POST", path, NULL, &res);
+        if (r1 != CLI_EXIT_OK) {
             ret = r1;
-        else
-            printf("%s\n", argv[i]);
+            continue;
+        }
+        printf("%s\n", cli_str_or(res, "id", argv[i]));
+        /* The keys made --of it go with it: each is printed, and said to be one of those. */
+        json_t *also = json_object_get(res, "also_revoked"), *v;
+        size_t j;
+        json_array_foreach(also, j, v)
+        {
+            if (!json_is_string(v))
+                continue;
+            printf("%s\n", json_string_value(v));
+            fprintf(stderr, "revoked %s too: it was made --of %s\n", json_string_value(v),
+                    cli_str_or(res, "id", argv[i]));
+        }
+        json_decref(res);
     }
     return ret;
 }
