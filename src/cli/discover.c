@@ -372,10 +372,12 @@ void cli_errorf(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fputs("withruntime: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    char *msg = NULL;
+    if (vasprintf(&msg, fmt, ap) < 0)
+        msg = NULL;
     va_end(ap);
+    fprintf(stderr, "withruntime: %s\n", msg ? cli_safe(msg) : "(out of memory)");
+    free(msg);
 }
 
 int cli_fail(const struct wr_err *err)

@@ -299,9 +299,9 @@ int cli_cmd_audit(struct cli_ctx *c, int argc, char **argv)
     json_array_foreach(json_object_get(res, "entries"), i, e)
     {
         printf("%-8" PRId64 "  %-20s  %-22s  %-6s  %-44s  %-25s  %lld\n",
-               (int64_t)json_integer_value(json_object_get(e, "seq")), cli_str_or(e, "at", "?"),
-               cli_str_or(e, "key_id", "-"), cli_str_or(e, "method", "?"),
-               cli_str_or(e, "route", "?"), cli_str_or(e, "sandbox_id", "-"),
+               (int64_t)json_integer_value(json_object_get(e, "seq")), cli_shown(e, "at", "?"),
+               cli_shown(e, "key_id", "-"), cli_shown(e, "method", "?"), cli_shown(e, "route", "?"),
+               cli_shown(e, "sandbox_id", "-"),
                (long long)json_integer_value(json_object_get(e, "status")));
     }
     json_decref(res);
@@ -376,7 +376,7 @@ int cli_cmd_usage(struct cli_ctx *c, int argc, char **argv)
         long long mem = json_integer_value(json_object_get(row, "memory_mib_ms"));
         /* GiB-hours with four decimals, in integers: mib_ms / (1024 * 3.6e6) */
         long long gh4 = (long long)((__int128)mem * 10000 / (1024LL * 3600000));
-        printf("%-25s  %14s  %8lld.%03lld  %9lld.%04lld\n", cli_str_or(row, col, "(admin)"), cost,
+        printf("%-25s  %14s  %8lld.%03lld  %9lld.%04lld\n", cli_shown(row, col, "(admin)"), cost,
                cpu / 1000000, (cpu / 1000) % 1000, gh4 / 10000, gh4 % 10000);
     }
     char total[32];

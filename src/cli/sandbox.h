@@ -101,6 +101,9 @@ int cli_call(struct cli_ctx *c, const char *method, const char *path, json_t *bo
 /** The string o[key], or dflt when it is absent or not a string. Borrowed from o. */
 const char *cli_str_or(json_t *o, const char *key, const char *dflt);
 
+/** cli_str_or made safe to show (cli_safe): for tables and messages. */
+const char *cli_shown(json_t *o, const char *key, const char *dflt);
+
 /** DELETE /v1/sandboxes/ID. Returns 0, or -1 with err set. */
 int cli_sandbox_delete(const struct cli_endpoint *ep, const char *id, struct wr_err *err);
 

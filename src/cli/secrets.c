@@ -151,9 +151,9 @@ int cli_secrets_list(struct cli_ctx *c, int argc, char **argv)
     json_t *s, *h;
     json_array_foreach(json_object_get(res, "secrets"), i, s)
     {
-        printf("%-32s  %-20s  ", cli_str_or(s, "name", "?"), cli_str_or(s, "updated_at", "-"));
-        json_array_foreach(json_object_get(s, "hosts"), k, h)
-            printf("%s%s", k ? "," : "", json_string_value(h) ? json_string_value(h) : "?");
+        printf("%-32s  %-20s  ", cli_shown(s, "name", "?"), cli_shown(s, "updated_at", "-"));
+        json_array_foreach(json_object_get(s, "hosts"), k, h) printf(
+            "%s%s", k ? "," : "", json_string_value(h) ? cli_safe(json_string_value(h)) : "?");
         printf("\n");
     }
     json_decref(res);

@@ -195,3 +195,23 @@ def test_create_takes_a_network_policy(daemon, client):
     assert r.returncode == 4, r  # refused by the daemon (400)
     assert b"network.allow[0]" in r.stderr and b"10.0.0.1" in r.stderr, r.stderr
     assert ids(client) == before
+
+
+def test_planted_names_reach_the_terminal_escaped(daemon, client, sandbox):
+    """A file name made in a sandbox with terminal escapes (OSC to retitle the window, CSI to
+    clear the screen, a carriage return, a C1 CSI) is shown escaped, not sent to the terminal;
+    --json stays exact JSON."""
+    name = "evil\x1b]0;pwned\x07\x1b[2J\rX\u009b31m"
+    where = f"/tmp/planted-{os.getpid()}"
+    client.write_file(sandbox, f"{where}/{name}", b"x", parents="true")
+    raw = [b"\x1b", b"\x07", b"\r", "\u009b".encode()]
+    r = wr(daemon, "sandbox", "ls", sandbox, where)
+    assert r.returncode == 0, r
+    assert not any(c in r.stdout for c in raw), r.stdout
+    assert b"evil\\x1b]0;pwned\\x07\\x1b[2J\\rX\\u009b31m" in r.stdout, r.stdout
+    r = wr(daemon, "sandbox", "ls", "--json", sandbox, where)
+    assert [e["name"] for e in json.loads(r.stdout)["entries"]] == [name], r.stdout
+    # an error that quotes the path
+    r = wr(daemon, "sandbox", "cat", sandbox, f"{where}/{name}/more")
+    assert r.returncode != 0 and b"evil\\x1b]0;pwned" in r.stderr, r.stderr
+    assert not any(c in r.stderr for c in raw), r.stderr
