@@ -37,6 +37,8 @@ static const char usage_tail[] =
     "unix:/path.sock) with RUNTIME_API_KEY; else the connection saved by\n"
     "'withruntime login'; else the Unix socket DIR/withruntime.sock, where a root\n"
     "user's command starts a daemon (log in DIR/daemon.log) when none is running.\n"
+    "A daemon serving DIR on another socket (serve --socket) is found from the\n"
+    "record it keeps in DIR/daemon.lock: no second daemon is started for DIR.\n"
     "RUNTIME_API_KEY, when set, is sent as the bearer key in every case. An https\n"
     "daemon's certificate must chain to the system's CAs, or to RUNTIME_CA_FILE (a\n"
     "PEM file) when set, and name the URL's host. A key is never sent over plain\n"

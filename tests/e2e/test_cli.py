@@ -215,3 +215,31 @@ def test_planted_names_reach_the_terminal_escaped(daemon, client, sandbox):
     r = wr(daemon, "sandbox", "cat", sandbox, f"{where}/{name}/more")
     assert r.returncode != 0 and b"evil\\x1b]0;pwned" in r.stderr, r.stderr
     assert not any(c in r.stderr for c in raw), r.stderr
+
+
+def test_state_dir_finds_its_daemon_on_another_socket():
+    """A daemon serving a state directory on a socket of its own (serve --socket): the CLI
+    given that --state-dir uses it, and never starts a second daemon for the directory."""
+    import conftest
+    import wrclient
+    from test_failures import FakeDaemon, serve_checked
+
+    d = FakeDaemon(conftest.WR_AGENT)
+    d.socket_path = os.path.join(d.tmp, "elsewhere.sock")
+    d.admin = wrclient.Client(unix_path=d.socket_path)
+    run = serve_checked(d)
+    next(run)
+    try:
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("RUNTIME_URL", "RUNTIME_API_KEY", "WITHRUNTIME_STATE_DIR")}
+        env["HOME"] = d.tmp  # no saved login either
+        r = subprocess.run([d.bin, "--state-dir", d.state_dir, "sandbox", "list"], env=env,
+                           capture_output=True, timeout=60)
+        assert r.returncode == 0, r
+        assert b"started the daemon" not in r.stderr, r.stderr
+        assert not os.path.exists(os.path.join(d.state_dir, "withruntime.sock"))
+        with open(os.path.join(d.state_dir, "daemon.lock")) as f:
+            assert f.read() == f"{d.proc.pid} {d.socket_path}\n"
+        assert d.proc.poll() is None
+    finally:
+        next(run, None)
