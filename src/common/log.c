@@ -293,10 +293,16 @@ void log_event(enum wr_log_level level, const char *sandbox, const char *event, 
     }
     /* One write per line (stderr is unbuffered: piece by piece it was four), so lines from
      * two processes sharing a file never interleave either. */
-    static char line[sizeof(safe) + 512];
+    char sb[256] = ""; /* a sandbox's id is the daemon's, but escaped as any value all the same */
+    if (sandbox) {
+        struct out so = {.p = sb, .cap = sizeof(sb)};
+        put_value(&so, sandbox, 0);
+        sb[so.n] = '\0';
+    }
+    static char line[sizeof(safe) + sizeof(sb) + 512];
     int n = snprintf(line, sizeof(line), "ts=%s.%03dZ level=%s event=%s%s%s%s%s\n", ts,
                      (int)(tv.tv_usec / 1000), level_name(level), event, sandbox ? " sandbox=" : "",
-                     sandbox ? sandbox : "", safe[0] ? " " : "", safe);
+                     sb, safe[0] ? " " : "", safe);
     if (n >= (int)sizeof(line)) {
         line[sizeof(line) - 2] = '\n';
         n = (int)sizeof(line) - 1;

@@ -145,6 +145,12 @@ int main(void)
            "an unquoted value holding %zu stays one field, read back as sent: %.*s", i,
            (int)strcspn(line, "\n"), line);
     }
+    log_info("sb-x y=\"1\"\n", "test.event", "k=%d", 1);
+    ssize_t got = read(captured, line, sizeof(line) - 1);
+    line[got > 0 ? got : 0] = '\0';
+    int fields = parse(line, f, MAX_FIELDS);
+    ok(fields == BASE + 2 && !strcmp(value_of(f, fields, "sandbox"), "sb-x y=\"1\"\n"),
+       "the sandbox field is escaped too: %.*s", (int)strcspn(line, "\n"), line);
     LOG_LINE(line, "a=%s b=\"%s\"", "x y=z", "p\"q");
     ok(strstr(line, "a=x\\x20y\\x3dz b=\"p\\\"q\""), "the escapes as log.h says: %s", line);
 
