@@ -143,7 +143,7 @@ static enum access access_of(int handler, const char *method)
     case H_METRICS: return A_METRICS;
     case H_CMD_WAIT: return A_READ;     /* a POST for its body, but it changes nothing */
     case H_SES_CONNECT: return A_WRITE; /* a GET that types into a shell */
-    default: return strcmp(method, "GET") == 0 ? A_READ : A_WRITE;
+    default: return !strcmp(method, "GET") || !strcmp(method, "HEAD") ? A_READ : A_WRITE;
     }
 }
 
@@ -269,6 +269,18 @@ static int route_allows(struct http_req *req, const struct api_call *c, int hand
     return 0;
 }
 
+/* An Allow list names HEAD where GET answers (every GET route but the shell's WebSocket). */
+static void allow_head(char *allow, size_t size, const char *path)
+{
+    struct route_match g;
+    if (strstr(allow, "HEAD") ||
+        route_find(routes, WR_ARRAY_LEN(routes), "GET", path, &g) != ROUTE_OK ||
+        g.handler == H_SES_CONNECT)
+        return;
+    size_t used = strlen(allow);
+    snprintf(allow + used, size - used, ", HEAD");
+}
+
 void api_handle(struct http_req *req, void *ctx)
 {
     struct daemon *d = ctx;
@@ -299,8 +311,19 @@ void api_handle(struct http_req *req, void *ctx)
     if (door_check(d, req, &c->who) < 0)
         return;
     c->let_in = 1;
+    /* HEAD is a GET without its body (RFC 9110 9.3.2): the GET route answers it, and the
+     * HTTP layer sends the head only. Not the shell's WebSocket: a head cannot be upgraded. */
+    int head = strcmp(method, "HEAD") == 0;
     struct route_match m;
-    switch (route_find(routes, WR_ARRAY_LEN(routes), method, path, &m)) {
+    enum route_result found =
+        route_find(routes, WR_ARRAY_LEN(routes), head ? "GET" : method, path, &m);
+    if (head && found == ROUTE_OK && m.handler == H_SES_CONNECT) {
+        found = ROUTE_BAD_METHOD;
+        snprintf(m.allow, sizeof(m.allow), "GET");
+    }
+    if (found == ROUTE_BAD_METHOD)
+        allow_head(m.allow, sizeof(m.allow), path);
+    switch (found) {
     case ROUTE_OK: {
         c->route = pattern_of(m.handler);
         c->handler = m.handler;
@@ -323,9 +346,9 @@ void api_handle(struct http_req *req, void *ctx)
     }
     case ROUTE_NOT_FOUND:
         if (api_web_is_asset(NULL, path)) { /* a dashboard file, with a method other than GET */
-            http_reply_header(req, "Allow", "GET");
+            http_reply_header(req, "Allow", "GET, HEAD");
             http_reply_error(req, 405, "method_not_allowed",
-                             "%s is not allowed on %.200s (allowed: GET)", method, path);
+                             "%s is not allowed on %.200s (allowed: GET, HEAD)", method, path);
             return;
         }
         http_reply_error(req, 404, "not_found", "no such route: %s %.200s", method, path);

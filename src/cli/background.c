@@ -71,7 +71,7 @@ static void print_argv(json_t *argv)
     size_t i;
     json_t *a;
     json_array_foreach(argv, i, a)
-        printf("%s%s", i ? " " : "", json_is_string(a) ? json_string_value(a) : "?");
+        printf("%s%s", i ? " " : "", json_is_string(a) ? cli_safe(json_string_value(a)) : "?");
 }
 
 int cli_sandbox_commands(struct cli_ctx *c, int argc, char **argv)
@@ -113,9 +113,9 @@ int cli_sandbox_commands(struct cli_ctx *c, int argc, char **argv)
                 snprintf(status, sizeof(status), "sig%lld", (long long)json_integer_value(sig));
             else if (json_is_integer(ec))
                 snprintf(status, sizeof(status), "%lld", (long long)json_integer_value(ec));
-            printf("%-10s  %-8s  %-6s  %-20s  %-20s  ", cli_str_or(o, "id", "?"),
-                   cli_str_or(o, "state", "?"), status, cli_str_or(o, "started_at", "-"),
-                   cli_str_or(o, "ended_at", "-"));
+            printf("%-10s  %-8s  %-6s  %-20s  %-20s  ", cli_shown(o, "id", "?"),
+                   cli_shown(o, "state", "?"), status, cli_shown(o, "started_at", "-"),
+                   cli_shown(o, "ended_at", "-"));
             print_argv(json_object_get(o, "argv"));
             printf("\n");
         }

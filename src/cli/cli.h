@@ -80,7 +80,20 @@ void cli_command_help(const struct cli_command *cmd, FILE *f);
  */
 int cli_exit_code(const struct wr_err *err);
 
-/** Prints "withruntime: <message>" and a newline to stderr. */
+/**
+ * s made safe to show on a terminal: control characters as \n, \r, \t, \xNN, C1 controls as
+ * \u0080..\u009f, bytes that are not UTF-8 as \xNN (cli/show.c). For text that came from a
+ * sandbox or the daemon, in tables and messages (never in --json output). The string is the
+ * CLI's, valid until 8 more calls; NULL for NULL.
+ */
+const char *cli_safe(const char *s);
+
+/** Writes s escaped as cli_safe does into out[cap] (NUL-terminated, cut if need be; out may be
+ * NULL). Returns the escaped length. */
+size_t cli_escape(const char *s, char *out, size_t cap);
+
+/** Prints "withruntime: <message>" and a newline to stderr, the message as cli_safe shows it
+ * (it quotes paths and the daemon's words). */
 void cli_errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /** Prints err's message as cli_errorf does; returns cli_exit_code(err). */

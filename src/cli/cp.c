@@ -149,7 +149,7 @@ static int upload_dir(const struct cli_endpoint *ep, const char *id, int dirfd, 
         return cli_fail(&err);
     const char *note = json_string_value(json_object_get(res, "skipped_note"));
     if (note)
-        fprintf(stderr, "withruntime: %s\n", note);
+        fprintf(stderr, "withruntime: %s\n", cli_safe(note));
     json_decref(res);
     return CLI_EXIT_OK;
 }
@@ -317,7 +317,7 @@ static int cp_down(const struct cli_endpoint *ep, const char *id, const char *sr
         untar_counts(u, NULL, NULL, &skipped);
         if (first)
             fprintf(stderr, "withruntime: %llu entries skipped, the first: %s '%s'\n",
-                    (unsigned long long)skipped, kind ? kind : "entry", first);
+                    (unsigned long long)skipped, kind ? kind : "entry", cli_safe(first));
     }
     untar_free(u);
     return r < 0 ? cli_fail(&err) : CLI_EXIT_OK;

@@ -262,6 +262,74 @@ static bool process_gone(pid_t pid)
     return rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X');
 }
 
+/*
+ * The daemon that holds DIR/daemon.lock wrote "PID SOCKET" there (daemon/daemon.c). Returns its
+ * pid with its socket in sock[cap] when that process is alive and is a withruntime (a stale
+ * record, the pid reused, says no), else 0.
+ */
+static pid_t recorded_daemon(const char *state_dir, char *sock, size_t cap)
+{
+    char path[PATH_MAX + 16], rec[PATH_MAX + 32], comm[32] = "";
+    snprintf(path, sizeof(path), "%s/daemon.lock", state_dir);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, rec, sizeof(rec) - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    rec[n] = '\0';
+    char *end, *nl = strchr(rec, '\n');
+    long pid = strtol(rec, &end, 10);
+    if (!nl || pid <= 1 || *end != ' ' || end[1] != '/' || (size_t)(nl - end - 1) >= cap)
+        return 0;
+    *nl = '\0';
+    snprintf(sock, cap, "%s", end + 1);
+    snprintf(path, sizeof(path), "/proc/%ld/comm", pid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    n = read(fd, comm, sizeof(comm) - 1);
+    close(fd);
+    if (n <= 0 || process_gone((pid_t)pid))
+        return 0;
+    comm[n] = '\0';
+    return strcmp(comm, "withruntime\n") == 0 ? (pid_t)pid : 0;
+}
+
+/*
+ * A daemon serves state_dir already (it recorded itself): ep is pointed at its socket, and we
+ * wait for it to answer there (it may be starting). Returns 1 when it answers, 0 when there is
+ * none (or it went away), -1 with err when it is there but does not answer.
+ */
+static int use_recorded(const char *state_dir, struct cli_endpoint *ep, struct wr_err *err)
+{
+    char sock[sizeof(ep->url.path)];
+    pid_t pid = recorded_daemon(state_dir, sock, sizeof(sock));
+    if (!pid)
+        return 0;
+    char was[sizeof(ep->url.path)];
+    snprintf(was, sizeof(was), "%s", ep->url.path);
+    snprintf(ep->url.path, sizeof(ep->url.path), "%s", sock);
+    snprintf(ep->desc, sizeof(ep->desc), "unix:%s", sock);
+    uint64_t deadline = now_ms_monotonic() + AUTOSTART_WAIT_MS;
+    for (;;) {
+        if (socket_probe(sock) == 0 && health_ok(ep))
+            return 1;
+        if (process_gone(pid)) { /* gone: the directory's own socket, as before */
+            snprintf(ep->url.path, sizeof(ep->url.path), "%s", was);
+            snprintf(ep->desc, sizeof(ep->desc), "unix:%s", was);
+            return 0;
+        }
+        if (now_ms_monotonic() >= deadline)
+            return wr_err_set(err, ETIMEDOUT,
+                              "the daemon serving %s (pid %ld) does not answer on its socket %s; "
+                              "no second daemon is started for the same state directory",
+                              state_dir, (long)pid, sock);
+        sleep_ms(50);
+    }
+}
+
 static int autostart(const char *state_dir, struct cli_endpoint *ep, struct wr_err *err)
 {
     if (mkdir_p(state_dir, 0755, err) < 0)
@@ -275,9 +343,13 @@ static int autostart(const char *state_dir, struct cli_endpoint *ep, struct wr_e
     while (flock(lockfd, LOCK_EX) < 0)
         if (errno != EINTR)
             return wr_err_sys(err, errno, "cannot lock %s", log);
-    /* Another CLI may have started it while we waited for the lock. */
+    /* Another CLI may have started it while we waited for the lock, or a daemon serves the
+     * directory on a socket of its own (serve --socket): that one is used, never a second. */
     if (socket_probe(ep->url.path) == 0)
         return 0;
+    int found = use_recorded(state_dir, ep, err);
+    if (found != 0)
+        return found < 0 ? -1 : 0;
     cleanup_close int logfd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
     if (logfd < 0)
         return wr_err_sys(err, errno, "cannot open %s", log);
@@ -321,6 +393,11 @@ static int local_endpoint(const char *state_dir, struct cli_endpoint *ep, struct
                           ep->url.path);
     if (e != ENOENT && e != ECONNREFUSED)
         return wr_err_sys(err, e, "cannot connect to the daemon at %s", ep->desc);
+    /* The directory's daemon may listen elsewhere (serve --socket): it says where in its lock
+     * file, which only root may read. */
+    int found = use_recorded(state_dir, ep, err);
+    if (found != 0)
+        return found < 0 ? -1 : 0;
     if (geteuid() != 0)
         return wr_err_set(err, e,
                           "no daemon is running at %s; start one as root with `sudo withruntime "
@@ -375,10 +452,12 @@ void cli_errorf(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fputs("withruntime: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    char *msg = NULL;
+    if (vasprintf(&msg, fmt, ap) < 0)
+        msg = NULL;
     va_end(ap);
+    fprintf(stderr, "withruntime: %s\n", msg ? cli_safe(msg) : "(out of memory)");
+    free(msg);
 }
 
 /* The daemon's "sandbox ID is stopped (...)" and "has failed (...)" speak to every client;

@@ -233,8 +233,8 @@ int cli_sandbox_write(struct cli_ctx *c, int argc, char **argv)
         cli_response_free(&resp);
     } while (r == 0 && sent < len);
     if (r < 0 && sent > 0)
-        fprintf(stderr, "withruntime: %s in the sandbox holds only the first %zu bytes\n", dst,
-                sent);
+        fprintf(stderr, "withruntime: %s in the sandbox holds only the first %zu bytes\n",
+                cli_safe(dst), sent);
     return r < 0 ? cli_fail(&err) : CLI_EXIT_OK;
 }
 
@@ -288,11 +288,10 @@ int cli_sandbox_ls(struct cli_ctx *c, int argc, char **argv)
     json_array_foreach(json_object_get(res, "entries"), i, e)
     {
         const char *target = json_string_value(json_object_get(e, "target"));
-        printf("%-9s  %-4s  %12lld  %-20s  %s%s%s\n", cli_str_or(e, "type", "?"),
-               cli_str_or(e, "mode", "-"),
-               (long long)json_integer_value(json_object_get(e, "size")),
-               cli_str_or(e, "mtime", "-"), cli_str_or(e, "name", "?"), target ? " -> " : "",
-               target ? target : "");
+        printf("%-9s  %-4s  %12lld  %-20s  %s%s%s\n", cli_shown(e, "type", "?"),
+               cli_shown(e, "mode", "-"), (long long)json_integer_value(json_object_get(e, "size")),
+               cli_shown(e, "mtime", "-"), cli_shown(e, "name", "?"), target ? " -> " : "",
+               target ? cli_safe(target) : "");
     }
     json_decref(res);
     return CLI_EXIT_OK;

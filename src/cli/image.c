@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/sandbox.h"
 #include "common/util.h"
 #include "driver/doctor.h"
 #include "image/image.h"
@@ -165,8 +166,8 @@ int cli_image_list(struct cli_ctx *c, int argc, char **argv)
     json_array_foreach(arr, i, img)
     {
         double mb = (double)json_integer_value(json_object_get(img, "size_bytes")) / 1e6;
-        printf("%-20s  %8.0fMB  %s\n", json_string_value(json_object_get(img, "name")), mb,
-               json_string_value(json_object_get(img, "created_at")));
+        printf("%-20s  %8.0fMB  %s\n", cli_shown(img, "name", "?"), mb,
+               cli_shown(img, "created_at", "-"));
     }
     json_decref(arr);
     return CLI_EXIT_OK;

@@ -91,7 +91,7 @@ const char *cli_key_label(json_t *names, json_t *row, const char *field)
     if (!id)
         return "(admin)";
     const char *name = json_string_value(json_object_get(names, id));
-    return name ? name : id;
+    return cli_safe(name ? name : id);
 }
 
 /* Options shared by create and set into body; returns CLI_GO_ON or an exit status. */
@@ -258,11 +258,25 @@ int cli_keys_revoke(struct cli_ctx *c, int argc, char **argv)
     for (int i = optind; i < argc; i++) {
         char path[128];
         snprintf(path, sizeof(path), "/v1/keys/%.64s/revoke", argv[i]);
-        int r1 = key_call(c, "POST", path, NULL, NULL);
-        if (r1 != CLI_EXIT_OK)
+        json_t *res = NULL;
+        int r1 = key_call(c, "POST", path, NULL, &res);
+        if (r1 != CLI_EXIT_OK) {
             ret = r1;
-        else
-            printf("%s\n", argv[i]);
+            continue;
+        }
+        printf("%s\n", cli_str_or(res, "id", argv[i]));
+        /* The keys made --of it go with it: each is printed, and said to be one of those. */
+        json_t *also = json_object_get(res, "also_revoked"), *v;
+        size_t j;
+        json_array_foreach(also, j, v)
+        {
+            if (!json_is_string(v))
+                continue;
+            printf("%s\n", json_string_value(v));
+            fprintf(stderr, "revoked %s too: it was made --of %s\n", json_string_value(v),
+                    cli_str_or(res, "id", argv[i]));
+        }
+        json_decref(res);
     }
     return ret;
 }
@@ -316,9 +330,9 @@ int cli_cmd_audit(struct cli_ctx *c, int argc, char **argv)
     json_array_foreach(json_object_get(res, "entries"), i, e)
     {
         printf("%-8" PRId64 "  %-20s  %-22.22s  %-6s  %-44s  %-25s  %lld\n",
-               (int64_t)json_integer_value(json_object_get(e, "seq")), cli_str_or(e, "at", "?"),
-               cli_key_label(names, e, "key_id"), cli_str_or(e, "method", "?"),
-               cli_str_or(e, "route", "?"), cli_str_or(e, "sandbox_id", "-"),
+               (int64_t)json_integer_value(json_object_get(e, "seq")), cli_shown(e, "at", "?"),
+               cli_key_label(names, e, "key_id"), cli_shown(e, "method", "?"),
+               cli_shown(e, "route", "?"), cli_shown(e, "sandbox_id", "-"),
                (long long)json_integer_value(json_object_get(e, "status")));
     }
     json_decref(names);
@@ -396,8 +410,7 @@ int cli_cmd_usage(struct cli_ctx *c, int argc, char **argv)
         /* GiB-hours with four decimals, in integers: mib_ms / (1024 * 3.6e6) */
         long long gh4 = (long long)((__int128)mem * 10000 / (1024LL * 3600000));
         printf("%-25.25s  %14s  %8lld.%03lld  %9lld.%04lld\n",
-               !strcmp(by, "key") ? cli_key_label(names, row, col)
-                                  : cli_str_or(row, col, "(admin)"),
+               !strcmp(by, "key") ? cli_key_label(names, row, col) : cli_shown(row, col, "(admin)"),
                cost, cpu / 1000000, (cpu / 1000) % 1000, gh4 / 10000, gh4 % 10000);
     }
     json_decref(names);

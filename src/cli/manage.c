@@ -43,7 +43,7 @@ static int stop_or_start(struct cli_ctx *c, int argc, char **argv, const char *w
                 puts(s);
             free(s);
         } else {
-            printf("%s  %s\n", argv[i], cli_str_or(sb, "state", "?"));
+            printf("%s  %s\n", argv[i], cli_shown(sb, "state", "?"));
         }
         json_decref(sb);
     }
@@ -87,7 +87,7 @@ int cli_sandbox_timeout(struct cli_ctx *c, int argc, char **argv)
     if (as_json)
         cli_print_json(sb);
     else
-        printf("%s  lease ends at %s\n", id, cli_str_or(sb, "lease_ends_at", "?"));
+        printf("%s  lease ends at %s\n", id, cli_shown(sb, "lease_ends_at", "?"));
     json_decref(sb);
     return CLI_EXIT_OK;
 }
@@ -130,8 +130,8 @@ int cli_sandbox_stats(struct cli_ctx *c, int argc, char **argv)
     if (r != CLI_EXIT_OK || !st)
         return r;
     long long cpu = int_of(st, "cpu_usec"), mem = int_of(st, "memory_bytes");
-    printf("%-10s  %s\n", "ID", cli_str_or(st, "id", "?"));
-    printf("%-10s  %s\n", "STATE", cli_str_or(st, "state", "?"));
+    printf("%-10s  %s\n", "ID", cli_shown(st, "id", "?"));
+    printf("%-10s  %s\n", "STATE", cli_shown(st, "state", "?"));
     printf("%-10s  %lld.%03lld s\n", "CPU", cpu / 1000000, (cpu / 1000) % 1000);
     printf("%-10s  %lld.%01lld MiB\n", "MEMORY", mem >> 20, ((mem & ((1 << 20) - 1)) * 10) >> 20);
     printf("%-10s  %lld\n", "PIDS", int_of(st, "pids"));
@@ -152,8 +152,8 @@ int cli_sandbox_events(struct cli_ctx *c, int argc, char **argv)
     json_t *e;
     json_array_foreach(json_object_get(res, "events"), i, e)
     {
-        printf("%-20s  %-10s  %-9s  %-16s  ", cli_str_or(e, "at", "-"), cli_str_or(e, "type", "-"),
-               cli_str_or(e, "state", "-"), cli_str_or(e, "reason", "-"));
+        printf("%-20s  %-10s  %-9s  %-16s  ", cli_shown(e, "at", "-"), cli_shown(e, "type", "-"),
+               cli_shown(e, "state", "-"), cli_shown(e, "reason", "-"));
         /* whatever else the event says, as k=v */
         const char *k;
         json_t *v;
@@ -166,7 +166,7 @@ int cli_sandbox_events(struct cli_ctx *c, int argc, char **argv)
             char *s = json_is_string(v)
                           ? strdup(json_string_value(v))
                           : json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY | JSON_PRESERVE_ORDER);
-            printf("%s%s=%s", first ? "" : " ", k, s ? s : "?");
+            printf("%s%s=%s", first ? "" : " ", cli_safe(k), s ? cli_safe(s) : "?");
             free(s);
             first = false;
         }
@@ -191,7 +191,7 @@ static void print_policy(json_t *net)
         size_t i;
         json_t *h;
         json_array_foreach(a, i, h)
-            printf("%s%s", i ? " " : "", json_is_string(h) ? json_string_value(h) : "?");
+            printf("%s%s", i ? " " : "", json_is_string(h) ? cli_safe(json_string_value(h)) : "?");
         printf("%s\n", json_array_size(a) ? "" : "(nothing)");
     }
 }
@@ -294,9 +294,9 @@ int cli_sandbox_network_log(struct cli_ctx *c, int argc, char **argv)
     json_t *e;
     json_array_foreach(json_object_get(res, "entries"), i, e)
     {
-        printf("%-20s  %-5s  %-40s  %5lld  %s\n", cli_str_or(e, "time", "-"),
-               cli_str_or(e, "via", "-"), cli_str_or(e, "host", "-"), int_of(e, "port"),
-               cli_str_or(e, "reason", "-"));
+        printf("%-20s  %-5s  %-40s  %5lld  %s\n", cli_shown(e, "time", "-"),
+               cli_shown(e, "via", "-"), cli_shown(e, "host", "-"), int_of(e, "port"),
+               cli_shown(e, "reason", "-"));
     }
     printf("(%lld denied since the daemon started)\n", int_of(res, "total"));
     json_decref(res);

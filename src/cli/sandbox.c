@@ -74,14 +74,14 @@ void cli_print_fields(json_t *o)
     json_t *v;
     json_object_foreach(o, k, v)
     {
-        printf("%-20s  ", k);
+        printf("%-20s  ", cli_safe(k));
         if (json_is_string(v)) {
-            printf("%s\n", json_string_value(v));
+            printf("%s\n", cli_safe(json_string_value(v)));
         } else if (json_is_null(v)) {
             printf("-\n");
         } else {
             char *s = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY | JSON_PRESERVE_ORDER);
-            printf("%s\n", s ? s : "?");
+            printf("%s\n", s ? cli_safe(s) : "?");
             free(s);
         }
     }
@@ -112,6 +112,11 @@ const char *cli_str_or(json_t *o, const char *key, const char *dflt)
 {
     const char *s = json_string_value(json_object_get(o, key));
     return s ? s : dflt;
+}
+
+const char *cli_shown(json_t *o, const char *key, const char *dflt)
+{
+    return cli_safe(cli_str_or(o, key, dflt));
 }
 
 int cli_sandbox_delete(const struct cli_endpoint *ep, const char *id, struct wr_err *err)
@@ -216,10 +221,10 @@ int cli_sandbox_list(struct cli_ctx *c, int argc, char **argv)
         else
             snprintf(mem, sizeof(mem), "-");
         json_t *cpus = json_object_get(sb, "cpus");
-        printf("%-24s  %-8s  %-12s  %4lld  %8s  %-20.20s  %s\n", cli_str_or(sb, "id", "?"),
-               cli_str_or(sb, "state", "?"), cli_str_or(sb, "image", "-"),
+        printf("%-24s  %-8s  %-12s  %4lld  %8s  %-20.20s  %s\n", cli_shown(sb, "id", "?"),
+               cli_shown(sb, "state", "?"), cli_shown(sb, "image", "-"),
                (long long)json_integer_value(cpus), mem, cli_key_label(names, sb, "key_id"),
-               cli_str_or(sb, "created_at", "-"));
+               cli_shown(sb, "created_at", "-"));
     }
     json_decref(names);
     json_decref(res);

@@ -110,6 +110,9 @@ json_t *cli_key_names(struct cli_ctx *c);
 /** The name (from cli_key_names) of the key in row's field, else its id; none: "(admin)". */
 const char *cli_key_label(json_t *names, json_t *row, const char *field);
 
+/** cli_str_or made safe to show (cli_safe): for tables and messages. */
+const char *cli_shown(json_t *o, const char *key, const char *dflt);
+
 /** DELETE /v1/sandboxes/ID. Returns 0, or -1 with err set. */
 int cli_sandbox_delete(const struct cli_endpoint *ep, const char *id, struct wr_err *err);
 

@@ -238,15 +238,16 @@ int cli_secrets_list(struct cli_ctx *c, int argc, char **argv)
     json_t *s, *h;
     json_array_foreach(json_object_get(res, "secrets"), i, s)
     {
-        printf("%-32s  %-20s  ", cli_str_or(s, "name", "?"), cli_str_or(s, "updated_at", "-"));
+        printf("%-32s  %-20s  ", cli_shown(s, "name", "?"), cli_shown(s, "updated_at", "-"));
         int w = 0;
-        json_array_foreach(json_object_get(s, "hosts"), k, h) w +=
-            printf("%s%s", k ? "," : "", json_string_value(h) ? json_string_value(h) : "?");
+        json_array_foreach(json_object_get(s, "hosts"), k, h) w += printf(
+            "%s%s", k ? "," : "", json_string_value(h) ? cli_safe(json_string_value(h)) : "?");
         printf("%*s  ", w < 32 ? 32 - w : 0, "");
         json_t *keys = json_object_get(s, "keys");
         if (!json_array_size(keys))
             printf("-");
-        json_array_foreach(keys, k, h) printf("%s%s", k ? "," : "", json_string_value(h));
+        json_array_foreach(keys, k, h) printf(
+            "%s%s", k ? "," : "", json_string_value(h) ? cli_safe(json_string_value(h)) : "?");
         printf("\n");
     }
     json_decref(res);

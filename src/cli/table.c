@@ -653,7 +653,8 @@ const struct cli_command cli_commands[] = {
         .summary = "revoke keys (at once; their records stay)",
         .help =
             "Revokes keys: they stop working at once; their records (and the audit trail)\n"
-            "stay. Prints each id revoked.\n"
+            "stay. The keys made --of a key are revoked with it. Prints each id revoked, those\n"
+            "made --of it too (each also named on stderr).\n"
             "\n"
             "Example:\n"
             "  withruntime keys revoke key_...\n",

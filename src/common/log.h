@@ -1,11 +1,17 @@
 /*
  * Structured logging: one line per event, "ts=... level=... event=... k=v ...",
- * to stderr. Callers quote values that may hold spaces (k="%s"); control
- * characters in the pairs (a newline from a sandbox's message) are written as
- * escapes (\n, \r, \xNN), so an event never splits into two lines.
+ * to stderr. Callers quote values that may hold spaces (k="%s"). Every value a
+ * conversion formats is escaped, since it may hold what a sandbox or a client
+ * sent (a path, an agent's message): control characters as \n, \r, \t, \xNN (an
+ * event never splits into two lines); `\` as \\; inside quotes `"` as \";
+ * outside them a space, `=` and `"` as \x20, \x3d and \x22. So no value can end itself
+ * early or write a field of its own.
  */
 #ifndef WR_COMMON_LOG_H
 #define WR_COMMON_LOG_H
+
+#include <stdarg.h>
+#include <stddef.h>
 
 enum wr_log_level { WR_LOG_DEBUG, WR_LOG_INFO, WR_LOG_WARN, WR_LOG_ERROR };
 
@@ -26,6 +32,14 @@ void log_set_rate(int burst, int per_sec);
  */
 void log_event(enum wr_log_level level, const char *sandbox, const char *event, const char *fmt,
                ...) __attribute__((format(printf, 4, 5)));
+
+/**
+ * Formats fmt's pairs into buf[cap] as log_event does, each conversion's output escaped (see
+ * above); cut short at a whole escape, a quoted value cut short still closed. Returns the
+ * length written (buf is NUL-terminated when cap > 0).
+ */
+size_t log_format_pairs(char *buf, size_t cap, const char *fmt, va_list ap)
+    __attribute__((format(printf, 3, 0)));
 
 #define log_info(sb, ev, ...) log_event(WR_LOG_INFO, sb, ev, __VA_ARGS__)
 #define log_warn(sb, ev, ...) log_event(WR_LOG_WARN, sb, ev, __VA_ARGS__)

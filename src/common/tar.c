@@ -2,7 +2,7 @@
  * Tar archives both ways (see tar.h). The writer keeps a small queue of header bytes and at
  * most one open file and one open directory per level; the extractor keeps one block, at most
  * one pax or long-name record (TAR_MAX_EXT) and one open file, plus the list of directories
- * whose modes and mtimes are set at the end (bounded by the entry limit). Every number, name
+ * whose modes and mtimes are set at the end (at most TAR_MAX_DIR_BYTES). Every number, name
  * and length in a header is checked before it is used.
  */
 #include <dirent.h>
@@ -589,6 +589,7 @@ struct untar {
     const char *skipped_kind;
     struct fixup *fix;
     size_t nfix, capfix;
+    size_t fix_bytes;  /* what fix holds, names included: at most TAR_MAX_DIR_BYTES */
     struct wr_err err; /* once failed */
 };
 
@@ -822,7 +823,17 @@ static int on_entry(struct untar *u, struct wr_err *err)
                      (unlinkat(dir, leaf, 0) < 0 || mkdirat(dir, leaf, 0700) < 0))
                 ret = wr_err_sys(err, errno, "archive entry '%.200s'", h->name);
         }
+        /* Each directory is remembered until the end (its mode and mtime are set last), so
+         * what that costs is bounded, not the entry count times the longest name: a million
+         * entries repeating one 4 KiB name would have held 4 GiB. */
+        size_t cost = sizeof(*u->fix) + strlen(h->name) + 1;
+        if (ret == 0 && u->fix_bytes + cost > TAR_MAX_DIR_BYTES)
+            ret = wr_err_set(err, E2BIG,
+                             "archive: more directories than the extractor keeps track of (%zu, "
+                             "their names over %u MiB), at '%.200s': refused",
+                             u->nfix, TAR_MAX_DIR_BYTES >> 20, h->name);
         if (ret == 0) {
+            u->fix_bytes += cost;
             if (u->nfix == u->capfix) {
                 u->capfix = u->capfix ? 2 * u->capfix : 64;
                 u->fix = xrealloc(u->fix, u->capfix * sizeof(*u->fix));

@@ -31,6 +31,9 @@
 #define TAR_MAX_DEPTH 256
 /* Largest pax extended header or GNU long name the extractor reads. */
 #define TAR_MAX_EXT (64u << 10)
+/* Most memory the extractor keeps for the directories it made (their names, to set their modes
+ * and mtimes at the end): 64 MiB is a million directories of 40-byte names. */
+#define TAR_MAX_DIR_BYTES (64u << 20)
 
 /**
  * Opens the directory `name` in dirfd for reading, never through a symlink (ELOOP for one,

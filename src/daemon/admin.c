@@ -95,17 +95,38 @@ void svc_key_update(struct daemon *d, const char *id, const struct key_opts *o, 
     sink_reply(s, SINK_OK, key_to_json(k));
 }
 
+struct revoke_walk {
+    struct daemon *d;
+    const struct principal *who;
+    json_t *ids;
+};
+
+/* A key revoked with its owner: named in the answer, and in the audit trail by an entry of its
+ * own whose route names it (the request's own entry names only the owner's route). */
+static void revoked_with(void *arg, const struct api_key *dep)
+{
+    struct revoke_walk *w = arg;
+    char route[64];
+    snprintf(route, sizeof(route), "/v1/keys/%s/revoke", dep->id);
+    json_array_append_new(w->ids, json_string(dep->id));
+    svc_audit_record(w->d, w->who, "POST", route, NULL, 200);
+}
+
 void svc_key_revoke(struct daemon *d, const char *id, struct sink *s)
 {
     if (admin_only(s) < 0)
         return;
     struct wr_err err = {0};
-    const struct api_key *k = keys_revoke(d->keys, id, &err);
+    struct revoke_walk w = {.d = d, .who = s->who, .ids = json_array()};
+    const struct api_key *k = keys_revoke(d->keys, id, revoked_with, &w, &err);
     if (!k) {
+        json_decref(w.ids);
         sink_fail(s, &err);
         return;
     }
-    sink_reply(s, SINK_OK, key_to_json(k));
+    json_t *out = key_to_json(k);
+    json_object_set_new(out, "also_revoked", w.ids);
+    sink_reply(s, SINK_OK, out);
 }
 
 /*

@@ -338,6 +338,23 @@ static int private_db_files(const char *db, struct wr_err *err)
     return 0;
 }
 
+/*
+ * Writes "PID SOCKET" into the held lock file: a CLI given --state-dir finds the daemon that
+ * serves the directory there, on whatever socket it listens (serve --socket), rather than
+ * starting a second one (cli/discover.c). A relative socket path is made absolute.
+ */
+static void lock_record(int fd, const char *socket_path)
+{
+    char cwd[PATH_MAX] = "", rec[2 * PATH_MAX + 32];
+    if (socket_path[0] && socket_path[0] != '/' && !getcwd(cwd, sizeof(cwd)))
+        cwd[0] = '\0';
+    int n = snprintf(rec, sizeof(rec), "%ld %s%s%s\n", (long)getpid(), cwd, cwd[0] ? "/" : "",
+                     socket_path);
+    if (n < 0 || (size_t)n >= sizeof(rec) || ftruncate(fd, 0) < 0 ||
+        pwrite(fd, rec, (size_t)n, 0) != n)
+        log_warn(NULL, "daemon.lock_record_failed", "error=\"%s\"", strerror(errno));
+}
+
 int daemon_open(struct daemon *d, struct wr_err *err)
 {
     struct daemon_config *cfg = &d->cfg;
@@ -373,6 +390,7 @@ int daemon_open(struct daemon *d, struct wr_err *err)
     d->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (d->lock_fd < 0 || flock(d->lock_fd, LOCK_EX | LOCK_NB) < 0)
         return wr_err_set(err, EBUSY, "another daemon is using %s", cfg->state_dir);
+    lock_record(d->lock_fd, cfg->socket_path);
 
     if (proc_reaper_start(err) < 0)
         return -1;

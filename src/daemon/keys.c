@@ -175,6 +175,13 @@ const struct api_key *keys_check(struct keys *k, const char *token)
     for (const struct api_key *key = k->list; key; key = key->next)
         if (CRYPTO_memcmp(h, key->hash, sizeof(h)) == 0 && !key->revoked_at)
             found = key;
+    /* A key made --of another works only while that one does: its owner's revoke revokes it
+     * too (keys_revoke), and this covers rows revoked before that, or a revoke cut short. */
+    if (found && strcmp(found->owner_id, found->id) != 0) {
+        const struct api_key *owner = keys_find(k, found->owner_id);
+        if (!owner || owner->revoked_at)
+            return NULL;
+    }
     return found;
 }
 
@@ -345,18 +352,41 @@ const struct api_key *keys_update(struct keys *k, const char *id, const struct k
     return key;
 }
 
-const struct api_key *keys_revoke(struct keys *k, const char *id, struct wr_err *err)
+/* Marks key revoked and stores it; on a store failure it is as it was. */
+static int revoke_one(struct keys *k, struct api_key *key, int64_t now, struct wr_err *err)
+{
+    key->revoked_at = now;
+    if (persist(k, key, err) < 0) {
+        key->revoked_at = 0;
+        return -1;
+    }
+    return 0;
+}
+
+const struct api_key *keys_revoke(struct keys *k, const char *id,
+                                  void (*also)(void *arg, const struct api_key *dep), void *arg,
+                                  struct wr_err *err)
 {
     struct api_key *key = find_mut(k, id, err);
     if (!key)
         return NULL;
+    int64_t now = now_unix();
+    /* The keys made --of it first, so that a store failure part way leaves no key working
+     * whose owner is revoked; a revoke repeated (of a key revoked before keys were revoked
+     * with their owner, too) goes on with the ones left. */
+    for (struct api_key *dep = k->list; dep; dep = dep->next) {
+        if (dep == key || dep->revoked_at || strcmp(dep->owner_id, key->id) != 0)
+            continue;
+        if (revoke_one(k, dep, now, err) < 0)
+            return NULL;
+        log_info(NULL, "keys.revoked", "key=%s with_owner=%s", dep->id, key->id);
+        if (also)
+            also(arg, dep);
+    }
     if (key->revoked_at)
         return key;
-    key->revoked_at = now_unix();
-    if (persist(k, key, err) < 0) {
-        key->revoked_at = 0;
+    if (revoke_one(k, key, now, err) < 0)
         return NULL;
-    }
     log_info(NULL, "keys.revoked", "key=%s", key->id);
     return key;
 }

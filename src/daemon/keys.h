@@ -105,8 +105,14 @@ const struct api_key *keys_create(struct keys *k, const struct key_opts *o,
 const struct api_key *keys_update(struct keys *k, const char *id, const struct key_opts *o,
                                   struct wr_err *err);
 
-/** Revokes a key: it stops working at once; its record stays (usage and audit name it). */
-const struct api_key *keys_revoke(struct keys *k, const char *id, struct wr_err *err);
+/**
+ * Revokes a key and every key made for its sandboxes (owner_id, "--of"): they stop working at
+ * once; their records stay (usage and audit name them). Calls also(arg, dep) for each key
+ * revoked with it (not those revoked before). Revoking a revoked key revokes what it left.
+ */
+const struct api_key *keys_revoke(struct keys *k, const char *id,
+                                  void (*also)(void *arg, const struct api_key *dep), void *arg,
+                                  struct wr_err *err);
 
 /** Every key, oldest first (never a key itself), as a JSON array. */
 json_t *keys_list_json(const struct keys *k);

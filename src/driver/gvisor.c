@@ -415,7 +415,7 @@ static int gv_start(const struct driver_spec *spec, int *chan_fd, struct wr_err 
     for (size_t k = 0; k < NSTEPS && len < sizeof(times); k++)
         len += (size_t)snprintf(times + len, sizeof(times) - len, "%s%s_ms=%llu", k ? " " : "",
                                 steps[k].name, (unsigned long long)ms[k]);
-    log_debug(spec->id, "gvisor.started", "platform=%s %s", r.platform, times);
+    log_debug(spec->id, "gvisor.started", "platform=%s steps=\"%s\"", r.platform, times);
     return 0;
 }
 

@@ -641,10 +641,18 @@ void http_reply(struct http_req *r, int status, const char *content_type, const 
     }
     if (content_type)
         http_reply_header(r, "Content-Type", content_type);
+    /* A HEAD is answered as its GET, without the body but with the body's length (evhttp sends
+     * none for a HEAD by itself). */
+    int head = strcmp(method, "HEAD") == 0;
+    if (head && status != 304 && status >= 200 && status != 204) {
+        char v[24];
+        snprintf(v, sizeof(v), "%zu", len);
+        http_reply_header(r, "Content-Length", v);
+    }
     if (r->server->reply_hook)
         r->server->reply_hook(r, status, r->server->reply_hook_ctx);
     struct evbuffer *buf = evbuffer_new();
-    if (len)
+    if (len && !head)
         evbuffer_add(buf, body, len);
     evhttp_send_reply(r->req, status, reason_phrase(status), buf);
     evbuffer_free(buf);

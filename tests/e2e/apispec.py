@@ -3,7 +3,8 @@
 The operation is looked up by method + path template; the status must be one the spec lists for
 it; the body must match the schema for the response's Content-Type (NDJSON: every line matches).
 A path that matches no template must answer as `x-unmatched-route` says; a template that lacks
-the method, as `x-unmatched-method` says (including its required headers).
+the method, as `x-unmatched-method` says (including its required headers). HEAD answers as the
+GET (but a WebSocket's, `x-websocket`), without a body.
 """
 
 import json
@@ -95,6 +96,12 @@ class Spec:
         method = method.lower()
         what = f"{method.upper()} {path} -> {status}"
         template, item = self.match(path)
+        if method == "head":
+            if body:
+                raise SpecError(f"{what}: a HEAD answered with a body: {body[:200]!r}")
+            body = None
+            if item is not None and _has_head(item):
+                method = "get"
         if template is None:
             resp = self.deref(self.doc["x-unmatched-route"])
             resp_ptr = self.doc["x-unmatched-route"]["$ref"][1:]
@@ -108,7 +115,7 @@ class Spec:
             if str(status) == "405":
                 allow = headers.get("allow", "")
                 got = {m.strip().lower() for m in allow.split(",") if m.strip()}
-                want = {m for m in item if m in METHODS}
+                want = {m for m in item if m in METHODS} | ({"head"} if _has_head(item) else set())
                 if got != want:
                     raise SpecError(f"{what}: Allow header {allow!r}, spec has {sorted(want)}")
         else:
@@ -129,7 +136,7 @@ class Spec:
             if h.get("required") and name.lower() not in headers:
                 raise SpecError(f"{what}: header {name} missing")
         content = resp.get("content") or {}
-        if not content:
+        if not content or body is None:
             return
         ctype = headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype not in content:
@@ -154,6 +161,11 @@ class Spec:
             raise SpecError(f"{what}: stream line is not JSON ({e}): {line[:300]!r}")
         self.schema_validate(schema_ptr, doc, what + " (stream line)")
         return doc
+
+
+def _has_head(item):
+    """Whether a path answers HEAD: wherever it answers GET, but a WebSocket's."""
+    return "get" in item and not item["get"].get("x-websocket")
 
 
 def _esc(s):

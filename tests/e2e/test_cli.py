@@ -204,3 +204,51 @@ def test_create_takes_a_network_policy(daemon, client):
     assert r.returncode == 4, r  # refused by the daemon (400)
     assert b"network.allow[0]" in r.stderr and b"10.0.0.1" in r.stderr, r.stderr
     assert ids(client) == before
+
+
+def test_planted_names_reach_the_terminal_escaped(daemon, client, sandbox):
+    """A file name made in a sandbox with terminal escapes (OSC to retitle the window, CSI to
+    clear the screen, a carriage return, a C1 CSI) is shown escaped, not sent to the terminal;
+    --json stays exact JSON."""
+    name = "evil\x1b]0;pwned\x07\x1b[2J\rX\u009b31m"
+    where = f"/tmp/planted-{os.getpid()}"
+    client.write_file(sandbox, f"{where}/{name}", b"x", parents="true")
+    raw = [b"\x1b", b"\x07", b"\r", "\u009b".encode()]
+    r = wr(daemon, "sandbox", "ls", sandbox, where)
+    assert r.returncode == 0, r
+    assert not any(c in r.stdout for c in raw), r.stdout
+    assert b"evil\\x1b]0;pwned\\x07\\x1b[2J\\rX\\u009b31m" in r.stdout, r.stdout
+    r = wr(daemon, "sandbox", "ls", "--json", sandbox, where)
+    assert [e["name"] for e in json.loads(r.stdout)["entries"]] == [name], r.stdout
+    # an error that quotes the path
+    r = wr(daemon, "sandbox", "cat", sandbox, f"{where}/{name}/more")
+    assert r.returncode != 0 and b"evil\\x1b]0;pwned" in r.stderr, r.stderr
+    assert not any(c in r.stderr for c in raw), r.stderr
+
+
+def test_state_dir_finds_its_daemon_on_another_socket():
+    """A daemon serving a state directory on a socket of its own (serve --socket): the CLI
+    given that --state-dir uses it, and never starts a second daemon for the directory."""
+    import conftest
+    import wrclient
+    from test_failures import FakeDaemon, serve_checked
+
+    d = FakeDaemon(conftest.WR_AGENT)
+    d.socket_path = os.path.join(d.tmp, "elsewhere.sock")
+    d.admin = wrclient.Client(unix_path=d.socket_path)
+    run = serve_checked(d)
+    next(run)
+    try:
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("RUNTIME_URL", "RUNTIME_API_KEY", "WITHRUNTIME_STATE_DIR")}
+        env["HOME"] = d.tmp  # no saved login either
+        r = subprocess.run([d.bin, "--state-dir", d.state_dir, "sandbox", "list"], env=env,
+                           capture_output=True, timeout=60)
+        assert r.returncode == 0, r
+        assert b"started the daemon" not in r.stderr, r.stderr
+        assert not os.path.exists(os.path.join(d.state_dir, "withruntime.sock"))
+        with open(os.path.join(d.state_dir, "daemon.lock")) as f:
+            assert f.read() == f"{d.proc.pid} {d.socket_path}\n"
+        assert d.proc.poll() is None
+    finally:
+        next(run, None)

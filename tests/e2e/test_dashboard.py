@@ -64,7 +64,7 @@ def test_files_need_no_key_and_carry_strict_headers(daemon):
     assert plain(daemon).request("POST", "/", validate=False).status == 401
     for method in ("POST", "DELETE", "TRACE"):  # with a key: the file is there, not the method
         r = daemon.client.request(method, "/app.js", validate=False)
-        assert r.status == 405 and r.headers["allow"] == "GET", r
+        assert r.status == 405 and r.headers["allow"] == "GET, HEAD", r
 
 
 def test_page_origin_is_let_in_and_a_foreign_one_is_not(daemon):

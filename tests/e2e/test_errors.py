@@ -5,6 +5,7 @@ the code that goes with the status, the Allow header of a 405).
 """
 
 import json
+import socket
 
 import pytest
 
@@ -69,16 +70,60 @@ def test_unknown_route_is_404(client, method, path):
 
 
 @pytest.mark.parametrize("method,path,allow", [
-    ("POST", f"/v1/sandboxes/{UNKNOWN}", {"GET", "DELETE"}),
-    ("PUT", "/v1/sandboxes", {"GET", "POST"}),
-    ("DELETE", "/v1/health", {"GET"}),
+    ("POST", f"/v1/sandboxes/{UNKNOWN}", {"GET", "HEAD", "DELETE"}),
+    ("PUT", "/v1/sandboxes", {"GET", "HEAD", "POST"}),
+    ("DELETE", "/v1/health", {"GET", "HEAD"}),
     ("GET", f"/v1/sandboxes/{UNKNOWN}/exec", {"POST"}),
-    ("POST", f"/v1/sandboxes/{UNKNOWN}/files/content?path=x", {"GET", "PUT"}),
+    ("POST", f"/v1/sandboxes/{UNKNOWN}/files/content?path=x", {"GET", "HEAD", "PUT"}),
 ])
 def test_wrong_method_is_405(client, method, path, allow):
     r = client.request(method, path, {} if method in ("POST", "PUT") else None)
     expect_error(r, 405, "method_not_allowed")
     assert {m.strip() for m in r.headers["allow"].split(",")} == allow
+
+
+def head_then_get(client, path):
+    """HEAD then GET of path, pipelined on one connection: (status, headers, body) of each.
+    Had the HEAD sent a body, the GET's answer would not start where the HEAD's head ends."""
+    s = socket.create_connection((client.host, client.port), timeout=60)
+    try:
+        auth = f"Authorization: Bearer {client.key}\r\n" if client.key else ""
+        one = f"{{}} {path} HTTP/1.1\r\nHost: {client.host}:{client.port}\r\n{auth}"
+        s.sendall((one.format("HEAD") + "\r\n" + one.format("GET") +
+                   "Connection: close\r\n\r\n").encode())
+        f = s.makefile("rb")  # one reader for both answers: nothing read ahead is lost
+        answers = []
+        for method in ("HEAD", "GET"):
+            status = int(f.readline().split()[1])
+            headers = {}
+            while (line := f.readline().strip()):
+                k, v = line.decode().split(":", 1)
+                headers[k.strip().lower()] = v.strip()
+            body = b"" if method == "HEAD" else f.read(int(headers["content-length"]))
+            answers.append((status, headers, body))
+        assert f.read() == b"", "bytes after the GET's answer"
+        return answers
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("path", [
+    "/v1/health", "/v1/sandboxes", "/v1/sandboxes/{sb}", "/v1/sandboxes/{sb}/files/list?path=/etc",
+    "/v1/sandboxes/{sb}/files/content?path=/etc/passwd", f"/v1/sandboxes/{UNKNOWN}", "/app.js",
+])
+def test_head_answers_as_get_without_a_body(client, sandbox, path):
+    path = path.replace("{sb}", sandbox)
+    (hs, hh, hbody), (gs, gh, gbody) = head_then_get(client, path)
+    assert hs == gs and hbody == b"", (hs, gs, hbody)
+    for name in ("content-type", "etag", "cache-control", "content-security-policy"):
+        assert hh.get(name) == gh.get(name), (name, hh, gh)
+    assert int(hh["content-length"]) == len(gbody) > 0, (hh, len(gbody))
+    client.spec.validate_response("HEAD", path, hs, hh, hbody)
+
+
+def test_head_is_not_a_websocket(client):
+    r = client.request("HEAD", f"/v1/sandboxes/{UNKNOWN}/sessions/ses-1/connect")
+    assert r.status == 405 and r.headers["allow"] == "GET" and r.body == b"", r
 
 
 def test_post_on_real_sandbox_is_405(client, sandbox):

@@ -456,6 +456,28 @@ def test_bad_key_requests_are_refused_with_the_field_named(daemon):
     assert adm.request("POST", "/v1/keys/nope/revoke").status == 404
 
 
+def test_revoking_a_key_revokes_the_keys_made_of_it(daemon):
+    owner = daemon.make_key()
+    of = daemon.make_key(owner_id=owner["id"], read_only=True)
+    other = daemon.make_key()  # made of no one: untouched
+    c = daemon.client.with_key(of["key"])
+    assert c.request("GET", "/v1/sandboxes").status == 200
+    r = daemon.admin.expect(200, "POST", f"/v1/keys/{owner['id']}/revoke").json()
+    assert r["also_revoked"] == [of["id"]], r
+    assert c.request("GET", "/v1/sandboxes").status == 401
+    assert daemon.client.with_key(other["key"]).request("GET", "/v1/sandboxes").status == 200
+    listed = {x["id"]: x for x in daemon.admin.request("GET", "/v1/keys").json()["keys"]}
+    assert listed[of["id"]]["revoked_at"] is not None
+    entries = daemon.admin.expect(200, "GET", "/v1/audit", query={"limit": 20}).json()["entries"]
+    assert any(e["route"] == f"/v1/keys/{of['id']}/revoke" for e in entries), entries
+    # the CLI says so too
+    of2 = daemon.make_key(owner_id=other["id"])
+    r = admin_cli(daemon, "keys", "revoke", other["id"])
+    assert r.returncode == 0 and r.stdout.split() == [other["id"], of2["id"]], r
+    assert f"revoked {of2['id']} too" in r.stderr, r
+    assert daemon.client.with_key(of2["key"]).request("GET", "/v1/sandboxes").status == 401
+
+
 # ---- the audit trail ----
 
 

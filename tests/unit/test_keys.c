@@ -92,7 +92,9 @@ int main(void)
        "after a reload the key works, with its limits");
     ok(keys_check(k, token2) && keys_check(k, token2)->read_only, "and the read-only one too");
 
-    ok(keys_revoke(k, id, &err) && keys_check(k, token) == NULL, "a revoked key stops at once");
+    ok(keys_revoke(k, id, NULL, NULL, &err) && keys_check(k, token) == NULL,
+       "a revoked key stops at once");
+    ok(keys_check(k, token2) == NULL, "and so does the key made for its sandboxes");
     ok(keys_find(k, id) && keys_find(k, id)->revoked_at > 0, "its record stays");
     ok(keys_update(k, id, &up, &err) == NULL && err.kind == WR_E_CONFLICT,
        "a revoked key cannot be changed");

@@ -511,6 +511,36 @@ static void test_hostile(void)
     free(m);
 }
 
+/* One directory's name repeated: each entry is ~5.6 KiB of archive (a pax path, a ustar block)
+ * and asks the extractor to remember ~4 KiB until the end. A million of them (the CLI's entry
+ * limit) held 4 GiB before the extractor bounded what it keeps. */
+static void test_dir_names_bounded(void)
+{
+    char name[4001], p[PATH_MAX];
+    size_t o = 0;
+    while (o + 251 < sizeof(name)) { /* components of 250 bytes: under NAME_MAX */
+        memset(name + o, 'd', 250);
+        name[o + 250] = '/';
+        o += 251;
+    }
+    name[o] = '\0';
+    struct mk *m = calloc(1, sizeof(*m));
+    add(m, '5', name, NULL, NULL, 0);
+    pathf(p, "h16");
+    mkdir(p, 0755);
+    struct untar *u = untar_new(open(p, O_RDONLY | O_DIRECTORY), NULL);
+    struct wr_err err = {0};
+    size_t fed = 0, most = TAR_MAX_DIR_BYTES / strlen(name) + 1;
+    int r = 0;
+    while (fed <= most && (r = untar_feed(u, m->buf, m->n, &err)) == 0)
+        fed++;
+    ok(r < 0 && err.code == E2BIG && strstr(err.msg, "directories") && fed < most,
+       "a directory repeated %zu times with a %zu-byte name is refused (%s)", fed, strlen(name),
+       err.msg);
+    untar_free(u);
+    free(m);
+}
+
 int main(void)
 {
     char tmpl[] = "/tmp/wr-test-tar-XXXXXX";
@@ -520,6 +550,7 @@ int main(void)
     umask(022);
     test_round_trip();
     test_hostile();
+    test_dir_names_bounded();
     char cmd[PATH_MAX + 16];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", base);
     if (system(cmd) != 0)
