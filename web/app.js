@@ -233,8 +233,8 @@
             const cells = {};
             const td = (name, cls) => (cells[name] = el("td", { class: cls }));
             const tr = el("tr", { "data-id": sb.id },
-              el("td", {}, el("a", { href: `#/sandbox/${sb.id}`, text: sb.id })),
-              td("state"), td("image"), td("size"), td("age", "num"), td("lease", "num"),
+              el("td", { class: "id" }, el("a", { href: `#/sandbox/${sb.id}`, text: sb.id })),
+              td("state"), td("image", "wrap"), td("size"), td("age", "num"), td("lease", "num"),
               td("cost", "num"), td("cpu", "num"), td("mem", "num"), td("actions"));
             cells.actions.append(el("div", { class: "actions" }, ...actionButtons(sb.id, sb.state, () => tick())));
             row = { tr, cells, cpu: null };
@@ -243,7 +243,7 @@
           }
           const c = row.cells;
           setText(c.state, stateText(sb));
-          c.state.className = "state-" + sb.state;
+          c.state.className = "state-" + sb.state + " wrap";
           setText(c.image, sb.image);
           setText(c.size, `${sb.cpus} vCPU · ${sb.memory_mib} MiB`);
           setText(c.age, human(since(sb.created_at)));
@@ -259,16 +259,24 @@
   }
 
   // ---- charts (SVG) ----
+  // A bar chart of money. Beside a limit far above it a spend of cents would draw nothing: then
+  // the scale is the spend's own and the limit is a dotted line along the top that says it is
+  // off the scale. Any spend at all gets a bar at least MIN_BAR high; the page says the numbers
+  // in words beside the chart too.
   function barChart(box, values, labels, opts) {
-    const W = 600, H = 200, L = 56, B = 24, T = 10;
-    const max = Math.max(1, opts.limit || 0, ...values) * 1.1;
+    const W = 600, H = 200, L = 56, B = 24, T = 26, MIN_BAR = 3;
+    const peak = Math.max(0, ...values);
+    const off = !!opts.limit && peak > 0 && opts.limit > 4 * peak;
+    const max = (off ? peak : Math.max(peak, opts.limit || 0)) * 1.15 || 1;
     const s = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": opts.label });
     const y = (v) => T + (H - T - B) * (1 - v / max);
     const bw = (W - L - 8) / Math.max(1, values.length);
     s.append(svg("line", { x1: L, y1: H - B, x2: W, y2: H - B, stroke: "#767676" }));
     const top = svg("text", { x: 4, y: T + 10 }); top.textContent = opts.fmt(max); s.append(top);
     values.forEach((v, i) => {
-      const r = svg("rect", { class: "bar", x: L + i * bw + 2, y: y(v), width: Math.max(1, bw - 4), height: H - B - y(v) });
+      let h = (H - T - B) * v / max;
+      if (v > 0 && h < MIN_BAR) h = MIN_BAR;
+      const r = svg("rect", { class: "bar", x: L + i * bw + 2, y: H - B - h, width: Math.max(1, bw - 4), height: h, "data-label": labels[i], "data-value": v });
       const t = svg("title", {}); t.textContent = `${labels[i]}: ${opts.fmt(v)}`; r.append(t);
       s.append(r);
       if (values.length <= 16 || i % Math.ceil(values.length / 8) === 0) {
@@ -276,11 +284,18 @@
       }
     });
     if (opts.limit) {
-      s.append(svg("line", { class: "limit", x1: L, x2: W, y1: y(opts.limit), y2: y(opts.limit), "data-limit": opts.limit }));
-      const lt = svg("text", { x: L + 4, y: y(opts.limit) - 4 }); lt.textContent = "daily limit " + opts.fmt(opts.limit); s.append(lt);
+      const ly = off ? 16 : y(opts.limit);
+      s.append(svg("line", { class: off ? "limit off" : "limit", x1: L, x2: W, y1: ly, y2: ly, "data-limit": opts.limit, "data-off-scale": off }));
+      const lt = svg("text", { x: L + 4, y: ly - 4 });
+      lt.textContent = "daily limit " + opts.fmt(opts.limit) + (off ? " \u2191 far above, off this scale" : "");
+      s.append(lt);
     }
     box.replaceChildren(s);
   }
+  const percent = (part, whole) => {
+    const p = part / whole * 100;
+    return p > 0 && p < 0.01 ? "under 0.01 %" : p.toFixed(p < 10 ? 2 : 0) + " %";
+  };
   function liveChart(box, samples, memMax) {
     const W = 600, H = 200, T = 10, B = 10;
     const s = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "CPU and memory over time" });
@@ -330,6 +345,9 @@
       }
       const labels = vals.map((_, i) => new Date(start + i * 300000).toISOString().slice(11, 16));
       barChart($("d-chart-cost"), vals, labels, { label: "cost per five minutes over the last hour", fmt: usd });
+      const hour = vals.reduce((a, b) => a + b, 0), most = Math.max(...vals);
+      setText($("d-cost-text"), hour ? `Last hour: ${usd(hour)}; the most in five minutes: ${usd(most)}, from ${labels[vals.indexOf(most)]} UTC.`
+        : "Last hour: nothing spent.");
     }
     async function files(path) {
       const r = (await api(`/v1/sandboxes/${id}/files/list?path=${encodeURIComponent(path)}`)).data;
@@ -442,9 +460,14 @@
         for (let i = 13; i >= 0; i--) days.push(new Date(today.getTime() - i * 86400000).toISOString().slice(0, 10));
         const per = new Map((byDay.data.rows || []).map((r) => [r.day, r.cost_micros]));
         const limit = me && me.key ? me.key.daily_limit_micros : null;
-        barChart($("u-chart"), days.map((d) => per.get(d) || 0), days.map((d) => d.slice(5)),
+        const vals = days.map((d) => per.get(d) || 0);
+        barChart($("u-chart"), vals, days.map((d) => d.slice(5)),
           { label: "cost per day over the last 14 days", fmt: usd, limit });
-        setText($("u-caption"), "Cost per UTC day" + (limit ? `; the dashed line is this key's daily limit, ${usd(limit)}` : "; this key has no daily limit"));
+        const today_ = vals[vals.length - 1], all = vals.reduce((a, b) => a + b, 0);
+        setText($("u-summary"), `Today (UTC): ${usd(today_)} spent` +
+          (limit ? ` of this key's daily limit of ${usd(limit)} (${percent(today_, limit)})` : "; this key has no daily limit") +
+          `. Last 14 days: ${usd(all)}.`);
+        setText($("u-caption"), "Cost per UTC day" + (limit ? `; the red line is this key's daily limit, ${usd(limit)}` : "; this key has no daily limit"));
         $("u-key-rows").replaceChildren(...(byKey.data.rows || []).map((r) => el("tr", {},
           el("td", { text: who(names, r.key_id) }), el("td", { class: "num", text: usd(r.cost_micros) }),
           el("td", { class: "num", text: human(r.cpu_usec / 1e6) }),

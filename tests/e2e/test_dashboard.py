@@ -13,6 +13,7 @@ build/test-artifacts/.
 import os
 import shutil
 import tempfile
+import time
 
 import pytest
 
@@ -350,6 +351,95 @@ def test_browser_terminal_runs_a_typed_command(daemon, browser, two):
         s["state"] == "running" for s in daemon.client.expect(
             200, "GET", f"/v1/sandboxes/{a}/sessions").json()["sessions"]),
         "the session gone after Close")
+
+
+# ---- issue 24: a list that uses the width, a small spend seen beside a high limit
+
+def usd(micros):
+    """Money as the page writes it (app.js's usd)."""
+    d = micros / 1e6
+    return "$0.00" if d == 0 else f"${d:.6f}" if d < 0.01 else f"${d:.4f}" if d < 1 else f"${d:.2f}"
+
+
+# How many lines each cell of a row takes: the height of its content over its line height (a
+# cell of buttons: how many rows of buttons).
+LINES_JS = r"""
+return [...arguments[0].cells].map((td) => {
+  const buttons = [...td.querySelectorAll("button")];
+  if (buttons.length)
+    return new Set(buttons.map((b) => Math.round(b.getBoundingClientRect().top))).size;
+  const r = document.createRange();
+  r.selectNodeContents(td);
+  return Math.round(r.getBoundingClientRect().height / parseFloat(getComputedStyle(td).lineHeight));
+});
+"""
+
+
+@pytest.mark.timeout(60)
+def test_browser_list_takes_one_line_a_sandbox_at_1280(daemon, browser, two):
+    drv = browser
+    a, b = two
+    drv.set_window_size(1280, 1000)
+    sign_in(drv, daemon, daemon.key)
+    wait_for(drv, lambda d: row_state(d, a).startswith("running") and row_state(d, b) and
+             "%" in by_css(d, f'tr[data-id="{a}"] td')[7].text and
+             "MiB" in by_css(d, f'tr[data-id="{a}"] td')[8].text, "the list with figures")
+    shot(drv, "sandboxes-1280")
+    heads = [th.text for th in by_css(drv, "#sb-table thead th")]
+    assert heads == ["Sandbox", "State", "Image", "Size", "Age", "Lease left", "Cost", "CPU",
+                     "Memory", "Actions"], heads
+    rows = [by_css(drv, "#sb-table thead tr")[0]] + by_css(drv, "#sb-rows tr")
+    for tr in rows:
+        lines = drv.execute_script(LINES_JS, tr)
+        cells = [td.text for td in tr.find_elements("css selector", "th, td")]
+        # every cell one line: the id, size, times, money, figures, the buttons side by side
+        # (state and image may wrap; at 1280 px they do not need to)
+        # (a figure not read yet is an empty cell: no line)
+        assert lines[0] == 1 and all(n <= 1 for i, n in enumerate(lines) if i not in (1, 2)), \
+            (cells, lines)
+    # and the table fits: no sideways scroll at 1280 px
+    assert drv.execute_script(
+        "const w = document.querySelector('#sb-table').parentElement;"
+        "return w.scrollWidth <= w.clientWidth")
+
+
+@pytest.mark.timeout(60)
+def test_browser_usage_chart_shows_a_small_spend_beside_a_high_limit(daemon, browser, two):
+    drv = browser
+    c = daemon.client
+    me = c.expect(200, "GET", "/v1/whoami").json()["key"]
+    ro = daemon.make_key(read_only=True, owner_id=me["id"], daily_limit_micros=10_000_000)
+    today = time.strftime("%Y-%m-%d", time.gmtime())
+
+    def spent():
+        rows = c.expect(200, "GET", "/v1/usage",
+                        query={"group_by": "day", "from": today}).json()["rows"]
+        return sum(r["cost_micros"] for r in rows if r["day"] == today)
+    # the module's sandboxes have run a while: some spend today, far below the $10 limit
+    deadline = time.monotonic() + WAIT
+    while not spent() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert 0 < spent() < 100_000, spent()  # under 10 cents: under 1 % of the limit
+    sign_in(drv, daemon, ro["key"])
+    wait_for(drv, lambda d: row_state(d, two[0]), "the list")
+    drv.get(f"http://127.0.0.1:{daemon.port}/#/usage")
+    bar = wait_for(drv, lambda d: [r for r in by_css(d, "#u-chart svg rect.bar") if r.get_attribute(
+        "textContent").startswith(today[5:] + ": $")], "today's bar")[0]
+    shot(drv, "usage-small-spend")
+    # seen: a bar of a few pixels at least (at the limit's scale it would be under one)
+    assert drv.execute_script("return arguments[0].getBoundingClientRect().height", bar) >= 3
+    value = int(bar.get_attribute("data-value"))
+    assert value > 0
+    limit = by_css(drv, "#u-chart svg line.limit")[0]
+    assert limit.get_attribute("data-limit") == "10000000"
+    assert limit.get_attribute("data-off-scale") == "true"
+    assert "daily limit $10.00" in by_css(drv, "#u-chart svg")[0].get_attribute("textContent")
+    # and said in words: today's spend, the limit, the share
+    summary = visible_text(drv, "#u-summary")
+    assert f"Today (UTC): {usd(value)} spent of this key's daily limit of $10.00" in \
+        summary, summary
+    share = value / 10_000_000 * 100
+    assert f"({'under 0.01' if share < 0.01 else f'{share:.2f}'} %)" in summary, summary
 
 
 # ---- an auditor key: the Keys and Audit pages ----
