@@ -66,7 +66,9 @@
     const key = sessionStorage.getItem(KEY);
     const headers = { "Authorization": "Bearer " + key };
     const method = opts.method || "GET";
-    const hit = method === "GET" ? cache.get(path) : null;
+    // noCache: an answer read once (a command's output from an offset) is not kept, or the
+    // cache would grow by one entry a poll
+    const hit = method === "GET" && !opts.noCache ? cache.get(path) : null;
     if (hit) headers["If-None-Match"] = hit.etag;
     let body;
     if (opts.json !== undefined) { headers["Content-Type"] = "application/json"; body = JSON.stringify(opts.json); }
@@ -81,7 +83,7 @@
       throw new ApiError(r.status, err.code, err.message);
     }
     const etag = r.headers.get("ETag");
-    if (method === "GET" && etag) cache.set(path, { etag, body: data });
+    if (method === "GET" && etag && !opts.noCache) cache.set(path, { etag, body: data });
     return { data, changed: true };
   }
 
@@ -325,6 +327,8 @@
     $("d-actions").replaceChildren(...actionButtons(id, "", () => tick()));
     for (const t of ["f-rows", "c-rows", "e-rows", "n-rows"]) $(t).replaceChildren();
     $("f-view").hidden = true;
+    $("o-panel").hidden = true;
+    setText($("d-cost-text"), "");
     $("d-chart-cost").replaceChildren();
     $("d-chart-live").replaceChildren();
     const samples = [];
@@ -334,6 +338,86 @@
     $("term-panel").hidden = !term;
 
     function fact(k, v) { return [el("dt", { text: k }), el("dd", { text: v })]; }
+    // A background command's output, followed while it runs. Bytes come from the offsets the
+    // last answer gave, so none is read twice; each stream keeps its last KEEP characters here.
+    // Sandbox bytes: decoded as UTF-8 (a bad sequence shows as U+FFFD) and set as text only.
+    const KEEP = 1 << 20;
+    const utf8 = new TextEncoder();
+    let out = null; // {cid, busy, done, s: {stdout: {off, text, dec, lost, cut}, stderr: ...}}
+    function bytesOf(r, n) {
+      if (r[n + "_encoding"] !== "base64") return utf8.encode(r[n] || "");
+      const bin = atob(r[n] || ""), a = new Uint8Array(bin.length);
+      for (let i = 0; i < bin.length; i++) a[i] = bin.charCodeAt(i);
+      return a;
+    }
+    function openOutput(cid) {
+      out = { cid, busy: false, done: false, s: {} };
+      for (const n of ["stdout", "stderr"]) {
+        out.s[n] = { off: 0, text: "", dec: new TextDecoder("utf-8"), lost: 0, cut: 0 };
+        $("o-" + n).textContent = "";
+        setText($("o-" + n + "-note"), "");
+      }
+      setText($("o-title"), `Output of ${cid}`);
+      setText($("o-state"), "Reading…");
+      $("o-panel").hidden = false;
+      for (const b of document.querySelectorAll("#c-rows button[data-cmd-output]"))
+        b.setAttribute("aria-pressed", String(b.dataset.cmdOutput === cid));
+      return follow();
+    }
+    async function follow() {
+      const o = out;
+      if (!o || o.done || o.busy) return;
+      o.busy = true;
+      try {
+        const q = `stdout_offset=${o.s.stdout.off}&stderr_offset=${o.s.stderr.off}`;
+        const r = (await api(`/v1/sandboxes/${id}/commands/${encodeURIComponent(o.cid)}/output?${q}`, { noCache: true })).data;
+        if (o !== out) return;
+        let fresh = 0;
+        for (const n of ["stdout", "stderr"]) {
+          const st = o.s[n], from = r[n + "_offset"];
+          if (from > st.off) { // fell behind the daemon's kept tail: start over from what it has
+            st.lost += from - st.off;
+            st.text += st.dec.decode();
+            st.dec = new TextDecoder("utf-8");
+          }
+          const bytes = bytesOf(r, n);
+          fresh += bytes.length;
+          st.text += st.dec.decode(bytes, { stream: true });
+          st.off = r[n + "_next_offset"];
+        }
+        if (r.state !== "running" && !fresh) { // ended, and nothing more to read
+          o.done = true;
+          for (const n of ["stdout", "stderr"]) o.s[n].text += o.s[n].dec.decode();
+        }
+        for (const n of ["stdout", "stderr"]) {
+          const st = o.s[n];
+          if (st.text.length > KEEP) { st.cut += st.text.length - KEEP; st.text = st.text.slice(-KEEP); }
+        }
+        showOutput(o, r);
+      } catch (e) {
+        if (o === out) setText($("o-state"), `Could not read the output: ${e.message}`);
+      } finally { o.busy = false; }
+    }
+    function showOutput(o, r) {
+      setText($("o-state"), r.state === "running" ? "Running: its output is followed as it comes." :
+        r.state === "exited" ? (r.signal ? `Ended by signal ${r.signal}.` : `Exited with code ${r.exit_code}.`) :
+        `Failed: ${r.error || "no reason given"}.`);
+      for (const n of ["stdout", "stderr"]) {
+        const st = o.s[n], pre = $("o-" + n);
+        const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+        if (pre.textContent !== st.text) pre.textContent = st.text;
+        if (atEnd) pre.scrollTop = pre.scrollHeight;
+        const notes = [st.off ? `${st.off} bytes written` : "nothing written"];
+        if (st.lost) notes.push(`the first ${st.lost} are no longer kept by the daemon`);
+        if (st.cut) notes.push(`this page keeps the last 1 MiB: ${st.cut} earlier characters dropped`);
+        setText($("o-" + n + "-note"), notes.join("; ") + ".");
+      }
+    }
+    $("o-close").onclick = () => {
+      out = null;
+      $("o-panel").hidden = true;
+      for (const b of document.querySelectorAll("#c-rows button[data-cmd-output]")) b.setAttribute("aria-pressed", "false");
+    };
     async function costChart() {
       // 12 five-minute windows of the last hour, from one /v1/usage call: this sandbox, by minute
       const end = Math.ceil(Date.now() / 300000) * 300000, start = end - 12 * 300000;
@@ -424,11 +508,16 @@
         jobs.push(api(`/v1/sandboxes/${id}/commands`).then(({ data, changed }) => {
           if (!changed && $("c-rows").childElementCount) return;
           $("c-rows").replaceChildren(...(data.commands || []).slice().reverse().map((c) =>
-            el("tr", { "data-cmd": c.id }, el("td", { text: c.id }), el("td", {}, el("code", { text: (c.argv || []).join(" ") })),
+            el("tr", { "data-cmd": c.id }, el("td", { class: "nowrap", text: c.id }), el("td", {}, el("code", { text: (c.argv || []).join(" ") })),
               el("td", { text: c.state + (c.error ? ` (${c.error})` : "") }),
               el("td", { class: "num", text: c.exit_code === null || c.exit_code === undefined ? (c.signal ? "signal " + c.signal : "–") : String(c.exit_code) }),
-              el("td", { text: c.started_at || "" }))));
+              el("td", { class: "nowrap", text: c.started_at || "" }),
+              el("td", {}, el("button", {
+                type: "button", class: "secondary", "data-cmd-output": c.id, "aria-label": `Output of ${c.id}`,
+                "aria-pressed": String(!!out && out.cid === c.id), onclick: () => openOutput(c.id),
+              }, "Output")))));
         }));
+        if (out && !out.done) jobs.push(follow());
         jobs.push(api(`/v1/sandboxes/${id}/network/log`).then(({ data }) => {
           setText($("n-total"), `${data.total} denied since the daemon started` + (data.total ? "" : " (none)"));
           $("n-rows").replaceChildren(...data.entries.slice().reverse().map((e) =>
@@ -439,7 +528,7 @@
         const bad = res.find((x) => x.status === "rejected");
         if (bad) throw bad.reason;
       },
-      leave() { if (term) term.close(); },
+      leave() { out = null; if (term) term.close(); },
     };
   }
 

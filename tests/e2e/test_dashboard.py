@@ -202,11 +202,29 @@ def row_state(drv, sid):
     return cells[0].get_attribute("textContent") if cells else ""
 
 
+# What a sandbox (or its maker) controls, made to run script if the page ever parsed it as HTML.
+HOSTILE = '<img src=x onerror="window.__pwned=1">&amp; hi'
+HOSTILE_META = "<script>window.__pwned=2</script>"
+
+
+def usd(micros):
+    """Money as the page writes it (app.js's usd)."""
+    d = micros / 1e6
+    return "$0.00" if d == 0 else f"${d:.6f}" if d < 0.01 else f"${d:.4f}" if d < 1 else f"${d:.2f}"
+
+
+def not_pwned(drv):
+    """Nothing the sandbox controls became markup on the page."""
+    assert drv.execute_script("return window.__pwned === undefined"), "script from a sandbox ran"
+    assert by_css(drv, "main img, main script") == []
+
+
 @pytest.fixture(scope="module")
 def two(daemon):
     """Two running sandboxes made through the API: one to look into, one to stop."""
     f = conftest.SandboxFactory(daemon.client)
-    a = f(memory_mib=512, metadata={"test": "dashboard"})["id"]
+    a = f(memory_mib=512, env={"GREETING": HOSTILE},
+          metadata={"test": "dashboard", "note": HOSTILE_META})["id"]
     b = f(memory_mib=512)["id"]
     yield a, b
     f.cleanup()
@@ -353,13 +371,7 @@ def test_browser_terminal_runs_a_typed_command(daemon, browser, two):
         "the session gone after Close")
 
 
-# ---- issue 24: a list that uses the width, a small spend seen beside a high limit
-
-def usd(micros):
-    """Money as the page writes it (app.js's usd)."""
-    d = micros / 1e6
-    return "$0.00" if d == 0 else f"${d:.6f}" if d < 0.01 else f"${d:.4f}" if d < 1 else f"${d:.2f}"
-
+# ---- issue 24: a list that uses the width, a small spend seen, a command's output
 
 # How many lines each cell of a row takes: the height of its content over its line height (a
 # cell of buttons: how many rows of buttons).
@@ -440,6 +452,49 @@ def test_browser_usage_chart_shows_a_small_spend_beside_a_high_limit(daemon, bro
         summary, summary
     share = value / 10_000_000 * 100
     assert f"({'under 0.01' if share < 0.01 else f'{share:.2f}'} %)" in summary, summary
+
+
+@pytest.mark.timeout(90)
+def test_browser_follows_a_background_commands_output(daemon, browser, two):
+    drv = browser
+    a, _ = two
+    c = daemon.client
+    c.exec(a, "rm -f /tmp/go")
+    # 900 KiB of lines, the env's hostile value, a mark; then, on a signal from the test, 300 KiB
+    # more and an end: 1.2 MiB in all, of which the page keeps the last 1 MiB
+    first, second = 921600, 307200
+    script = ("yes " + "x" * 63 + " | head -c %d; printf '%%s\\n' \"$GREETING\"; echo MARK1; "
+              "echo to-stderr >&2; while [ ! -e /tmp/go ]; do sleep 0.1; done; "
+              "yes " + "y" * 63 + " | head -c %d; echo END") % (first, second)
+    cmd = c.exec(a, script, background=True, max_output_bytes=1 << 20, expect=201)["id"]
+    sign_in(drv, daemon, daemon.key)
+    wait_for(drv, lambda d: row_state(d, a), "the list")
+    drv.get(f"http://127.0.0.1:{daemon.port}/#/sandbox/{a}")
+    button = wait_for(drv, lambda d: by_css(d, f'button[data-cmd-output="{cmd}"]'),
+                      "the command's Output button")[0]
+    button.click()
+    text = lambda d, n: d.execute_script(  # noqa: E731
+        f"return document.getElementById('o-{n}').textContent")
+    wait_for(drv, lambda d: text(d, "stdout").endswith("MARK1\n") and
+             text(d, "stderr") == "to-stderr\n", "the output so far")
+    assert "Running" in visible_text(drv, "#o-state")
+    assert (HOSTILE + "\nMARK1\n") in text(drv, "stdout")  # as text, not markup
+    not_pwned(drv)
+    shot(drv, "command-output-running")
+    c.write_file(a, "/tmp/go", b"")
+    # followed without a click: the rest arrives, and the end
+    wait_for(drv, lambda d: "Exited with code 0" in (visible_text(d, "#o-state") or ""),
+             "the command's end", timeout=30)
+    whole = ("x" * 63 + "\n") * (first // 64) + HOSTILE + "\nMARK1\n" + \
+        ("y" * 63 + "\n") * (second // 64) + "END\n"
+    shown = text(drv, "stdout")
+    assert len(shown) == 1 << 20 and shown == whole[-(1 << 20):], (len(shown), shown[-80:])
+    note = visible_text(drv, "#o-stdout-note")
+    assert f"{len(whole)} bytes written" in note and \
+        f"{len(whole) - (1 << 20)} earlier characters dropped" in note, note
+    not_pwned(drv)
+    assert_accessible(drv, "command-output")
+    shot(drv, "command-output")
 
 
 # ---- an auditor key: the Keys and Audit pages ----
