@@ -129,15 +129,18 @@
   }
 
   // ---- views and routing (#/sandboxes, #/sandbox/ID, #/usage, #/keys, #/audit) ----
-  let timer = null;
+  let timer = null, ticks = 0;
   let view = null; // {name, poll(), leave()}
   function show(name) {
     for (const s of document.querySelectorAll("main > section")) s.hidden = s.id !== "view-" + name;
     for (const a of document.querySelectorAll("#nav a"))
       if (a.getAttribute("href") === "#/" + name) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
   }
+  // A poll now (a button's refresh, or the timer's): the newest tick alone schedules the next,
+  // so refreshes never add a second chain of polls.
   async function tick() {
-    const v = view;
+    const v = view, mine = ++ticks;
+    clearTimeout(timer);
     if (!v) return;
     try {
       await v.poll();
@@ -146,7 +149,7 @@
       if (v === view && e.status === 404 && v.gone) { status(v.gone, true); return; } // no more polls
       if (v === view && e.status !== 401) status("Could not refresh: " + e.message, true);
     }
-    if (v === view) timer = setTimeout(tick, POLL_MS);
+    if (v === view && mine === ticks) timer = setTimeout(tick, POLL_MS);
   }
   function route() {
     clearTimeout(timer);
@@ -214,6 +217,7 @@
     const tbody = $("sb-rows");
     tbody.replaceChildren();
     let list = [];
+    newForm();
     async function stats(sb, row) {
       if (sb.state !== "running") { setText(row.cells.cpu, "–"); setText(row.cells.mem, "–"); row.cpu = null; return; }
       const st = (await api(`/v1/sandboxes/${sb.id}/stats`)).data;
@@ -257,6 +261,63 @@
         $("sb-empty").hidden = list.length > 0;
         await Promise.all(list.slice(0, 50).map((sb) => stats(sb, rows.get(sb.id)).catch(() => {})));
       },
+    };
+  }
+
+  // ---- the create form (on the sandboxes page) ----
+  // A number field: undefined when empty (the daemon's default), an error in words when not a
+  // number; `scale` turns minutes into the API's seconds.
+  function numberField(input, what, scale) {
+    if (input.validity.badInput) throw new Error(`${what}: not a number`);
+    const v = input.value.trim();
+    if (v === "") return undefined;
+    const n = Number(v);
+    if (!Number.isFinite(n)) throw new Error(`${what}: not a number`);
+    return scale ? Math.round(n * scale) : n;
+  }
+  function newRequest() {
+    const body = { image: $("new-image").value.trim() || "default" };
+    const set = (k, v) => { if (v !== undefined) body[k] = v; };
+    set("cpus", numberField($("new-cpus"), "CPUs"));
+    set("memory_mib", numberField($("new-mem"), "Memory"));
+    set("disk_mib", numberField($("new-disk"), "Disk"));
+    set("timeout_seconds", numberField($("new-timeout"), "Lease", 60));
+    const allow = $("new-allow").value.split(/[\s,]+/).filter(Boolean);
+    // an allow list without Internet is sent as typed: the daemon says in words why not
+    body.network = { internet: $("new-inet").checked };
+    if (allow.length) body.network.allow = allow;
+    return body;
+  }
+  function newForm() {
+    const ro = readOnly();
+    $("new-fields").disabled = ro;
+    $("new-submit").disabled = ro;
+    $("new-submit").title = ro ? "This key is read-only" : "";
+    $("new-ro").hidden = !ro;
+    setText($("new-error"), "");
+    setText($("new-note"), "");
+    api("/v1/images").then(({ data }) => {
+      $("new-images").replaceChildren(...(data.images || []).map((i) => el("option", { value: i.name })));
+    }).catch(() => {}); // the list is a convenience; the field takes any name
+    $("new-form").onsubmit = async (ev) => {
+      ev.preventDefault();
+      if (readOnly()) return;
+      setText($("new-error"), "");
+      setText($("new-note"), "");
+      let body;
+      try { body = newRequest(); } catch (e) { setText($("new-error"), e.message); return; }
+      $("new-submit").disabled = true;
+      status("Creating a sandbox…");
+      try {
+        const sb = (await api("/v1/sandboxes", { method: "POST", json: body })).data;
+        status("");
+        $("new-note").replaceChildren(`Created `, el("a", { href: `#/sandbox/${sb.id}`, text: sb.id }), ".");
+        tick();
+      } catch (e) {
+        status("");
+        setText($("new-error"), `Not created: ${e.message}` + (e.status === 403 ? " (this key may not create sandboxes)" : ""));
+      }
+      $("new-submit").disabled = readOnly();
     };
   }
 
@@ -325,7 +386,7 @@
     setText($("d-title"), id);
     $("d-facts").replaceChildren();
     $("d-actions").replaceChildren(...actionButtons(id, "", () => tick()));
-    for (const t of ["f-rows", "c-rows", "e-rows", "n-rows"]) $(t).replaceChildren();
+    for (const t of ["f-rows", "c-rows", "e-rows", "n-rows", "d-net", "d-env-rows", "d-meta-rows"]) $(t).replaceChildren();
     $("f-view").hidden = true;
     $("o-panel").hidden = true;
     setText($("d-cost-text"), "");
@@ -338,6 +399,55 @@
     $("term-panel").hidden = !term;
 
     function fact(k, v) { return [el("dt", { text: k }), el("dd", { text: v })]; }
+    // What the sandbox was made with: its network policy, env and metadata. Env and metadata
+    // values are whatever a client stored (hostile): text only, each shown up to CLIP characters.
+    const CLIP = 1024;
+    const clip = (v) => v.length > CLIP ? v.slice(0, CLIP) + ` … (${v.length - CLIP} more characters)` : v;
+    function pairs(name, obj) {
+      const ents = Object.entries(obj || {});
+      $(`d-${name}-none`).hidden = ents.length > 0;
+      $(`d-${name}`).hidden = !ents.length;
+      $(`d-${name}-rows`).replaceChildren(...ents.map(([k, v]) =>
+        el("tr", { "data-name": k }, el("td", { text: clip(k) }), el("td", { text: clip(String(v)) }))));
+    }
+    function settings() {
+      const n = sb.network || { internet: false };
+      const f = fact("Internet", n.internet ? "on" : "off (reaches nothing)");
+      if (n.internet)
+        f.push(...fact("Allowed hosts", !n.allow ? "any public host" : n.allow.length ? n.allow.join(", ") : "none (an empty allow list)"));
+      if (n.deny && n.deny.length) f.push(...fact("Denied hosts", n.deny.join(", ")));
+      f.push(...fact("Secrets", (sb.secrets || []).length ? sb.secrets.join(", ") : "none"));
+      f.push(...fact("At lease end", sb.on_lease_end === "delete" ? "deleted" : "stopped (files kept)"));
+      $("d-net").replaceChildren(...f);
+      pairs("env", sb.env);
+      pairs("meta", sb.metadata);
+    }
+
+    // "Extend lease": POST .../timeout sets the lease to end N seconds from now.
+    const ro = readOnly();
+    $("lease-min").disabled = ro;
+    $("lease-set").disabled = ro;
+    $("lease-set").title = ro ? "This key is read-only" : "";
+    setText($("lease-error"), "");
+    setText($("lease-note"), "");
+    $("lease-min").value = "60";
+    $("lease-form").onsubmit = async (ev) => {
+      ev.preventDefault();
+      if (readOnly()) return;
+      setText($("lease-error"), "");
+      setText($("lease-note"), "");
+      let secs;
+      try { secs = numberField($("lease-min"), "Minutes", 60); } catch (e) { setText($("lease-error"), e.message); return; }
+      if (secs === undefined) { setText($("lease-error"), "Minutes: say in how many minutes from now the lease should end (1 to 1440)."); return; }
+      $("lease-set").disabled = true;
+      try {
+        const r = (await api(`/v1/sandboxes/${id}/timeout`, { method: "POST", json: { timeout_seconds: secs } })).data;
+        setText($("lease-note"), `The lease now ends at ${r.lease_ends_at} (in ${human(until(r.lease_ends_at))}).`);
+        tick();
+      } catch (e) { setText($("lease-error"), `Lease not changed: ${e.message}`); }
+      $("lease-set").disabled = readOnly();
+    };
+
     // A background command's output, followed while it runs. Bytes come from the offsets the
     // last answer gave, so none is read twice; each stream keeps its last KEEP characters here.
     // Sandbox bytes: decoded as UTF-8 (a bad sequence shows as U+FFFD) and set as text only.
@@ -480,11 +590,12 @@
           const f = $("d-facts");
           f.replaceChildren(
             ...fact("State", stateText(sb)), ...fact("Image", sb.image),
-            ...fact("Size", `${sb.cpus} vCPU · ${sb.memory_mib} MiB`),
+            ...fact("Size", `${sb.cpus} vCPU · ${sb.memory_mib} MiB memory · ${sb.disk_mib} MiB disk`),
             ...fact("Created", sb.created_at), ...fact("Lease ends", sb.lease_ends_at || "–"),
             ...fact("Cost so far", usd(sb.cost_micros) + (sb.max_cost_micros ? ` of ${usd(sb.max_cost_micros)}` : "")),
             ...(sb.state_detail ? fact("Detail", sb.state_detail) : []));
           f.querySelector("dd").id = "d-state";
+          settings();
         }
         updateButtons($("d-actions"), sb.state);
         if (term) term.state(sb.state);

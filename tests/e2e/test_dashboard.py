@@ -10,6 +10,7 @@ and desktop widths. One browser for the module; a screenshot of each page goes t
 build/test-artifacts/.
 """
 
+import calendar
 import os
 import shutil
 import tempfile
@@ -371,7 +372,8 @@ def test_browser_terminal_runs_a_typed_command(daemon, browser, two):
         "the session gone after Close")
 
 
-# ---- issue 24: a list that uses the width, a small spend seen, a command's output
+# ---- issue 24: a list that uses the width, small spend seen, command output, settings, lease,
+# ---- create
 
 # How many lines each cell of a row takes: the height of its content over its line height (a
 # cell of buttons: how many rows of buttons).
@@ -495,6 +497,115 @@ def test_browser_follows_a_background_commands_output(daemon, browser, two):
     not_pwned(drv)
     assert_accessible(drv, "command-output")
     shot(drv, "command-output")
+
+
+@pytest.mark.timeout(120)
+def test_browser_settings_lease_and_create(daemon, browser, two):
+    drv = browser
+    a, _ = two
+    c = daemon.client
+    base = f"http://127.0.0.1:{daemon.port}"
+    # a read-only key: the lease control and the create form are there, disabled
+    me = c.expect(200, "GET", "/v1/whoami").json()["key"]
+    ro = daemon.make_key(read_only=True, owner_id=me["id"])
+    sign_in(drv, daemon, ro["key"])
+    wait_for(drv, lambda d: row_state(d, a), "the list for the read-only key")
+    by_css(drv, "#new summary")[0].click()
+    assert not by_css(drv, "#new-submit")[0].is_enabled()
+    assert not by_css(drv, "#new-image")[0].is_enabled()
+    assert "read-only" in visible_text(drv, "#new-ro")
+    drv.get(f"{base}/#/sandbox/{a}")
+    wait_for(drv, lambda d: "running" in (visible_text(d, "#d-state") or ""), "the page")
+    assert not by_css(drv, "#lease-set")[0].is_enabled()
+    assert not by_css(drv, "#lease-min")[0].is_enabled()
+
+    # the full key: the sandbox's network, env and metadata, as text
+    sign_in(drv, daemon, daemon.key)
+    wait_for(drv, lambda d: row_state(d, a), "the list")
+    drv.get(f"{base}/#/sandbox/{a}")
+    wait_for(drv, lambda d: by_css(d, 'tr[data-name="GREETING"]'), "the environment")
+    assert [td.text for td in by_css(drv, 'tr[data-name="GREETING"] td')] == ["GREETING",
+                                                                               HOSTILE]
+    assert [td.text for td in by_css(drv, 'tr[data-name="note"] td')] == ["note", HOSTILE_META]
+    assert [td.text for td in by_css(drv, 'tr[data-name="test"] td')] == ["test", "dashboard"]
+    net = visible_text(drv, "#d-net")
+    assert "Internet\noff (reaches nothing)" in net, net
+    not_pwned(drv)
+
+    # Extend lease: two hours from now
+    lease = by_css(drv, "#lease-min")[0]
+    lease.clear()
+    lease.send_keys("120")
+    asked = time.time()
+    by_css(drv, "#lease-set")[0].click()
+    wait_for(drv, lambda d: "now ends at" in (visible_text(d, "#lease-note") or ""),
+             "the new lease")
+    sb = c.get(a)
+    ends = calendar.timegm(time.strptime(sb["lease_ends_at"], "%Y-%m-%dT%H:%M:%SZ"))
+    assert sb["timeout_seconds"] == 7200 and asked + 7200 - 5 <= ends <= time.time() + 7201, sb
+    wait_for(drv, lambda d: sb["lease_ends_at"] in visible_text(d, "#d-facts"),
+             "the lease's end on the page")
+    # a refusal in words: more than a day
+    lease.clear()
+    lease.send_keys("100000")
+    by_css(drv, "#lease-set")[0].click()
+    wait_for(drv, lambda d: "Lease not changed: timeout_seconds" in
+             (visible_text(d, "#lease-error") or ""), "the lease refusal")
+    assert c.get(a)["timeout_seconds"] == 7200
+    shot(drv, "sandbox-settings")
+
+    # Create sandbox: first a refusal in words (too little memory), then one made
+    net_on = c.expect(200, "GET", "/v1/health").json()["network"]["enabled"]
+    before = {s["id"] for s in c.expect(200, "GET", "/v1/sandboxes").json()["sandboxes"]}
+    drv.get(f"{base}/#/sandboxes")
+    wait_for(drv, lambda d: row_state(d, a), "the list")
+    if not by_css(drv, "#new")[0].get_attribute("open"):
+        by_css(drv, "#new summary")[0].click()
+    fields = {"#new-cpus": "1", "#new-mem": "64", "#new-disk": "256", "#new-timeout": "10",
+              "#new-allow": "pypi.org\n*.pythonhosted.org"}
+    for css, value in fields.items():
+        by_css(drv, css)[0].clear()
+        by_css(drv, css)[0].send_keys(value)
+    if net_on:
+        by_css(drv, "#new-inet")[0].click()
+    by_css(drv, "#new-submit")[0].click()
+    wait_for(drv, lambda d: "Not created: memory_mib" in (visible_text(d, "#new-error") or ""),
+             "the refusal in words")
+    assert_accessible(drv, "create-form")
+    shot(drv, "create-refused")
+    by_css(drv, "#new-mem")[0].clear()
+    by_css(drv, "#new-mem")[0].send_keys("256")
+    if not net_on:  # an allow list needs the internet, which this daemon's sandboxes lack
+        by_css(drv, "#new-allow")[0].clear()
+    by_css(drv, "#new-submit")[0].click()
+    made = None
+    try:
+        made = wait_for(drv, lambda d: [r.get_attribute("data-id") for r in by_css(d, "#sb-rows tr")
+                                        if r.get_attribute("data-id") not in before],
+                        "the new sandbox in the list", timeout=60)[0]
+        assert visible_text(drv, "#new-error") == ""
+        wait_for(drv, lambda d: visible_text(d, "#new-note") == f"Created {made}.", "the note")
+        sb = c.get(made)
+        assert (sb["image"], sb["cpus"], sb["memory_mib"], sb["disk_mib"],
+                sb["timeout_seconds"]) == ("default", 1, 256, 256, 600), sb
+        if net_on:
+            assert sb["network"] == {"internet": True, "allow": ["pypi.org",
+                                                                 "*.pythonhosted.org"]}, sb
+        else:
+            assert sb["network"] == {"internet": False}, sb
+        shot(drv, "sandboxes-created")
+        drv.get(f"{base}/#/sandbox/{made}")
+        wait_for(drv, lambda d: "Internet" in (visible_text(d, "#d-net") or ""),
+                 "its network policy")
+        net = visible_text(drv, "#d-net")
+        if net_on:
+            assert "Internet\non" in net and \
+                "Allowed hosts\npypi.org, *.pythonhosted.org" in net, net
+        assert visible_text(drv, "#d-env-none") == "No variables."
+    finally:
+        for sid in {s["id"] for s in c.expect(200, "GET", "/v1/sandboxes").json()["sandboxes"]} - \
+                before:
+            c.request("DELETE", f"/v1/sandboxes/{sid}")
 
 
 # ---- an auditor key: the Keys and Audit pages ----
