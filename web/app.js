@@ -66,7 +66,9 @@
     const key = sessionStorage.getItem(KEY);
     const headers = { "Authorization": "Bearer " + key };
     const method = opts.method || "GET";
-    const hit = method === "GET" ? cache.get(path) : null;
+    // noCache: an answer read once (a command's output from an offset) is not kept, or the
+    // cache would grow by one entry a poll
+    const hit = method === "GET" && !opts.noCache ? cache.get(path) : null;
     if (hit) headers["If-None-Match"] = hit.etag;
     let body;
     if (opts.json !== undefined) { headers["Content-Type"] = "application/json"; body = JSON.stringify(opts.json); }
@@ -81,7 +83,7 @@
       throw new ApiError(r.status, err.code, err.message);
     }
     const etag = r.headers.get("ETag");
-    if (method === "GET" && etag) cache.set(path, { etag, body: data });
+    if (method === "GET" && etag && !opts.noCache) cache.set(path, { etag, body: data });
     return { data, changed: true };
   }
 
@@ -127,15 +129,18 @@
   }
 
   // ---- views and routing (#/sandboxes, #/sandbox/ID, #/usage, #/keys, #/audit) ----
-  let timer = null;
+  let timer = null, ticks = 0;
   let view = null; // {name, poll(), leave()}
   function show(name) {
     for (const s of document.querySelectorAll("main > section")) s.hidden = s.id !== "view-" + name;
     for (const a of document.querySelectorAll("#nav a"))
       if (a.getAttribute("href") === "#/" + name) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
   }
+  // A poll now (a button's refresh, or the timer's): the newest tick alone schedules the next,
+  // so refreshes never add a second chain of polls.
   async function tick() {
-    const v = view;
+    const v = view, mine = ++ticks;
+    clearTimeout(timer);
     if (!v) return;
     try {
       await v.poll();
@@ -144,7 +149,7 @@
       if (v === view && e.status === 404 && v.gone) { status(v.gone, true); return; } // no more polls
       if (v === view && e.status !== 401) status("Could not refresh: " + e.message, true);
     }
-    if (v === view) timer = setTimeout(tick, POLL_MS);
+    if (v === view && mine === ticks) timer = setTimeout(tick, POLL_MS);
   }
   function route() {
     clearTimeout(timer);
@@ -212,6 +217,7 @@
     const tbody = $("sb-rows");
     tbody.replaceChildren();
     let list = [];
+    newForm();
     async function stats(sb, row) {
       if (sb.state !== "running") { setText(row.cells.cpu, "–"); setText(row.cells.mem, "–"); row.cpu = null; return; }
       const st = (await api(`/v1/sandboxes/${sb.id}/stats`)).data;
@@ -233,8 +239,8 @@
             const cells = {};
             const td = (name, cls) => (cells[name] = el("td", { class: cls }));
             const tr = el("tr", { "data-id": sb.id },
-              el("td", {}, el("a", { href: `#/sandbox/${sb.id}`, text: sb.id })),
-              td("state"), td("image"), td("size"), td("age", "num"), td("lease", "num"),
+              el("td", { class: "id" }, el("a", { href: `#/sandbox/${sb.id}`, text: sb.id })),
+              td("state"), td("image", "wrap"), td("size"), td("age", "num"), td("lease", "num"),
               td("cost", "num"), td("cpu", "num"), td("mem", "num"), td("actions"));
             cells.actions.append(el("div", { class: "actions" }, ...actionButtons(sb.id, sb.state, () => tick())));
             row = { tr, cells, cpu: null };
@@ -243,7 +249,7 @@
           }
           const c = row.cells;
           setText(c.state, stateText(sb));
-          c.state.className = "state-" + sb.state;
+          c.state.className = "state-" + sb.state + " wrap";
           setText(c.image, sb.image);
           setText(c.size, `${sb.cpus} vCPU · ${sb.memory_mib} MiB`);
           setText(c.age, human(since(sb.created_at)));
@@ -258,17 +264,82 @@
     };
   }
 
+  // ---- the create form (on the sandboxes page) ----
+  // A number field: undefined when empty (the daemon's default), an error in words when not a
+  // number; `scale` turns minutes into the API's seconds.
+  function numberField(input, what, scale) {
+    if (input.validity.badInput) throw new Error(`${what}: not a number`);
+    const v = input.value.trim();
+    if (v === "") return undefined;
+    const n = Number(v);
+    if (!Number.isFinite(n)) throw new Error(`${what}: not a number`);
+    return scale ? Math.round(n * scale) : n;
+  }
+  function newRequest() {
+    const body = { image: $("new-image").value.trim() || "default" };
+    const set = (k, v) => { if (v !== undefined) body[k] = v; };
+    set("cpus", numberField($("new-cpus"), "CPUs"));
+    set("memory_mib", numberField($("new-mem"), "Memory"));
+    set("disk_mib", numberField($("new-disk"), "Disk"));
+    set("timeout_seconds", numberField($("new-timeout"), "Lease", 60));
+    const allow = $("new-allow").value.split(/[\s,]+/).filter(Boolean);
+    // an allow list without Internet is sent as typed: the daemon says in words why not
+    body.network = { internet: $("new-inet").checked };
+    if (allow.length) body.network.allow = allow;
+    return body;
+  }
+  function newForm() {
+    const ro = readOnly();
+    $("new-fields").disabled = ro;
+    $("new-submit").disabled = ro;
+    $("new-submit").title = ro ? "This key is read-only" : "";
+    $("new-ro").hidden = !ro;
+    setText($("new-error"), "");
+    setText($("new-note"), "");
+    api("/v1/images").then(({ data }) => {
+      $("new-images").replaceChildren(...(data.images || []).map((i) => el("option", { value: i.name })));
+    }).catch(() => {}); // the list is a convenience; the field takes any name
+    $("new-form").onsubmit = async (ev) => {
+      ev.preventDefault();
+      if (readOnly()) return;
+      setText($("new-error"), "");
+      setText($("new-note"), "");
+      let body;
+      try { body = newRequest(); } catch (e) { setText($("new-error"), e.message); return; }
+      $("new-submit").disabled = true;
+      status("Creating a sandbox…");
+      try {
+        const sb = (await api("/v1/sandboxes", { method: "POST", json: body })).data;
+        status("");
+        $("new-note").replaceChildren(`Created `, el("a", { href: `#/sandbox/${sb.id}`, text: sb.id }), ".");
+        tick();
+      } catch (e) {
+        status("");
+        setText($("new-error"), `Not created: ${e.message}` + (e.status === 403 ? " (this key may not create sandboxes)" : ""));
+      }
+      $("new-submit").disabled = readOnly();
+    };
+  }
+
   // ---- charts (SVG) ----
+  // A bar chart of money. Beside a limit far above it a spend of cents would draw nothing: then
+  // the scale is the spend's own and the limit is a dotted line along the top that says it is
+  // off the scale. Any spend at all gets a bar at least MIN_BAR high; the page says the numbers
+  // in words beside the chart too.
   function barChart(box, values, labels, opts) {
-    const W = 600, H = 200, L = 56, B = 24, T = 10;
-    const max = Math.max(1, opts.limit || 0, ...values) * 1.1;
+    const W = 600, H = 200, L = 56, B = 24, T = 26, MIN_BAR = 3;
+    const peak = Math.max(0, ...values);
+    const off = !!opts.limit && peak > 0 && opts.limit > 4 * peak;
+    const max = (off ? peak : Math.max(peak, opts.limit || 0)) * 1.15 || 1;
     const s = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": opts.label });
     const y = (v) => T + (H - T - B) * (1 - v / max);
     const bw = (W - L - 8) / Math.max(1, values.length);
     s.append(svg("line", { x1: L, y1: H - B, x2: W, y2: H - B, stroke: "#767676" }));
     const top = svg("text", { x: 4, y: T + 10 }); top.textContent = opts.fmt(max); s.append(top);
     values.forEach((v, i) => {
-      const r = svg("rect", { class: "bar", x: L + i * bw + 2, y: y(v), width: Math.max(1, bw - 4), height: H - B - y(v) });
+      let h = (H - T - B) * v / max;
+      if (v > 0 && h < MIN_BAR) h = MIN_BAR;
+      const r = svg("rect", { class: "bar", x: L + i * bw + 2, y: H - B - h, width: Math.max(1, bw - 4), height: h, "data-label": labels[i], "data-value": v });
       const t = svg("title", {}); t.textContent = `${labels[i]}: ${opts.fmt(v)}`; r.append(t);
       s.append(r);
       if (values.length <= 16 || i % Math.ceil(values.length / 8) === 0) {
@@ -276,11 +347,18 @@
       }
     });
     if (opts.limit) {
-      s.append(svg("line", { class: "limit", x1: L, x2: W, y1: y(opts.limit), y2: y(opts.limit), "data-limit": opts.limit }));
-      const lt = svg("text", { x: L + 4, y: y(opts.limit) - 4 }); lt.textContent = "daily limit " + opts.fmt(opts.limit); s.append(lt);
+      const ly = off ? 16 : y(opts.limit);
+      s.append(svg("line", { class: off ? "limit off" : "limit", x1: L, x2: W, y1: ly, y2: ly, "data-limit": opts.limit, "data-off-scale": off }));
+      const lt = svg("text", { x: L + 4, y: ly - 4 });
+      lt.textContent = "daily limit " + opts.fmt(opts.limit) + (off ? " \u2191 far above, off this scale" : "");
+      s.append(lt);
     }
     box.replaceChildren(s);
   }
+  const percent = (part, whole) => {
+    const p = part / whole * 100;
+    return p > 0 && p < 0.01 ? "under 0.01 %" : p.toFixed(p < 10 ? 2 : 0) + " %";
+  };
   function liveChart(box, samples, memMax) {
     const W = 600, H = 200, T = 10, B = 10;
     const s = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "CPU and memory over time" });
@@ -308,8 +386,10 @@
     setText($("d-title"), id);
     $("d-facts").replaceChildren();
     $("d-actions").replaceChildren(...actionButtons(id, "", () => tick()));
-    for (const t of ["f-rows", "c-rows", "e-rows", "n-rows"]) $(t).replaceChildren();
+    for (const t of ["f-rows", "c-rows", "e-rows", "n-rows", "d-net", "d-env-rows", "d-meta-rows"]) $(t).replaceChildren();
     $("f-view").hidden = true;
+    $("o-panel").hidden = true;
+    setText($("d-cost-text"), "");
     $("d-chart-cost").replaceChildren();
     $("d-chart-live").replaceChildren();
     const samples = [];
@@ -319,6 +399,135 @@
     $("term-panel").hidden = !term;
 
     function fact(k, v) { return [el("dt", { text: k }), el("dd", { text: v })]; }
+    // What the sandbox was made with: its network policy, env and metadata. Env and metadata
+    // values are whatever a client stored (hostile): text only, each shown up to CLIP characters.
+    const CLIP = 1024;
+    const clip = (v) => v.length > CLIP ? v.slice(0, CLIP) + ` … (${v.length - CLIP} more characters)` : v;
+    function pairs(name, obj) {
+      const ents = Object.entries(obj || {});
+      $(`d-${name}-none`).hidden = ents.length > 0;
+      $(`d-${name}`).hidden = !ents.length;
+      $(`d-${name}-rows`).replaceChildren(...ents.map(([k, v]) =>
+        el("tr", { "data-name": k }, el("td", { text: clip(k) }), el("td", { text: clip(String(v)) }))));
+    }
+    function settings() {
+      const n = sb.network || { internet: false };
+      const f = fact("Internet", n.internet ? "on" : "off (reaches nothing)");
+      if (n.internet)
+        f.push(...fact("Allowed hosts", !n.allow ? "any public host" : n.allow.length ? n.allow.join(", ") : "none (an empty allow list)"));
+      if (n.deny && n.deny.length) f.push(...fact("Denied hosts", n.deny.join(", ")));
+      f.push(...fact("Secrets", (sb.secrets || []).length ? sb.secrets.join(", ") : "none"));
+      f.push(...fact("At lease end", sb.on_lease_end === "delete" ? "deleted" : "stopped (files kept)"));
+      $("d-net").replaceChildren(...f);
+      pairs("env", sb.env);
+      pairs("meta", sb.metadata);
+    }
+
+    // "Extend lease": POST .../timeout sets the lease to end N seconds from now.
+    const ro = readOnly();
+    $("lease-min").disabled = ro;
+    $("lease-set").disabled = ro;
+    $("lease-set").title = ro ? "This key is read-only" : "";
+    setText($("lease-error"), "");
+    setText($("lease-note"), "");
+    $("lease-min").value = "60";
+    $("lease-form").onsubmit = async (ev) => {
+      ev.preventDefault();
+      if (readOnly()) return;
+      setText($("lease-error"), "");
+      setText($("lease-note"), "");
+      let secs;
+      try { secs = numberField($("lease-min"), "Minutes", 60); } catch (e) { setText($("lease-error"), e.message); return; }
+      if (secs === undefined) { setText($("lease-error"), "Minutes: say in how many minutes from now the lease should end (1 to 1440)."); return; }
+      $("lease-set").disabled = true;
+      try {
+        const r = (await api(`/v1/sandboxes/${id}/timeout`, { method: "POST", json: { timeout_seconds: secs } })).data;
+        setText($("lease-note"), `The lease now ends at ${r.lease_ends_at} (in ${human(until(r.lease_ends_at))}).`);
+        tick();
+      } catch (e) { setText($("lease-error"), `Lease not changed: ${e.message}`); }
+      $("lease-set").disabled = readOnly();
+    };
+
+    // A background command's output, followed while it runs. Bytes come from the offsets the
+    // last answer gave, so none is read twice; each stream keeps its last KEEP characters here.
+    // Sandbox bytes: decoded as UTF-8 (a bad sequence shows as U+FFFD) and set as text only.
+    const KEEP = 1 << 20;
+    const utf8 = new TextEncoder();
+    let out = null; // {cid, busy, done, s: {stdout: {off, text, dec, lost, cut}, stderr: ...}}
+    function bytesOf(r, n) {
+      if (r[n + "_encoding"] !== "base64") return utf8.encode(r[n] || "");
+      const bin = atob(r[n] || ""), a = new Uint8Array(bin.length);
+      for (let i = 0; i < bin.length; i++) a[i] = bin.charCodeAt(i);
+      return a;
+    }
+    function openOutput(cid) {
+      out = { cid, busy: false, done: false, s: {} };
+      for (const n of ["stdout", "stderr"]) {
+        out.s[n] = { off: 0, text: "", dec: new TextDecoder("utf-8"), lost: 0, cut: 0 };
+        $("o-" + n).textContent = "";
+        setText($("o-" + n + "-note"), "");
+      }
+      setText($("o-title"), `Output of ${cid}`);
+      setText($("o-state"), "Reading…");
+      $("o-panel").hidden = false;
+      for (const b of document.querySelectorAll("#c-rows button[data-cmd-output]"))
+        b.setAttribute("aria-pressed", String(b.dataset.cmdOutput === cid));
+      return follow();
+    }
+    async function follow() {
+      const o = out;
+      if (!o || o.done || o.busy) return;
+      o.busy = true;
+      try {
+        const q = `stdout_offset=${o.s.stdout.off}&stderr_offset=${o.s.stderr.off}`;
+        const r = (await api(`/v1/sandboxes/${id}/commands/${encodeURIComponent(o.cid)}/output?${q}`, { noCache: true })).data;
+        if (o !== out) return;
+        let fresh = 0;
+        for (const n of ["stdout", "stderr"]) {
+          const st = o.s[n], from = r[n + "_offset"];
+          if (from > st.off) { // fell behind the daemon's kept tail: start over from what it has
+            st.lost += from - st.off;
+            st.text += st.dec.decode();
+            st.dec = new TextDecoder("utf-8");
+          }
+          const bytes = bytesOf(r, n);
+          fresh += bytes.length;
+          st.text += st.dec.decode(bytes, { stream: true });
+          st.off = r[n + "_next_offset"];
+        }
+        if (r.state !== "running" && !fresh) { // ended, and nothing more to read
+          o.done = true;
+          for (const n of ["stdout", "stderr"]) o.s[n].text += o.s[n].dec.decode();
+        }
+        for (const n of ["stdout", "stderr"]) {
+          const st = o.s[n];
+          if (st.text.length > KEEP) { st.cut += st.text.length - KEEP; st.text = st.text.slice(-KEEP); }
+        }
+        showOutput(o, r);
+      } catch (e) {
+        if (o === out) setText($("o-state"), `Could not read the output: ${e.message}`);
+      } finally { o.busy = false; }
+    }
+    function showOutput(o, r) {
+      setText($("o-state"), r.state === "running" ? "Running: its output is followed as it comes." :
+        r.state === "exited" ? (r.signal ? `Ended by signal ${r.signal}.` : `Exited with code ${r.exit_code}.`) :
+        `Failed: ${r.error || "no reason given"}.`);
+      for (const n of ["stdout", "stderr"]) {
+        const st = o.s[n], pre = $("o-" + n);
+        const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+        if (pre.textContent !== st.text) pre.textContent = st.text;
+        if (atEnd) pre.scrollTop = pre.scrollHeight;
+        const notes = [st.off ? `${st.off} bytes written` : "nothing written"];
+        if (st.lost) notes.push(`the first ${st.lost} are no longer kept by the daemon`);
+        if (st.cut) notes.push(`this page keeps the last 1 MiB: ${st.cut} earlier characters dropped`);
+        setText($("o-" + n + "-note"), notes.join("; ") + ".");
+      }
+    }
+    $("o-close").onclick = () => {
+      out = null;
+      $("o-panel").hidden = true;
+      for (const b of document.querySelectorAll("#c-rows button[data-cmd-output]")) b.setAttribute("aria-pressed", "false");
+    };
     async function costChart() {
       // 12 five-minute windows of the last hour, from one /v1/usage call: this sandbox, by minute
       const end = Math.ceil(Date.now() / 300000) * 300000, start = end - 12 * 300000;
@@ -330,6 +539,9 @@
       }
       const labels = vals.map((_, i) => new Date(start + i * 300000).toISOString().slice(11, 16));
       barChart($("d-chart-cost"), vals, labels, { label: "cost per five minutes over the last hour", fmt: usd });
+      const hour = vals.reduce((a, b) => a + b, 0), most = Math.max(...vals);
+      setText($("d-cost-text"), hour ? `Last hour: ${usd(hour)}; the most in five minutes: ${usd(most)}, from ${labels[vals.indexOf(most)]} UTC.`
+        : "Last hour: nothing spent.");
     }
     async function files(path) {
       const r = (await api(`/v1/sandboxes/${id}/files/list?path=${encodeURIComponent(path)}`)).data;
@@ -378,11 +590,12 @@
           const f = $("d-facts");
           f.replaceChildren(
             ...fact("State", stateText(sb)), ...fact("Image", sb.image),
-            ...fact("Size", `${sb.cpus} vCPU · ${sb.memory_mib} MiB`),
+            ...fact("Size", `${sb.cpus} vCPU · ${sb.memory_mib} MiB memory · ${sb.disk_mib} MiB disk`),
             ...fact("Created", sb.created_at), ...fact("Lease ends", sb.lease_ends_at || "–"),
             ...fact("Cost so far", usd(sb.cost_micros) + (sb.max_cost_micros ? ` of ${usd(sb.max_cost_micros)}` : "")),
             ...(sb.state_detail ? fact("Detail", sb.state_detail) : []));
           f.querySelector("dd").id = "d-state";
+          settings();
         }
         updateButtons($("d-actions"), sb.state);
         if (term) term.state(sb.state);
@@ -406,11 +619,16 @@
         jobs.push(api(`/v1/sandboxes/${id}/commands`).then(({ data, changed }) => {
           if (!changed && $("c-rows").childElementCount) return;
           $("c-rows").replaceChildren(...(data.commands || []).slice().reverse().map((c) =>
-            el("tr", { "data-cmd": c.id }, el("td", { text: c.id }), el("td", {}, el("code", { text: (c.argv || []).join(" ") })),
+            el("tr", { "data-cmd": c.id }, el("td", { class: "nowrap", text: c.id }), el("td", {}, el("code", { text: (c.argv || []).join(" ") })),
               el("td", { text: c.state + (c.error ? ` (${c.error})` : "") }),
               el("td", { class: "num", text: c.exit_code === null || c.exit_code === undefined ? (c.signal ? "signal " + c.signal : "–") : String(c.exit_code) }),
-              el("td", { text: c.started_at || "" }))));
+              el("td", { class: "nowrap", text: c.started_at || "" }),
+              el("td", {}, el("button", {
+                type: "button", class: "secondary", "data-cmd-output": c.id, "aria-label": `Output of ${c.id}`,
+                "aria-pressed": String(!!out && out.cid === c.id), onclick: () => openOutput(c.id),
+              }, "Output")))));
         }));
+        if (out && !out.done) jobs.push(follow());
         jobs.push(api(`/v1/sandboxes/${id}/network/log`).then(({ data }) => {
           setText($("n-total"), `${data.total} denied since the daemon started` + (data.total ? "" : " (none)"));
           $("n-rows").replaceChildren(...data.entries.slice().reverse().map((e) =>
@@ -421,7 +639,7 @@
         const bad = res.find((x) => x.status === "rejected");
         if (bad) throw bad.reason;
       },
-      leave() { if (term) term.close(); },
+      leave() { out = null; if (term) term.close(); },
     };
   }
 
@@ -442,9 +660,14 @@
         for (let i = 13; i >= 0; i--) days.push(new Date(today.getTime() - i * 86400000).toISOString().slice(0, 10));
         const per = new Map((byDay.data.rows || []).map((r) => [r.day, r.cost_micros]));
         const limit = me && me.key ? me.key.daily_limit_micros : null;
-        barChart($("u-chart"), days.map((d) => per.get(d) || 0), days.map((d) => d.slice(5)),
+        const vals = days.map((d) => per.get(d) || 0);
+        barChart($("u-chart"), vals, days.map((d) => d.slice(5)),
           { label: "cost per day over the last 14 days", fmt: usd, limit });
-        setText($("u-caption"), "Cost per UTC day" + (limit ? `; the dashed line is this key's daily limit, ${usd(limit)}` : "; this key has no daily limit"));
+        const today_ = vals[vals.length - 1], all = vals.reduce((a, b) => a + b, 0);
+        setText($("u-summary"), `Today (UTC): ${usd(today_)} spent` +
+          (limit ? ` of this key's daily limit of ${usd(limit)} (${percent(today_, limit)})` : "; this key has no daily limit") +
+          `. Last 14 days: ${usd(all)}.`);
+        setText($("u-caption"), "Cost per UTC day" + (limit ? `; the red line is this key's daily limit, ${usd(limit)}` : "; this key has no daily limit"));
         $("u-key-rows").replaceChildren(...(byKey.data.rows || []).map((r) => el("tr", {},
           el("td", { text: who(names, r.key_id) }), el("td", { class: "num", text: usd(r.cost_micros) }),
           el("td", { class: "num", text: human(r.cpu_usec / 1e6) }),

@@ -10,9 +10,11 @@ and desktop widths. One browser for the module; a screenshot of each page goes t
 build/test-artifacts/.
 """
 
+import calendar
 import os
 import shutil
 import tempfile
+import time
 
 import pytest
 
@@ -201,11 +203,29 @@ def row_state(drv, sid):
     return cells[0].get_attribute("textContent") if cells else ""
 
 
+# What a sandbox (or its maker) controls, made to run script if the page ever parsed it as HTML.
+HOSTILE = '<img src=x onerror="window.__pwned=1">&amp; hi'
+HOSTILE_META = "<script>window.__pwned=2</script>"
+
+
+def usd(micros):
+    """Money as the page writes it (app.js's usd)."""
+    d = micros / 1e6
+    return "$0.00" if d == 0 else f"${d:.6f}" if d < 0.01 else f"${d:.4f}" if d < 1 else f"${d:.2f}"
+
+
+def not_pwned(drv):
+    """Nothing the sandbox controls became markup on the page."""
+    assert drv.execute_script("return window.__pwned === undefined"), "script from a sandbox ran"
+    assert by_css(drv, "main img, main script") == []
+
+
 @pytest.fixture(scope="module")
 def two(daemon):
     """Two running sandboxes made through the API: one to look into, one to stop."""
     f = conftest.SandboxFactory(daemon.client)
-    a = f(memory_mib=512, metadata={"test": "dashboard"})["id"]
+    a = f(memory_mib=512, env={"GREETING": HOSTILE},
+          metadata={"test": "dashboard", "note": HOSTILE_META})["id"]
     b = f(memory_mib=512)["id"]
     yield a, b
     f.cleanup()
@@ -350,6 +370,242 @@ def test_browser_terminal_runs_a_typed_command(daemon, browser, two):
         s["state"] == "running" for s in daemon.client.expect(
             200, "GET", f"/v1/sandboxes/{a}/sessions").json()["sessions"]),
         "the session gone after Close")
+
+
+# ---- issue 24: a list that uses the width, small spend seen, command output, settings, lease,
+# ---- create
+
+# How many lines each cell of a row takes: the height of its content over its line height (a
+# cell of buttons: how many rows of buttons).
+LINES_JS = r"""
+return [...arguments[0].cells].map((td) => {
+  const buttons = [...td.querySelectorAll("button")];
+  if (buttons.length)
+    return new Set(buttons.map((b) => Math.round(b.getBoundingClientRect().top))).size;
+  const r = document.createRange();
+  r.selectNodeContents(td);
+  return Math.round(r.getBoundingClientRect().height / parseFloat(getComputedStyle(td).lineHeight));
+});
+"""
+
+
+@pytest.mark.timeout(60)
+def test_browser_list_takes_one_line_a_sandbox_at_1280(daemon, browser, two):
+    drv = browser
+    a, b = two
+    drv.set_window_size(1280, 1000)
+    sign_in(drv, daemon, daemon.key)
+    wait_for(drv, lambda d: row_state(d, a).startswith("running") and row_state(d, b) and
+             "%" in by_css(d, f'tr[data-id="{a}"] td')[7].text and
+             "MiB" in by_css(d, f'tr[data-id="{a}"] td')[8].text, "the list with figures")
+    shot(drv, "sandboxes-1280")
+    heads = [th.text for th in by_css(drv, "#sb-table thead th")]
+    assert heads == ["Sandbox", "State", "Image", "Size", "Age", "Lease left", "Cost", "CPU",
+                     "Memory", "Actions"], heads
+    rows = [by_css(drv, "#sb-table thead tr")[0]] + by_css(drv, "#sb-rows tr")
+    for tr in rows:
+        lines = drv.execute_script(LINES_JS, tr)
+        cells = [td.text for td in tr.find_elements("css selector", "th, td")]
+        # every cell one line: the id, size, times, money, figures, the buttons side by side
+        # (state and image may wrap; at 1280 px they do not need to)
+        # (a figure not read yet is an empty cell: no line)
+        assert lines[0] == 1 and all(n <= 1 for i, n in enumerate(lines) if i not in (1, 2)), \
+            (cells, lines)
+    # and the table fits: no sideways scroll at 1280 px
+    assert drv.execute_script(
+        "const w = document.querySelector('#sb-table').parentElement;"
+        "return w.scrollWidth <= w.clientWidth")
+
+
+@pytest.mark.timeout(60)
+def test_browser_usage_chart_shows_a_small_spend_beside_a_high_limit(daemon, browser, two):
+    drv = browser
+    c = daemon.client
+    me = c.expect(200, "GET", "/v1/whoami").json()["key"]
+    ro = daemon.make_key(read_only=True, owner_id=me["id"], daily_limit_micros=10_000_000)
+    today = time.strftime("%Y-%m-%d", time.gmtime())
+
+    def spent():
+        rows = c.expect(200, "GET", "/v1/usage",
+                        query={"group_by": "day", "from": today}).json()["rows"]
+        return sum(r["cost_micros"] for r in rows if r["day"] == today)
+    # the module's sandboxes have run a while: some spend today, far below the $10 limit
+    deadline = time.monotonic() + WAIT
+    while not spent() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert 0 < spent() < 100_000, spent()  # under 10 cents: under 1 % of the limit
+    sign_in(drv, daemon, ro["key"])
+    wait_for(drv, lambda d: row_state(d, two[0]), "the list")
+    drv.get(f"http://127.0.0.1:{daemon.port}/#/usage")
+    bar = wait_for(drv, lambda d: [r for r in by_css(d, "#u-chart svg rect.bar") if r.get_attribute(
+        "textContent").startswith(today[5:] + ": $")], "today's bar")[0]
+    shot(drv, "usage-small-spend")
+    # seen: a bar of a few pixels at least (at the limit's scale it would be under one)
+    assert drv.execute_script("return arguments[0].getBoundingClientRect().height", bar) >= 3
+    value = int(bar.get_attribute("data-value"))
+    assert value > 0
+    limit = by_css(drv, "#u-chart svg line.limit")[0]
+    assert limit.get_attribute("data-limit") == "10000000"
+    assert limit.get_attribute("data-off-scale") == "true"
+    assert "daily limit $10.00" in by_css(drv, "#u-chart svg")[0].get_attribute("textContent")
+    # and said in words: today's spend, the limit, the share
+    summary = visible_text(drv, "#u-summary")
+    assert f"Today (UTC): {usd(value)} spent of this key's daily limit of $10.00" in \
+        summary, summary
+    share = value / 10_000_000 * 100
+    assert f"({'under 0.01' if share < 0.01 else f'{share:.2f}'} %)" in summary, summary
+
+
+@pytest.mark.timeout(90)
+def test_browser_follows_a_background_commands_output(daemon, browser, two):
+    drv = browser
+    a, _ = two
+    c = daemon.client
+    c.exec(a, "rm -f /tmp/go")
+    # 900 KiB of lines, the env's hostile value, a mark; then, on a signal from the test, 300 KiB
+    # more and an end: 1.2 MiB in all, of which the page keeps the last 1 MiB
+    first, second = 921600, 307200
+    script = ("yes " + "x" * 63 + " | head -c %d; printf '%%s\\n' \"$GREETING\"; echo MARK1; "
+              "echo to-stderr >&2; while [ ! -e /tmp/go ]; do sleep 0.1; done; "
+              "yes " + "y" * 63 + " | head -c %d; echo END") % (first, second)
+    cmd = c.exec(a, script, background=True, max_output_bytes=1 << 20, expect=201)["id"]
+    sign_in(drv, daemon, daemon.key)
+    wait_for(drv, lambda d: row_state(d, a), "the list")
+    drv.get(f"http://127.0.0.1:{daemon.port}/#/sandbox/{a}")
+    button = wait_for(drv, lambda d: by_css(d, f'button[data-cmd-output="{cmd}"]'),
+                      "the command's Output button")[0]
+    button.click()
+    text = lambda d, n: d.execute_script(  # noqa: E731
+        f"return document.getElementById('o-{n}').textContent")
+    wait_for(drv, lambda d: text(d, "stdout").endswith("MARK1\n") and
+             text(d, "stderr") == "to-stderr\n", "the output so far")
+    assert "Running" in visible_text(drv, "#o-state")
+    assert (HOSTILE + "\nMARK1\n") in text(drv, "stdout")  # as text, not markup
+    not_pwned(drv)
+    shot(drv, "command-output-running")
+    c.write_file(a, "/tmp/go", b"")
+    # followed without a click: the rest arrives, and the end
+    wait_for(drv, lambda d: "Exited with code 0" in (visible_text(d, "#o-state") or ""),
+             "the command's end", timeout=30)
+    whole = ("x" * 63 + "\n") * (first // 64) + HOSTILE + "\nMARK1\n" + \
+        ("y" * 63 + "\n") * (second // 64) + "END\n"
+    shown = text(drv, "stdout")
+    assert len(shown) == 1 << 20 and shown == whole[-(1 << 20):], (len(shown), shown[-80:])
+    note = visible_text(drv, "#o-stdout-note")
+    assert f"{len(whole)} bytes written" in note and \
+        f"{len(whole) - (1 << 20)} earlier characters dropped" in note, note
+    not_pwned(drv)
+    assert_accessible(drv, "command-output")
+    shot(drv, "command-output")
+
+
+@pytest.mark.timeout(120)
+def test_browser_settings_lease_and_create(daemon, browser, two):
+    drv = browser
+    a, _ = two
+    c = daemon.client
+    base = f"http://127.0.0.1:{daemon.port}"
+    # a read-only key: the lease control and the create form are there, disabled
+    me = c.expect(200, "GET", "/v1/whoami").json()["key"]
+    ro = daemon.make_key(read_only=True, owner_id=me["id"])
+    sign_in(drv, daemon, ro["key"])
+    wait_for(drv, lambda d: row_state(d, a), "the list for the read-only key")
+    by_css(drv, "#new summary")[0].click()
+    assert not by_css(drv, "#new-submit")[0].is_enabled()
+    assert not by_css(drv, "#new-image")[0].is_enabled()
+    assert "read-only" in visible_text(drv, "#new-ro")
+    drv.get(f"{base}/#/sandbox/{a}")
+    wait_for(drv, lambda d: "running" in (visible_text(d, "#d-state") or ""), "the page")
+    assert not by_css(drv, "#lease-set")[0].is_enabled()
+    assert not by_css(drv, "#lease-min")[0].is_enabled()
+
+    # the full key: the sandbox's network, env and metadata, as text
+    sign_in(drv, daemon, daemon.key)
+    wait_for(drv, lambda d: row_state(d, a), "the list")
+    drv.get(f"{base}/#/sandbox/{a}")
+    wait_for(drv, lambda d: by_css(d, 'tr[data-name="GREETING"]'), "the environment")
+    assert [td.text for td in by_css(drv, 'tr[data-name="GREETING"] td')] == ["GREETING",
+                                                                               HOSTILE]
+    assert [td.text for td in by_css(drv, 'tr[data-name="note"] td')] == ["note", HOSTILE_META]
+    assert [td.text for td in by_css(drv, 'tr[data-name="test"] td')] == ["test", "dashboard"]
+    net = visible_text(drv, "#d-net")
+    assert "Internet\noff (reaches nothing)" in net, net
+    not_pwned(drv)
+
+    # Extend lease: two hours from now
+    lease = by_css(drv, "#lease-min")[0]
+    lease.clear()
+    lease.send_keys("120")
+    asked = time.time()
+    by_css(drv, "#lease-set")[0].click()
+    wait_for(drv, lambda d: "now ends at" in (visible_text(d, "#lease-note") or ""),
+             "the new lease")
+    sb = c.get(a)
+    ends = calendar.timegm(time.strptime(sb["lease_ends_at"], "%Y-%m-%dT%H:%M:%SZ"))
+    assert sb["timeout_seconds"] == 7200 and asked + 7200 - 5 <= ends <= time.time() + 7201, sb
+    wait_for(drv, lambda d: sb["lease_ends_at"] in visible_text(d, "#d-facts"),
+             "the lease's end on the page")
+    # a refusal in words: more than a day
+    lease.clear()
+    lease.send_keys("100000")
+    by_css(drv, "#lease-set")[0].click()
+    wait_for(drv, lambda d: "Lease not changed: timeout_seconds" in
+             (visible_text(d, "#lease-error") or ""), "the lease refusal")
+    assert c.get(a)["timeout_seconds"] == 7200
+    shot(drv, "sandbox-settings")
+
+    # Create sandbox: first a refusal in words (too little memory), then one made
+    net_on = c.expect(200, "GET", "/v1/health").json()["network"]["enabled"]
+    before = {s["id"] for s in c.expect(200, "GET", "/v1/sandboxes").json()["sandboxes"]}
+    drv.get(f"{base}/#/sandboxes")
+    wait_for(drv, lambda d: row_state(d, a), "the list")
+    if not by_css(drv, "#new")[0].get_attribute("open"):
+        by_css(drv, "#new summary")[0].click()
+    fields = {"#new-cpus": "1", "#new-mem": "64", "#new-disk": "256", "#new-timeout": "10",
+              "#new-allow": "pypi.org\n*.pythonhosted.org"}
+    for css, value in fields.items():
+        by_css(drv, css)[0].clear()
+        by_css(drv, css)[0].send_keys(value)
+    if net_on:
+        by_css(drv, "#new-inet")[0].click()
+    by_css(drv, "#new-submit")[0].click()
+    wait_for(drv, lambda d: "Not created: memory_mib" in (visible_text(d, "#new-error") or ""),
+             "the refusal in words")
+    assert_accessible(drv, "create-form")
+    shot(drv, "create-refused")
+    by_css(drv, "#new-mem")[0].clear()
+    by_css(drv, "#new-mem")[0].send_keys("256")
+    if not net_on:  # an allow list needs the internet, which this daemon's sandboxes lack
+        by_css(drv, "#new-allow")[0].clear()
+    by_css(drv, "#new-submit")[0].click()
+    made = None
+    try:
+        made = wait_for(drv, lambda d: [r.get_attribute("data-id") for r in by_css(d, "#sb-rows tr")
+                                        if r.get_attribute("data-id") not in before],
+                        "the new sandbox in the list", timeout=60)[0]
+        assert visible_text(drv, "#new-error") == ""
+        wait_for(drv, lambda d: visible_text(d, "#new-note") == f"Created {made}.", "the note")
+        sb = c.get(made)
+        assert (sb["image"], sb["cpus"], sb["memory_mib"], sb["disk_mib"],
+                sb["timeout_seconds"]) == ("default", 1, 256, 256, 600), sb
+        if net_on:
+            assert sb["network"] == {"internet": True, "allow": ["pypi.org",
+                                                                 "*.pythonhosted.org"]}, sb
+        else:
+            assert sb["network"] == {"internet": False}, sb
+        shot(drv, "sandboxes-created")
+        drv.get(f"{base}/#/sandbox/{made}")
+        wait_for(drv, lambda d: "Internet" in (visible_text(d, "#d-net") or ""),
+                 "its network policy")
+        net = visible_text(drv, "#d-net")
+        if net_on:
+            assert "Internet\non" in net and \
+                "Allowed hosts\npypi.org, *.pythonhosted.org" in net, net
+        assert visible_text(drv, "#d-env-none") == "No variables."
+    finally:
+        for sid in {s["id"] for s in c.expect(200, "GET", "/v1/sandboxes").json()["sandboxes"]} - \
+                before:
+            c.request("DELETE", f"/v1/sandboxes/{sid}")
 
 
 # ---- an auditor key: the Keys and Audit pages ----

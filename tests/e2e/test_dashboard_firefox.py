@@ -56,6 +56,17 @@ STATE = "(id) => { const c = document.querySelector(" \
         "`tr[data-id=\"${CSS.escape(id)}\"] td[class^=\"state-\"]`); " \
         "return c ? c.textContent : ''; }"
 
+# How many lines each cell of sandbox id's row takes: its content's height over its line height
+# (a cell of buttons: how many rows of buttons).
+LINES = r"""(id) => [...document.querySelector(`tr[data-id="${CSS.escape(id)}"]`).cells].map((td) => {
+  const buttons = [...td.querySelectorAll("button")];
+  if (buttons.length)
+    return new Set(buttons.map((b) => Math.round(b.getBoundingClientRect().top))).size;
+  const r = document.createRange();
+  r.selectNodeContents(td);
+  return Math.round(r.getBoundingClientRect().height / parseFloat(getComputedStyle(td).lineHeight));
+})"""
+
 
 def sign_in(b, daemon, key):
     """Types key into a fresh sign-in page (nothing saved in the tab) and presses Enter."""
@@ -104,6 +115,10 @@ def test_firefox_sign_in_list_live_stop_and_download(daemon, firefox, sandbox, m
     assert "1024 MiB" in row and "default" in row and "$" in row, row
     # the page itself never scrolls sideways (wide tables scroll in their own box)
     assert b.js("() => document.documentElement.scrollWidth <= window.innerWidth + 1")
+    if width == "desktop":  # and there, every cell of a row but state and image is one line
+        lines = b.js(LINES, a)
+        assert lines[0] == 1 and all(n <= 1 for i, n in enumerate(lines) if i not in (1, 2)), \
+            lines
     shot("sandboxes")
 
     # a stop made through the API shows on the open page, in place, without a reload
@@ -130,5 +145,15 @@ def test_firefox_sign_in_list_live_stop_and_download(daemon, firefox, sandbox, m
         time.sleep(0.1)
     with open(target, "rb") as f:
         assert f.read() == payload
+
+    # a background command's output, shown as text
+    cmd = c.exec(a, f"printf '<b>%s</b>\\n' {width}", background=True, expect=201)["id"]
+    wait_for(b, "(id) => document.querySelector(`button[data-cmd-output=\"${id}\"]`)",
+             "the command's Output button", cmd)
+    b.click(f'button[data-cmd-output="{cmd}"]')
+    wait_for(b, f"() => (({SHOWN})('#o-state') || '').includes('Exited with code 0')",
+             "the command's end in the output panel")
+    assert b.js("() => document.getElementById('o-stdout').textContent") == f"<b>{width}</b>\n"
+    assert b.js("() => document.querySelectorAll('#o-panel b').length") == 0
     assert b.js("() => document.documentElement.scrollWidth <= window.innerWidth + 1")
     shot("sandbox")
