@@ -122,6 +122,7 @@ struct conn {
     unsigned pending;      /* requests forwarded whose answers have not ended */
     uint64_t pending_head; /* bit i: the i-th oldest of them is a HEAD (its answer has no body) */
     int ws_wait;           /* the newest of them is a WebSocket handshake: later bytes are held */
+    int ws_failed;         /* ... answered with an error: closed once that answer is out */
     int refuse_status;     /* a refusal waiting for the answers before it (refuse_text) */
     char refuse_text[SNIFF_NAME_MAX + 160];
     int cl_paused, up_paused; /* not read: the other side's output is full */
@@ -278,8 +279,8 @@ static void on_refusing_event(struct bufferevent *bev, short what, void *arg)
     conn_close(c);
 }
 
-/* Answers an HTTP client with status and text, then closes. Always succeeds in taking over the
- * connection (which stays until flushed). */
+/* Answers an HTTP client with status and text (text NULL: nothing more than what is queued),
+ * then closes. Always succeeds in taking over the connection (which stays until flushed). */
 static void respond(struct conn *c, int status, const char *text)
 {
     if (c->lk) {
@@ -290,10 +291,11 @@ static void respond(struct conn *c, int status, const char *text)
     c->state = ST_REFUSING;
     struct evbuffer *in = bufferevent_get_input(c->cl), *out = bufferevent_get_output(c->cl);
     evbuffer_drain(in, evbuffer_get_length(in));
-    evbuffer_add_printf(out,
-                        "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\n"
-                        "Content-Length: %zu\r\nConnection: close\r\n\r\n%s",
-                        status, status_text(status), strlen(text), text);
+    if (text)
+        evbuffer_add_printf(out,
+                            "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                            "Content-Length: %zu\r\nConnection: close\r\n\r\n%s",
+                            status, status_text(status), strlen(text), text);
     bufferevent_setcb(c->cl, on_refusing_read, on_refusing_write, on_refusing_event, c);
     bufferevent_setwatermark(c->cl, EV_READ, 0, 0);
     bufferevent_setwatermark(c->cl, EV_WRITE, 0, 0);
@@ -618,8 +620,8 @@ static int answered(struct conn *c)
     c->pending_head >>= 1;
     if (c->pending == 0) {
         c->ws_wait = 0;
-        if (c->refuse_status) {
-            respond(c, c->refuse_status, c->refuse_text);
+        if (c->refuse_status || c->ws_failed) {
+            respond(c, c->refuse_status, c->refuse_status ? c->refuse_text : NULL);
             return -1;
         }
     }
@@ -671,6 +673,10 @@ static int answer_head(struct conn *c, struct evbuffer *in, size_t len)
     }
     if (a.status < 200)
         return 1; /* interim (100 Continue, 103 Early Hints): the final answer follows */
+    /* A handshake refused (4xx, 5xx): the WebSocket failed, and its client closes the connection
+     * (RFC 6455 4.1); the proxy does too once the answer is out, rather than wait on it. One
+     * answered 2xx or 3xx came from a server that ignored the Upgrade: HTTP goes on. */
+    c->ws_failed = c->ws_wait && c->pending == 1 && a.status >= 400;
     if ((c->pending_head & 1) || a.status == 204 || a.status == 304 ||
         (a.body == SNIFF_BODY_LENGTH && a.content_length == 0))
         return answered(c) < 0 ? -1 : 1;

@@ -11,8 +11,8 @@ One process, one thread per listener (and per connection):
   - GET /bytes/<n> on every host (for benchmarks): n bytes (at most BYTES_MAX) with a
     Content-Length, streamed from one pseudo-random MiB repeated, never held whole.
   - a WebSocket (RFC 6455) at /ws on every host: the handshake's 101, then each frame echoed
-    back unmasked until a close. Any other path answers a handshake as a plain GET, as a
-    server without WebSockets would.
+    back unmasked until a close; /ws-refused answers a handshake 403 (and stays HTTP). Any
+    other path answers a handshake as a plain GET, as a server without WebSockets would.
 
 Usage: fakeinet_server.py CONFIG.json (written by fakenet.py). Every DNS query is appended to
 config["dns_log"] and every HTTP request to config["http_log"] (JSON lines) before it is
@@ -312,9 +312,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def route(self):
         st, host = self.server.state, self.server.host
         path = self.path.split("?", 1)[0]
-        if (self.command == "GET" and path == "/ws" and
-                self.headers.get("Upgrade", "").lower() == "websocket"):
-            return self.websocket()
+        if self.command == "GET" and self.headers.get("Upgrade", "").lower() == "websocket":
+            if path == "/ws":
+                return self.websocket()
+            if path == "/ws-refused":
+                return self.reply(403, b"no WebSocket for you\n")
         if self.command in ("GET", "HEAD"):
             m = re.fullmatch(r"/bytes/([0-9]{1,12})", path)
             if m and int(m.group(1)) <= BYTES_MAX:

@@ -361,6 +361,22 @@ def test_a_refusal_comes_after_the_answers_before_it_then_the_close(egress, net,
     assert [r["path"] for r in net.requests()] == ["/a", "/b", "/simple/"], net.requests()
 
 
+def test_a_refused_websocket_handshake_is_closed(egress, net, sb):
+    sid = sb(network=ALLOW_PYPI)["id"]
+    net.reset_logs()
+    # refused by the policy: the proxy answers, then closes
+    seen = ws_client(egress, sid, net.addr("evil.test"), [
+        ["send", [["GET", "/ws", "evil.test", "websocket"]]], ["answer"], ["closed_within", 5]])
+    assert seen[0].startswith("403 ") and seen[1] == "closed", seen
+    assert net.requests("evil.test") == []
+    # refused by the server: its answer, then the proxy closes (what came behind it stays)
+    seen = ws_client(egress, sid, net.addr("pypi.org"), [
+        ["send", [["GET", "/ws-refused", "pypi.org", "websocket"], ["GET", "/x", "pypi.org", ""]]],
+        ["answer"], ["closed_within", 5]])
+    assert seen == ["403 no WebSocket for you", "closed"], seen
+    assert [r["path"] for r in net.requests()] == ["/ws-refused"], net.requests()
+
+
 def test_connect_is_refused(egress, net, sb):
     sid = sb(network=ALLOW_PYPI)["id"]
     code, out, _ = run(egress, sid,

@@ -204,7 +204,7 @@ static void ws_echo(struct bufferevent *bev, void *arg)
 /* An HTTP/1.1 server with keep-alive: answers each request with what it saw (arg non-NULL: a
  * TLS one, which also records each head whole and a hash of each body). GET /big gets BIG
  * bytes of pattern(); a WebSocket handshake to /ws a 101 and an echo from then on, to any other
- * path the usual answer (to /ws-h2c a 101 to h2c); /nope a 404; /switch a 101
+ * path the usual answer (to /ws-refused a 403, to /ws-h2c a 101 to h2c); /nope a 404; /switch a 101
  * nobody asked for (and HTTP on); /chunky a chunked answer with a trailer; /interim a 100 Continue
  * first; HEAD the head alone. */
 static void http_read(struct bufferevent *bev, void *arg)
@@ -296,6 +296,10 @@ static void http_read(struct bufferevent *bev, void *arg)
         }
         if (strcmp(path, "/nope") == 0) {
             evbuffer_add_printf(out, "HTTP/1.1 404 Not Found\r\nContent-Length: 5\r\n\r\nnope\n");
+            continue;
+        }
+        if (ws && strcmp(path, "/ws-refused") == 0) {
+            evbuffer_add_printf(out, "HTTP/1.1 403 Forbidden\r\nContent-Length: 3\r\n\r\nno\n");
             continue;
         }
         if (ws && strcmp(path, "/ws-h2c") == 0) {
@@ -1175,6 +1179,20 @@ static void pipelined_refusal(void)
        "a WebSocket handshake to a denied host: 403 (%d)", r.status);
     ok(closed_within(fd, 1000), "and closed");
     close(fd);
+    fd = dial_proxy(NULL);
+    snprintf(req, sizeof(req),
+             "GET /ws-refused HTTP/1.1\r\nHost: allowed.test:%d\r\n" WS_HEADERS "\r\n"
+             "GET /behind HTTP/1.1\r\nHost: allowed.test:%d\r\n\r\n",
+             http_port, http_port);
+    send_str(fd, req);
+    read_response(fd, &r);
+    ok(r.status == 403 && strcmp(r.body, "no\n") == 0,
+       "a WebSocket handshake the upstream refuses: its 403 (%d)", r.status);
+    ok(closed_within(fd, 1000), "then closed by the proxy");
+    close(fd);
+    ok(!http_log_has("/behind"), "what was sent behind it never went upstream");
+    snprintf(req, sizeof(req), "GET /chat HTTP/1.1\r\nHost: evil.test:%d\r\n" WS_HEADERS "\r\n",
+             http_port);
     fd = dial_proxy(NULL);
     snprintf(body, sizeof(body), "GET /one HTTP/1.1\r\nHost: allowed.test:%d\r\n\r\n%s", http_port,
              req);
