@@ -201,10 +201,39 @@ static void ws_echo(struct bufferevent *bev, void *arg)
     evbuffer_add_buffer(bufferevent_get_output(bev), bufferevent_get_input(bev));
 }
 
+static void http_read(struct bufferevent *bev, void *arg);
+
+/* An answer written a byte per write (one connection at a time), so that the proxy reads it
+ * split everywhere; then HTTP again, or (dribble_echo) an echo. */
+static struct evbuffer *dribble_rest;
+static int dribble_echo;
+
+static void dribble_write(struct bufferevent *bev, void *arg)
+{
+    if (evbuffer_get_length(dribble_rest) > 0) {
+        evbuffer_remove_buffer(dribble_rest, bufferevent_get_output(bev), 1);
+        return;
+    }
+    bufferevent_setcb(bev, dribble_echo ? ws_echo : http_read, NULL, server_event, NULL);
+    if (dribble_echo)
+        ws_echo(bev, NULL);
+}
+
+static void dribble(struct bufferevent *bev, int echo, const char *text)
+{
+    if (!dribble_rest)
+        dribble_rest = evbuffer_new();
+    evbuffer_add(dribble_rest, text, strlen(text));
+    dribble_echo = echo;
+    bufferevent_setcb(bev, NULL, dribble_write, server_event, NULL);
+    dribble_write(bev, NULL);
+}
+
 /* An HTTP/1.1 server with keep-alive: answers each request with what it saw (arg non-NULL: a
  * TLS one, which also records each head whole and a hash of each body). GET /big gets BIG
  * bytes of pattern(); a WebSocket handshake to /ws a 101 and an echo from then on, to any other
- * path the usual answer (to /ws-refused a 403, to /ws-h2c a 101 to h2c); /nope a 404; /switch a 101
+ * path the usual answer (to /ws-refused a 403, to /ws-h2c a 101 to h2c); /nope a 404; /dribble (and
+ * a handshake to /ws-dribble) an answer a byte at a time; /switch a 101
  * nobody asked for (and HTTP on); /chunky a chunked answer with a trailer; /interim a 100 Continue
  * first; HEAD the head alone. */
 static void http_read(struct bufferevent *bev, void *arg)
@@ -292,6 +321,14 @@ static void http_read(struct bufferevent *bev, void *arg)
         if (ws && strcmp(path, "/ws") == 0) {
             bufferevent_setcb(bev, ws_echo, NULL, server_event, NULL);
             ws_echo(bev, NULL);
+            return;
+        }
+        if (strcmp(path, "/dribble") == 0 || (ws && strcmp(path, "/ws-dribble") == 0)) {
+            dribble(bev, ws,
+                    ws ? "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                         "Connection: Upgrade\r\n\r\n"
+                       : "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: "
+                         "chunked\r\n\r\n5\r\nhello\r\n6;x=y\r\n world\r\n0\r\nX-T: 1\r\n\r\n");
             return;
         }
         if (strcmp(path, "/nope") == 0) {
@@ -1040,6 +1077,33 @@ static void upgrades(void)
            memcmp(back, inner, strlen(inner)) == 0,
        "after the 101 the bytes are the tunnel's, not requests (the upstream echoed them)");
     close(fd);
+
+    /* Answers that arrive a byte at a time are followed just the same. */
+    fd = dial_proxy(NULL);
+    snprintf(req, sizeof(req),
+             "GET /ws-dribble HTTP/1.1\r\nHost: allowed.test:%d\r\n" WS_HEADERS "\r\nheld",
+             http_port);
+    send_str(fd, req);
+    read_response(fd, &r);
+    ok(r.status == 101, "a 101 a byte at a time (%d)", r.status);
+    memset(back, 0, sizeof(back));
+    ok(read_full(fd, back, 4) == 4 && memcmp(back, "held", 4) == 0, "opens the tunnel");
+    close(fd);
+    fd = dial_proxy(NULL);
+    snprintf(req, sizeof(req),
+             "GET /dribble HTTP/1.1\r\nHost: allowed.test:%d\r\n\r\n"
+             "GET /ride4 HTTP/1.1\r\nHost: evil.test:%d\r\n\r\n",
+             http_port, http_port);
+    send_str(fd, req);
+    char body[512];
+    ok(read_until(fd, "0\r\nX-T: 1\r\n\r\n", body, sizeof(body)) &&
+           strncmp(body, "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n", 42) == 0,
+       "a 100 and a chunked answer a byte at a time, whole");
+    read_response(fd, &r);
+    ok(r.status == 403 && strstr(r.body, "(host_changed)"),
+       "then the refusal of the request behind it (%d)", r.status);
+    close(fd);
+    ok(!http_log_has("/ride4"), "the upstream never saw it");
 
     /* A 101 nobody asked for (a hostile upstream) opens nothing. */
     fd = dial_proxy(NULL);
