@@ -223,10 +223,12 @@ def test_each_request_on_a_kept_alive_connection_is_checked(egress, net, sb):
 
 
 WS_CLIENT = r'''
-import base64, hashlib, json, os, socket, struct, sys
+import base64, hashlib, json, os, socket, ssl, struct, sys
 
-addr, script = sys.argv[1], json.loads(sys.argv[2])
-s = socket.create_connection((addr, 80), timeout=10)
+addr, script, tls_name = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3:]
+s = socket.create_connection((addr, 443 if tls_name else 80), timeout=10)
+if tls_name:  # the system's CAs, which include the daemon's
+    s = ssl.create_default_context().wrap_socket(s, server_hostname=tls_name[0])
 buf = b""
 
 def fill():
@@ -304,10 +306,11 @@ print(json.dumps(out))
 '''
 
 
-def ws_client(d, sid, addr, script):
-    """Runs WS_CLIENT in sandbox sid against addr:80: the list of what it saw, step by step."""
+def ws_client(d, sid, addr, script, tls_name=""):
+    """Runs WS_CLIENT in sandbox sid against addr:80 (or addr:443 over TLS to tls_name): the list
+    of what it saw, step by step."""
     d.client.write_file(sid, "/tmp/ws.py", WS_CLIENT.encode())
-    code, out, err = run(d, sid, f"python3 /tmp/ws.py {addr} '{json.dumps(script)}'")
+    code, out, err = run(d, sid, f"python3 /tmp/ws.py {addr} '{json.dumps(script)}' {tls_name}")
     assert code == 0, (out, err)
     return json.loads(out)
 
@@ -346,6 +349,23 @@ def test_a_websocket_to_an_allowed_host_works_and_h2c_is_refused(egress, net, sb
     assert [r["path"] for r in net.requests()] == ["/", "/ws", "/h1"], net.requests()
     assert ("proxy", "upgrade") in {(e["via"], e["reason"]) for e in denied(egress, sid,
                                                                               "pypi.org")}
+
+
+def test_the_same_over_intercepted_tls(egress, net, sb):
+    sid = sb(network=ALLOW_PYPI)["id"]
+    net.reset_logs()
+    seen = ws_client(egress, sid, net.addr("pypi.org"), [
+        ["send", [["GET", "/", "pypi.org", "websocket"], ["GET", "/ride", "evil.test", ""]]],
+        ["answer"], ["answer"], ["closed_within", 5]], tls_name="pypi.org")
+    assert seen[0] == "200 hello from pypi.org", seen
+    assert seen[1].startswith("403 ") and "(host_mismatch)" in seen[1], seen
+    assert seen[2] == "closed", seen
+    seen = ws_client(egress, sid, net.addr("pypi.org"), [
+        ["send", [["GET", "/ws", "pypi.org", "websocket"]]], ["answer"], ["echo", "wss works"]],
+        tls_name="pypi.org")
+    assert seen == ["101 accept=True", "frame wss works"], seen
+    got = [(r["scheme"], r["path"], r["headers"].get("host")) for r in net.requests()]
+    assert got == [("https", "/", "pypi.org"), ("https", "/ws", "pypi.org")], got
 
 
 def test_a_refusal_comes_after_the_answers_before_it_then_the_close(egress, net, sb):
