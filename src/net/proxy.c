@@ -8,7 +8,8 @@
  *   LOOKUP    the policy passed; resolving the name (client not read; lookup has its own timeout)
  *   DIAL      connecting to the resolved public addresses in turn (connect_ms over all of them)
  *   UPTLS     intercepting: the TLS handshake with the upstream (connect_ms)
- *   RELAY     both ways; client-to-upstream HTTP followed request by request (idle_ms)
+ *   RELAY     both ways; HTTP followed request by request one way, answer by answer the other,
+ *             raw once a WebSocket handshake got its 101 (idle_ms)
  *   REFUSING  a 4xx/5xx being flushed, then a lingering close (FLUSH_MS)
  *
  * When intercepting, c->cl and c->up become libevent's OpenSSL filters over the socket
@@ -56,11 +57,25 @@
 /* After an accept error (EMFILE and the like): a pause before accepting again, rather than a
  * loop spinning on a listening socket that stays readable. */
 #define ACCEPT_PAUSE_MS 100
+/* Requests forwarded and not answered yet, at most (a bit each in conn.pending_head); a client
+ * that pipelines more waits, unread, for answers. */
+#define PIPELINE_MAX 64
 
 enum conn_state { ST_SNIFF, ST_HANDSHAKE, ST_LOOKUP, ST_DIAL, ST_UPTLS, ST_RELAY, ST_REFUSING };
 enum conn_kind { KIND_NONE, KIND_TLS, KIND_HTTP };
 /* Where the client-to-upstream byte stream stands. */
 enum req_state { RQ_HEAD, RQ_BODY, RQ_CHUNKED, RQ_RAW };
+/* Where the upstream-to-client byte stream stands: answers are followed head by head (their
+ * status and framing only) so that a tunnel opens on the 101 that answers a WebSocket handshake
+ * and nothing else, and a refusal goes out after the answers to the requests before it. */
+enum ans_state {
+    AN_HEAD,    /* the next answer's head */
+    AN_BODY,    /* ans_left bytes of a body */
+    AN_CHUNKED, /* a chunked body (ans_chunk) */
+    AN_CLOSE,   /* a body that runs to the upstream's close: nothing after it is an answer */
+    AN_LOST,    /* unfollowable (malformed, unasked for): relayed as it comes, no tunnel */
+    AN_RAW,     /* a tunnel (TLS relayed, or after a WebSocket's 101) */
+};
 
 struct conn {
     struct proxy *p;
@@ -95,10 +110,21 @@ struct conn {
     size_t first_head_len;
     enum sniff_body first_body;
     uint64_t first_length;
-    int first_upgrade;
+    enum sniff_upgrade first_upgrade;
+    int first_is_head;
     enum req_state rq;
     uint64_t body_left;
     struct sniff_chunked chunk;
+    enum ans_state an;
+    uint64_t ans_left;
+    struct sniff_chunked ans_chunk;
+    size_t ans_scanned;    /* bytes of the current answer head searched for its end */
+    unsigned pending;      /* requests forwarded whose answers have not ended */
+    uint64_t pending_head; /* bit i: the i-th oldest of them is a HEAD (its answer has no body) */
+    int ws_wait;           /* the newest of them is a WebSocket handshake: later bytes are held */
+    int ws_failed;         /* ... answered with an error: closed once that answer is out */
+    int refuse_status;     /* a refusal waiting for the answers before it (refuse_text) */
+    char refuse_text[SNIFF_NAME_MAX + 160];
     int cl_paused, up_paused; /* not read: the other side's output is full */
     int cl_eof, up_eof;       /* that side sent its FIN */
     int cl_shut, up_shut;     /* we sent ours to it */
@@ -253,8 +279,8 @@ static void on_refusing_event(struct bufferevent *bev, short what, void *arg)
     conn_close(c);
 }
 
-/* Answers an HTTP client with status and text, then closes. Always succeeds in taking over the
- * connection (which stays until flushed). */
+/* Answers an HTTP client with status and text (text NULL: nothing more than what is queued),
+ * then closes. Always succeeds in taking over the connection (which stays until flushed). */
 static void respond(struct conn *c, int status, const char *text)
 {
     if (c->lk) {
@@ -265,10 +291,11 @@ static void respond(struct conn *c, int status, const char *text)
     c->state = ST_REFUSING;
     struct evbuffer *in = bufferevent_get_input(c->cl), *out = bufferevent_get_output(c->cl);
     evbuffer_drain(in, evbuffer_get_length(in));
-    evbuffer_add_printf(out,
-                        "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\n"
-                        "Content-Length: %zu\r\nConnection: close\r\n\r\n%s",
-                        status, status_text(status), strlen(text), text);
+    if (text)
+        evbuffer_add_printf(out,
+                            "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                            "Content-Length: %zu\r\nConnection: close\r\n\r\n%s",
+                            status, status_text(status), strlen(text), text);
     bufferevent_setcb(c->cl, on_refusing_read, on_refusing_write, on_refusing_event, c);
     bufferevent_setwatermark(c->cl, EV_READ, 0, 0);
     bufferevent_setwatermark(c->cl, EV_WRITE, 0, 0);
@@ -283,8 +310,9 @@ static void respond(struct conn *c, int status, const char *text)
 /*
  * Refuses the connection (or, kept alive, its current request) and closes it: reported to the
  * denied hook and logged; an HTTP client is answered status (403 for the policy, 400 for what
- * could not be read, 502 for what could not be reached) with a body saying why; anything else
- * is just closed. c is gone or taken over on return.
+ * could not be read, 502 for what could not be reached) with a body saying why, after the
+ * answers still due to the requests before it; anything else is just closed. c is gone, taken
+ * over, or (answers due) reads nothing more from the client on return.
  */
 static void refuse(struct conn *c, const char *host, int port, const char *reason, int status)
 {
@@ -298,7 +326,7 @@ static void refuse(struct conn *c, const char *host, int port, const char *reaso
         conn_close(c);
         return;
     }
-    char text[SNIFF_NAME_MAX + 160];
+    char text[sizeof(c->refuse_text)];
     if (status == 403)
         snprintf(text, sizeof(text),
                  "withruntime: this sandbox's egress policy blocked %s:%d (%s)\n", host, port,
@@ -311,6 +339,16 @@ static void refuse(struct conn *c, const char *host, int port, const char *reaso
     else
         snprintf(text, sizeof(text), "withruntime: could not reach %s:%d (%s)\n", host, port,
                  reason);
+    if (c->state == ST_RELAY && c->up && !c->up_eof && c->pending > 0 && c->an < AN_CLOSE) {
+        /* Kept alive: the answers to the requests before this one go out first (answered()),
+         * then the refusal, then the close. Nothing more is read from the client. */
+        c->refuse_status = status;
+        memcpy(c->refuse_text, text, sizeof(text));
+        struct evbuffer *in = bufferevent_get_input(c->cl);
+        evbuffer_drain(in, evbuffer_get_length(in));
+        bufferevent_disable(c->cl, EV_READ);
+        return;
+    }
     respond(c, status, text);
 }
 
@@ -372,13 +410,10 @@ static int head_ready(struct conn *c, struct evbuffer *in, size_t len)
 }
 
 /* What follows a head that passed. */
-static void after_head(struct conn *c, enum sniff_body body, uint64_t length, int upgrade)
+static void after_head(struct conn *c, enum sniff_body body, uint64_t length)
 {
     c->scanned = 0;
-    if (upgrade) {
-        /* The connection may become a WebSocket or the like: raw from here, still pinned. */
-        c->rq = RQ_RAW;
-    } else if (body == SNIFF_BODY_LENGTH && length > 0) {
+    if (body == SNIFF_BODY_LENGTH && length > 0) {
         c->rq = RQ_BODY;
         c->body_left = length;
     } else if (body == SNIFF_BODY_CHUNKED) {
@@ -389,6 +424,22 @@ static void after_head(struct conn *c, enum sniff_body body, uint64_t length, in
     }
 }
 
+/* A request head went upstream: its answer is now awaited. A WebSocket handshake holds what the
+ * client sends after it until its answer says whether that is a tunnel's bytes (101) or the next
+ * request (anything else). */
+static void expect_answer(struct conn *c, int is_head, enum sniff_upgrade upgrade)
+{
+    if (is_head)
+        c->pending_head |= 1ull << c->pending;
+    c->pending++;
+    c->ws_wait = upgrade == SNIFF_UPGRADE_WEBSOCKET;
+}
+
+static int is_head_method(const struct sniff_http *h)
+{
+    return h->method.len == 4 && memcmp(h->method.p, "HEAD", 4) == 0;
+}
+
 /* A kept-alive request's head: it must pass the policy and name the pinned host and port. */
 static int check_next_head(struct conn *c, const struct sniff_http *h)
 {
@@ -397,6 +448,10 @@ static int check_next_head(struct conn *c, const struct sniff_http *h)
     int port = h->port_given ? h->port : c->port;
     if (h->is_connect) {
         deny(c, h->host, h->port, "connect");
+        return -1;
+    }
+    if (h->upgrade == SNIFF_UPGRADE_OTHER) {
+        deny(c, h->host, port, "upgrade");
         return -1;
     }
     int r = h->host_is_addr ? -2 : netpolicy_host(h->host, host, sizeof(host));
@@ -421,15 +476,27 @@ static int check_next_head(struct conn *c, const struct sniff_http *h)
         deny(c, c->host, c->port, netpolicy_reason(v));
         return -1;
     }
+    if (h->upgrade == SNIFF_UPGRADE_WEBSOCKET && c->an >= AN_CLOSE) {
+        /* Its 101 could not be told from the rest: no tunnel. */
+        refuse(c, c->host, c->port, "upstream_answer", 502);
+        return -1;
+    }
     p->stats.requests++;
     return 0;
 }
 
+/* Whether the client's next request waits unread: behind a WebSocket handshake not answered
+ * yet, or behind PIPELINE_MAX requests not answered yet. */
+static int held(const struct conn *c)
+{
+    return c->ws_wait || c->pending >= PIPELINE_MAX;
+}
+
 /* Forwards the head at the start of in if it is complete and passes. 1: forwarded; 0: wait for
- * more; -1: refused (c is gone or taken over). */
+ * more (or held); -1: refused (c is gone, taken over or refusing after the answers due). */
 static int next_head(struct conn *c, struct evbuffer *in, size_t len)
 {
-    if (!head_ready(c, in, len))
+    if (held(c) || !head_ready(c, in, len))
         return 0;
     size_t take = len < SNIFF_HTTP_HEAD_MAX + 1 ? len : SNIFF_HTTP_HEAD_MAX + 1;
     const uint8_t *buf = evbuffer_pullup(in, (ev_ssize_t)take);
@@ -444,12 +511,13 @@ static int next_head(struct conn *c, struct evbuffer *in, size_t len)
     if (check_next_head(c, &h) < 0)
         return -1;
     forward_head(c, in, bufferevent_get_output(c->up), h.head_len);
-    after_head(c, h.body, h.content_length, h.upgrade);
+    expect_answer(c, is_head_method(&h), h.upgrade);
+    after_head(c, h.body, h.content_length);
     return 1;
 }
 
 /* Scans the chunked body at the start of in; *n is how many of its bytes belong to it. */
-static int chunk_scan(struct conn *c, struct evbuffer *in, size_t len, size_t *n)
+static int chunk_scan(struct sniff_chunked *ch, struct evbuffer *in, size_t len, size_t *n)
 {
     struct evbuffer_iovec v[8];
     int nv = evbuffer_peek(in, (ev_ssize_t)len, NULL, v, 8);
@@ -457,7 +525,7 @@ static int chunk_scan(struct conn *c, struct evbuffer *in, size_t len, size_t *n
     for (int i = 0; i < nv && i < 8 && *n < len; i++) {
         size_t vl = v[i].iov_len < len - *n ? v[i].iov_len : len - *n;
         size_t used = 0;
-        int r = sniff_chunked_feed(&c->chunk, v[i].iov_base, vl, &used);
+        int r = sniff_chunked_feed(ch, v[i].iov_base, vl, &used);
         *n += used;
         if (r != SNIFF_MORE)
             return r;
@@ -471,6 +539,11 @@ static int pump_up(struct conn *c)
     struct proxy *p = c->p;
     struct evbuffer *in = bufferevent_get_input(c->cl), *out = bufferevent_get_output(c->up);
     size_t len;
+    if (c->refuse_status) {
+        evbuffer_drain(in, evbuffer_get_length(in));
+        bufferevent_disable(c->cl, EV_READ);
+        return 0;
+    }
     while ((len = evbuffer_get_length(in)) > 0) {
         if (c->rq == RQ_RAW) {
             move(c, in, out, len, 1);
@@ -478,17 +551,17 @@ static int pump_up(struct conn *c)
             size_t k = len < c->body_left ? len : (size_t)c->body_left;
             c->body_left -= move(c, in, out, k, 1);
             if (c->body_left == 0)
-                after_head(c, SNIFF_BODY_NONE, 0, 0);
+                after_head(c, SNIFF_BODY_NONE, 0);
         } else if (c->rq == RQ_CHUNKED) {
             size_t n;
-            int r = chunk_scan(c, in, len, &n);
+            int r = chunk_scan(&c->chunk, in, len, &n);
             if (r == SNIFF_BAD) {
                 refuse(c, c->host, c->port, "malformed", 400);
                 return -1;
             }
             move(c, in, out, n, 1);
             if (r == SNIFF_DONE)
-                after_head(c, SNIFF_BODY_NONE, 0, 0);
+                after_head(c, SNIFF_BODY_NONE, 0);
         } else {
             int r = next_head(c, in, len);
             if (r < 0)
@@ -498,24 +571,167 @@ static int pump_up(struct conn *c)
         }
     }
     note_queued(p, c->up);
-    if (queued(c->up) >= p->cfg.buffer_max) {
+    /* Held bytes wait in the client's input: at most about buffer_max of them are read. */
+    if (queued(c->up) >= p->cfg.buffer_max ||
+        (c->rq == RQ_HEAD && held(c) && evbuffer_get_length(in) >= p->cfg.buffer_max)) {
         bufferevent_disable(c->cl, EV_READ);
         c->cl_paused = 1;
     }
     return 0;
 }
 
-/* Upstream to client: raw. */
-static void pump_down(struct conn *c)
+/* A hold on the client's bytes may have ended: they are looked at again from the loop (not from
+ * here, inside the upstream's callback, where a refusal could free what the caller uses). */
+static void resume_up(struct conn *c)
+{
+    if (c->cl_paused && !c->cl_eof) {
+        c->cl_paused = 0;
+        bufferevent_enable(c->cl, EV_READ);
+    }
+    bufferevent_trigger(c->cl, EV_READ, BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
+}
+
+/* The answers cannot be followed from here (why): they are relayed as they come. A WebSocket
+ * handshake waiting for its answer is refused (its 101 cannot be told apart), and a refusal
+ * waiting for answers goes out now. Returns -1 if c was taken over. */
+static int lost(struct conn *c, const char *why)
+{
+    log_info(c->id[0] ? c->id : NULL, "proxy.answer_unfollowed", "host=%s port=%d why=%s", c->host,
+             c->port, why);
+    c->an = AN_LOST;
+    if (c->refuse_status) {
+        respond(c, c->refuse_status, c->refuse_text);
+        return -1;
+    }
+    if (c->ws_wait) {
+        refuse(c, c->host, c->port, "upstream_answer", 502);
+        return -1;
+    }
+    return 0;
+}
+
+/* An answer ended: its request is done. The refusal waiting for it goes out once no answer is
+ * due; a handshake answered other than 101 lets the next request through. Returns -1 if c was
+ * taken over. */
+static int answered(struct conn *c)
+{
+    int was_held = held(c);
+    c->an = AN_HEAD;
+    c->pending--;
+    c->pending_head >>= 1;
+    if (c->pending == 0) {
+        c->ws_wait = 0;
+        if (c->refuse_status || c->ws_failed) {
+            respond(c, c->refuse_status, c->refuse_status ? c->refuse_text : NULL);
+            return -1;
+        }
+    }
+    if (was_held && !held(c))
+        resume_up(c);
+    return 0;
+}
+
+/* The answer head at the start of in, once complete, is followed and forwarded. 1: forwarded;
+ * 0: wait for more; -1: c was taken over. */
+static int answer_head(struct conn *c, struct evbuffer *in, size_t len)
+{
+    if (len < SNIFF_HTTP_HEAD_MAX) {
+        struct evbuffer_ptr from, at;
+        size_t back = c->ans_scanned > 3 ? c->ans_scanned - 3 : 0;
+        if (evbuffer_ptr_set(in, &from, back, EVBUFFER_PTR_SET) == 0) {
+            at = evbuffer_search(in, "\r\n\r\n", 4, &from);
+            if (at.pos < 0) {
+                c->ans_scanned = len;
+                return 0;
+            }
+        }
+    }
+    c->ans_scanned = 0;
+    size_t take = len < SNIFF_HTTP_HEAD_MAX ? len : SNIFF_HTTP_HEAD_MAX;
+    const uint8_t *buf = evbuffer_pullup(in, (ev_ssize_t)take);
+    struct sniff_answer a;
+    int r = buf ? sniff_http_answer(buf, take, &a) : SNIFF_BAD;
+    if (r == SNIFF_MORE)
+        return 0;
+    if (r != SNIFF_OK)
+        return lost(c, "malformed") < 0 ? -1 : 1;
+    if (c->pending == 0)
+        return lost(c, "unasked") < 0 ? -1 : 1;
+    /* A 101 to anything but the handshake waiting for it, or to another protocol: never given to
+     * a client waiting for its handshake's answer (lost() refuses that), passed on otherwise. */
+    if (a.status == 101 && (!c->ws_wait || c->pending != 1 || !a.websocket))
+        return lost(c, "switch") < 0 ? -1 : 1;
+    move(c, in, bufferevent_get_output(c->cl), a.head_len, 0);
+    if (a.status == 101) {
+        /* The handshake's own answer: a tunnel from here, to the host it was checked for. */
+        log_debug(c->id[0] ? c->id : NULL, "proxy.websocket", "host=%s port=%d", c->host, c->port);
+        c->an = AN_RAW;
+        c->rq = RQ_RAW;
+        c->ws_wait = 0;
+        c->pending = 0;
+        resume_up(c);
+        return 1;
+    }
+    if (a.status < 200)
+        return 1; /* interim (100 Continue, 103 Early Hints): the final answer follows */
+    /* A handshake refused (4xx, 5xx): the WebSocket failed, and its client closes the connection
+     * (RFC 6455 4.1); the proxy does too once the answer is out, rather than wait on it. One
+     * answered 2xx or 3xx came from a server that ignored the Upgrade: HTTP goes on. */
+    c->ws_failed = c->ws_wait && c->pending == 1 && a.status >= 400;
+    if ((c->pending_head & 1) || a.status == 204 || a.status == 304 ||
+        (a.body == SNIFF_BODY_LENGTH && a.content_length == 0))
+        return answered(c) < 0 ? -1 : 1;
+    if (a.body == SNIFF_BODY_LENGTH) {
+        c->an = AN_BODY;
+        c->ans_left = a.content_length;
+    } else if (a.body == SNIFF_BODY_CHUNKED) {
+        c->an = AN_CHUNKED;
+        sniff_chunked_init(&c->ans_chunk);
+    } else {
+        c->an = AN_CLOSE;
+    }
+    return 1;
+}
+
+/* Upstream to client, answer by answer. Returns -1 if c was closed or taken over. */
+static int pump_down(struct conn *c)
 {
     struct proxy *p = c->p;
     struct evbuffer *in = bufferevent_get_input(c->up), *out = bufferevent_get_output(c->cl);
-    move(c, in, out, evbuffer_get_length(in), 0);
+    size_t len;
+    while ((len = evbuffer_get_length(in)) > 0) {
+        if (c->an == AN_HEAD) {
+            int r = answer_head(c, in, len);
+            if (r < 0)
+                return -1;
+            if (r == 0)
+                break;
+        } else if (c->an == AN_BODY) {
+            size_t k = len < c->ans_left ? len : (size_t)c->ans_left;
+            c->ans_left -= move(c, in, out, k, 0);
+            if (c->ans_left == 0 && answered(c) < 0)
+                return -1;
+        } else if (c->an == AN_CHUNKED) {
+            size_t n;
+            int r = chunk_scan(&c->ans_chunk, in, len, &n);
+            if (r == SNIFF_BAD) {
+                if (lost(c, "chunked") < 0)
+                    return -1;
+                continue;
+            }
+            move(c, in, out, n, 0);
+            if (r == SNIFF_DONE && answered(c) < 0)
+                return -1;
+        } else {
+            move(c, in, out, len, 0);
+        }
+    }
     note_queued(p, c->cl);
     if (queued(c->cl) >= p->cfg.buffer_max) {
         bufferevent_disable(c->up, EV_READ);
         c->up_paused = 1;
     }
+    return 0;
 }
 
 /* Both sides sent their FIN and all of it went out: done. Returns -1 if c was closed. */
@@ -585,6 +801,11 @@ static void on_relay_event(struct bufferevent *bev, short what, void *arg)
         evbuffer_drain(in, evbuffer_get_length(in));
     } else {
         c->up_eof = 1;
+        if (c->refuse_status && c->an != AN_CLOSE) {
+            /* The answers due will not come: the refusal now. */
+            respond(c, c->refuse_status, c->refuse_text);
+            return;
+        }
     }
     bufferevent_disable(bev, EV_READ);
     drained(c, from_cl);
@@ -620,9 +841,11 @@ static void relay_start(struct conn *c)
     if (c->kind == KIND_HTTP) {
         forward_head(c, bufferevent_get_input(c->cl), bufferevent_get_output(c->up),
                      c->first_head_len);
-        after_head(c, c->first_body, c->first_length, c->first_upgrade);
+        expect_answer(c, c->first_is_head, c->first_upgrade);
+        after_head(c, c->first_body, c->first_length);
     } else {
         c->rq = RQ_RAW;
+        c->an = AN_RAW;
     }
     pump_up(c);
 }
@@ -714,10 +937,15 @@ static void decide_intercepted(struct conn *c, const struct sniff_http *h)
         deny(c, h->host, port, "host_mismatch");
         return;
     }
+    if (h->upgrade == SNIFF_UPGRADE_OTHER) {
+        deny(c, c->host, port, "upgrade");
+        return;
+    }
     c->first_head_len = h->head_len;
     c->first_body = h->body;
     c->first_length = h->content_length;
     c->first_upgrade = h->upgrade;
+    c->first_is_head = is_head_method(h);
     decide(c, c->host, c->orig_port);
 }
 
@@ -947,10 +1175,15 @@ static void decide_http(struct conn *c, const struct sniff_http *h)
         deny(c, h->host, h->port, "port_mismatch");
         return;
     }
+    if (h->upgrade == SNIFF_UPGRADE_OTHER) {
+        deny(c, h->host, c->orig_port, "upgrade");
+        return;
+    }
     c->first_head_len = h->head_len;
     c->first_body = h->body;
     c->first_length = h->content_length;
     c->first_upgrade = h->upgrade;
+    c->first_is_head = is_head_method(h);
     decide(c, h->host, c->orig_port);
 }
 

@@ -11,7 +11,11 @@
  *
  * HTTP is relayed with its client-to-server direction followed at request boundaries: each
  * kept-alive request must pass the policy again and name the host the connection is pinned to. A
- * denied HTTP request gets a 403 that says why; anything else denied is closed.
+ * denied HTTP request gets a 403 that says why, after the answers to the requests before it (the
+ * server-to-client direction is followed answer by answer, status and framing only); anything
+ * else denied is closed. An HTTP connection becomes a raw tunnel only on the 101 that answers a
+ * WebSocket handshake (what the client sends behind the handshake waits for that answer); any
+ * other Upgrade is refused.
  *
  * TLS is relayed byte for byte once its SNI passed, unless the proxy is given an interception
  * context (proxy_config.mitm, net/tlsmitm.h). Then it terminates every TLS connection whose SNI

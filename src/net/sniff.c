@@ -467,7 +467,9 @@ static int parse_field(const char *p, size_t n, int minor, struct sniff_http *ou
             return -1;
         f->chunked = 1;
     } else if (same_ci(p, colon, "upgrade")) {
-        out->upgrade = 1;
+        /* Only a lone "websocket" may become a tunnel; h2c and lists are refused whole. */
+        int ws = out->upgrade == SNIFF_UPGRADE_NONE && same_ci(v, vn, "websocket");
+        out->upgrade = ws ? SNIFF_UPGRADE_WEBSOCKET : SNIFF_UPGRADE_OTHER;
     }
     return 0;
 }
@@ -590,6 +592,112 @@ int sniff_http(const uint8_t *buf, size_t len, struct sniff_http *out)
         out->body = SNIFF_BODY_LENGTH;
         out->content_length = f.length;
     }
+    return SNIFF_OK;
+}
+
+/* ---- answers ---- */
+
+/* One answer field line (without its CRLF); 0, or -1 if the head cannot be followed. */
+static int answer_field(const char *p, size_t n, struct sniff_answer *out, int *has_length,
+                        int *has_te)
+{
+    size_t colon = 0;
+    while (colon < n && p[colon] != ':') {
+        if (!tchar((uint8_t)p[colon]))
+            return -1;
+        colon++;
+    }
+    if (colon == 0 || colon == n)
+        return -1;
+    for (size_t i = colon + 1; i < n; i++)
+        if (!value_char((uint8_t)p[i]))
+            return -1;
+    size_t vs = colon + 1, ve = n;
+    while (vs < ve && (p[vs] == ' ' || p[vs] == '\t'))
+        vs++;
+    while (ve > vs && (p[ve - 1] == ' ' || p[ve - 1] == '\t'))
+        ve--;
+    const char *v = p + vs;
+    size_t vn = ve - vs;
+    if (same_ci(p, colon, "content-length")) {
+        if (vn == 0 || vn > SNIFF_HTTP_LENGTH_DIGITS_MAX)
+            return -1;
+        uint64_t len = 0;
+        for (size_t i = 0; i < vn; i++) {
+            if (v[i] < '0' || v[i] > '9')
+                return -1;
+            len = len * 10 + (uint64_t)(v[i] - '0');
+        }
+        if (*has_length && len != out->content_length)
+            return -1;
+        *has_length = 1;
+        out->content_length = len;
+    } else if (same_ci(p, colon, "transfer-encoding")) {
+        /* RFC 9112 6.3: chunked last frames the body, any other coding last runs to the close,
+           and either way Content-Length is ignored. */
+        size_t ls = vn;
+        while (ls > 0 && v[ls - 1] != ',')
+            ls--;
+        while (ls < vn && (v[ls] == ' ' || v[ls] == '\t'))
+            ls++;
+        out->body = same_ci(v + ls, vn - ls, "chunked") ? SNIFF_BODY_CHUNKED : SNIFF_BODY_CLOSE;
+        *has_te = 1;
+    } else if (same_ci(p, colon, "upgrade")) {
+        out->websocket = same_ci(v, vn, "websocket");
+    }
+    return 0;
+}
+
+int sniff_http_answer(const uint8_t *buf, size_t len, struct sniff_answer *out)
+{
+    memset(out, 0, sizeof(*out));
+    const char *s = (const char *)buf;
+    size_t limit = len < SNIFF_HTTP_HEAD_MAX ? len : SNIFF_HTTP_HEAD_MAX;
+    static const char version[] = "HTTP/1.";
+    size_t vl = sizeof(version) - 1;
+    if (memcmp(buf, version, limit < vl ? limit : vl) != 0)
+        return SNIFF_BAD;
+    int has_length = 0, has_te = 0;
+    size_t ls = 0;
+    for (;;) {
+        const uint8_t *lf = memchr(buf + ls, '\n', limit - ls);
+        if (!lf)
+            return len >= SNIFF_HTTP_HEAD_MAX ? SNIFF_BAD : SNIFF_MORE;
+        size_t le = (size_t)(lf - buf);
+        if (le == ls || buf[le - 1] != '\r')
+            return SNIFF_BAD;
+        size_t n = le - 1 - ls;
+        if (ls == 0) {
+            /* "HTTP/1.x DDD" then " reason" or nothing */
+            if (n < vl + 5 || (s[vl] != '0' && s[vl] != '1') || s[vl + 1] != ' ' ||
+                (n > vl + 5 && s[vl + 5] != ' '))
+                return SNIFF_BAD;
+            int status = 0;
+            for (size_t i = vl + 2; i < vl + 5; i++) {
+                if (s[i] < '0' || s[i] > '9')
+                    return SNIFF_BAD;
+                status = status * 10 + (s[i] - '0');
+            }
+            for (size_t i = vl + 5; i < n; i++)
+                if (!value_char((uint8_t)s[i]))
+                    return SNIFF_BAD;
+            if (status < 100)
+                return SNIFF_BAD;
+            out->status = status;
+            out->minor = s[vl] - '0';
+        } else if (n == 0) {
+            out->head_len = le + 1;
+            break;
+        } else {
+            if (answer_field(s + ls, n, out, &has_length, &has_te) < 0)
+                return SNIFF_BAD;
+        }
+        ls = le + 1;
+    }
+    if (!has_te)
+        out->body = has_length ? SNIFF_BODY_LENGTH : SNIFF_BODY_CLOSE;
+    if (out->body != SNIFF_BODY_LENGTH)
+        out->content_length = 0;
     return SNIFF_OK;
 }
 

@@ -9,7 +9,9 @@
  *
  * Each call takes the whole buffer received so far: call again with more bytes on SNIFF_MORE.
  * On a kept-alive HTTP connection, the head's body framing (and sniff_chunked for chunked bodies)
- * says where the next request starts.
+ * says where the next request starts; sniff_http_answer does the same for the upstream's answers,
+ * which the proxy follows to know which answer a 101 is and when the answers before a refusal
+ * have all gone out.
  */
 #ifndef WR_NET_SNIFF_H
 #define WR_NET_SNIFF_H
@@ -81,6 +83,14 @@ enum sniff_body {
     SNIFF_BODY_LENGTH,  /* content_length bytes follow the head */
     SNIFF_BODY_CHUNKED, /* Transfer-Encoding: chunked; feed what follows to sniff_chunked */
     SNIFF_BODY_TUNNEL,  /* CONNECT: after the proxy's 2xx the connection is a raw tunnel */
+    SNIFF_BODY_CLOSE,   /* an answer's body that runs until the server closes */
+};
+
+/* What a request's Upgrade field asks for. */
+enum sniff_upgrade {
+    SNIFF_UPGRADE_NONE = 0,
+    SNIFF_UPGRADE_WEBSOCKET, /* one Upgrade field whose value is "websocket" alone */
+    SNIFF_UPGRADE_OTHER,     /* anything else: h2c, a list, a second field, ... */
 };
 
 /** A run of bytes inside the buffer given to sniff_http (not NUL-terminated). */
@@ -105,7 +115,7 @@ struct sniff_http {
     int port_given;                /* the port was written (in Host or in the target) */
     int host_is_addr;              /* host is an address literal (addr_parse_literal) */
     int host_is_v6;                /* ... an IPv6 one, written in brackets */
-    int upgrade;                   /* an Upgrade field (the connection may become a tunnel) */
+    enum sniff_upgrade upgrade;    /* what an Upgrade field asks (a tunnel after a 101) */
     size_t head_len;               /* request line to blank line inclusive: forward exactly it */
     enum sniff_body body;
     uint64_t content_length; /* SNIFF_BODY_LENGTH: the body's length */
@@ -125,6 +135,30 @@ struct sniff_http {
  * CONNECT; names that become Host, Content-Length or Transfer-Encoding with '_' read as '-'.
  */
 int sniff_http(const uint8_t *buf, size_t len, struct sniff_http *out /* OUT */);
+
+/** What an HTTP/1.x answer's head says, as far as the proxy needs to follow answers. */
+struct sniff_answer {
+    int status;      /* 100..999 */
+    int minor;       /* HTTP/1.minor: 0 or 1 */
+    int websocket;   /* an Upgrade field naming websocket (what a 101 must switch to) */
+    size_t head_len; /* status line to blank line inclusive */
+    /* How the body is framed for a request other than HEAD, ignoring the status (1xx, 204 and
+       304 have none whatever the fields say: that is the caller's to apply): LENGTH,
+       CHUNKED (Transfer-Encoding ending in chunked), or CLOSE (neither). */
+    enum sniff_body body;
+    uint64_t content_length; /* SNIFF_BODY_LENGTH: the body's length */
+};
+
+/**
+ * Finds the status and the end of an HTTP/1.0 or 1.1 answer head at the start of buf, and how
+ * its body is framed: read only that far, since the proxy relays answers as they are and only
+ * needs to know where each ends. Returns SNIFF_OK with out filled; SNIFF_MORE when the head is
+ * not complete yet (and within SNIFF_HTTP_HEAD_MAX); SNIFF_BAD for a status line that is not
+ * "HTTP/1.x DDD" followed by a space or the line end, lines not ending in CRLF, control bytes, a
+ * head over SNIFF_HTTP_HEAD_MAX, a Content-Length that is not plain digits or repeated with
+ * another value.
+ */
+int sniff_http_answer(const uint8_t *buf, size_t len, struct sniff_answer *out /* OUT */);
 
 /** State of a chunked-body scanner; start it with sniff_chunked_init. Holds no pointers. */
 struct sniff_chunked {

@@ -11,6 +11,9 @@ One process, one thread per listener (and per connection):
   - the metadata service: HTTP on 169.254.169.254:80.
   - GET /bytes/<n> on every host (for benchmarks): n bytes (at most BYTES_MAX) with a
     Content-Length, streamed from one pseudo-random MiB repeated, never held whole.
+  - a WebSocket (RFC 6455) at /ws on every host: the handshake's 101, then each frame echoed
+    back unmasked until a close; /ws-refused answers a handshake 403 (and stays HTTP). Any
+    other path answers a handshake as a plain GET, as a server without WebSockets would.
 
 Usage: fakeinet_server.py CONFIG.json (written by fakenet.py). Every DNS query is appended to
 config["dns_log"] and every HTTP request to config["http_log"] (JSON lines) before it is
@@ -22,6 +25,7 @@ The first line on stdout is "ready" once every socket listens. EOF on stdin (the
 went away) ends the server.
 """
 
+import base64
 import hashlib
 import html
 import http.server
@@ -38,6 +42,8 @@ import threading
 import time
 
 LOG_BODY_MAX = 64 * 1024
+WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+WS_FRAME_MAX = 1 << 20
 BYTES_MAX = 16 * 1024 ** 3
 BYTES_BLOCK = random.Random(20240501).randbytes(1 << 20)  # the same bytes every run
 
@@ -189,6 +195,36 @@ def serve_dns_tcp(state, sock):
 
 # ---------------------------------------------------------------- HTTP
 
+def ws_read_frame(rfile):
+    """(opcode, payload) of the next frame from a client, or None at the end or on nonsense."""
+    head = rfile.read(2)
+    if len(head) < 2:
+        return None
+    opcode, n = head[0] & 0x0F, head[1] & 0x7F
+    if n == 126:
+        n = struct.unpack("!H", rfile.read(2))[0]
+    elif n == 127:
+        n = struct.unpack("!Q", rfile.read(8))[0]
+    if n > WS_FRAME_MAX or not head[1] & 0x80:
+        return None  # too big, or not masked as a client's must be
+    mask = rfile.read(4)
+    data = rfile.read(n)
+    if len(mask) < 4 or len(data) < n:
+        return None
+    return opcode, bytes(b ^ mask[i % 4] for i, b in enumerate(data))
+
+
+def ws_frame(opcode, payload):
+    n = len(payload)
+    if n < 126:
+        head = struct.pack("!BB", 0x80 | opcode, n)
+    elif n < 1 << 16:
+        head = struct.pack("!BBH", 0x80 | opcode, 126, n)
+    else:
+        head = struct.pack("!BBQ", 0x80 | opcode, 127, n)
+    return head + payload
+
+
 def normalize(name):
     return re.sub(r"[-_.]+", "-", name).lower()
 
@@ -256,9 +292,32 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(body)
 
+    def websocket(self):
+        """The handshake's 101, then every frame echoed until a close or the end."""
+        key = self.headers.get("Sec-WebSocket-Key", "")
+        accept = base64.b64encode(hashlib.sha1((key + WS_GUID).encode()).digest()).decode()
+        self.send_response(101)
+        self.send_header("Upgrade", "websocket")
+        self.send_header("Connection", "Upgrade")
+        self.send_header("Sec-WebSocket-Accept", accept)
+        self.end_headers()
+        self.close_connection = True  # no HTTP after it
+        while True:
+            frame = ws_read_frame(self.rfile)
+            if frame is None:
+                return
+            self.wfile.write(ws_frame(*frame))
+            if frame[0] == 8:
+                return
+
     def route(self):
         st, host = self.server.state, self.server.host
         path = self.path.split("?", 1)[0]
+        if self.command == "GET" and self.headers.get("Upgrade", "").lower() == "websocket":
+            if path == "/ws":
+                return self.websocket()
+            if path == "/ws-refused":
+                return self.reply(403, b"no WebSocket for you\n")
         if self.command in ("GET", "HEAD"):
             m = re.fullmatch(r"/bytes/([0-9]{1,12})", path)
             if m and int(m.group(1)) <= BYTES_MAX:

@@ -222,6 +222,181 @@ def test_each_request_on_a_kept_alive_connection_is_checked(egress, net, sb):
     assert net.requests("evil.test") == []
 
 
+WS_CLIENT = r'''
+import base64, hashlib, json, os, socket, ssl, struct, sys
+
+addr, script, tls_name = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3:]
+s = socket.create_connection((addr, 443 if tls_name else 80), timeout=10)
+if tls_name:  # the system's CAs, which include the daemon's
+    s = ssl.create_default_context().wrap_socket(s, server_hostname=tls_name[0])
+buf = b""
+
+def fill():
+    global buf
+    b = s.recv(65536)
+    if not b:
+        raise EOFError
+    buf += b
+
+def take(n):
+    global buf
+    while len(buf) < n:
+        fill()
+    out, buf = buf[:n], buf[n:]
+    return out
+
+def answer(head_only=False):
+    """The next answer: "STATUS first-body-line" (a HEAD's: no body), or "closed"."""
+    global buf
+    try:
+        while b"\r\n\r\n" not in buf:
+            fill()
+    except EOFError:
+        return "closed"
+    head, buf = buf.split(b"\r\n\r\n", 1)
+    lines = head.decode().split("\r\n")
+    fields = {l.split(":", 1)[0].lower(): l.split(":", 1)[1].strip() for l in lines[1:]}
+    status = lines[0].split(" ")[1]
+    n = 0 if head_only or status == "101" else int(fields.get("content-length", "0"))
+    body = take(n).decode(errors="replace")
+    if status == "101":
+        want = base64.b64encode(hashlib.sha1(KEY + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11")
+                                .digest()).decode()
+        return "101 accept=" + str(fields.get("sec-websocket-accept") == want)
+    return status + " " + body.split("\n")[0]
+
+KEY = base64.b64encode(os.urandom(16))
+
+def request(method, path, host, extra=""):
+    return (f"{method} {path} HTTP/1.1\r\nHost: {host}\r\n{extra}\r\n").encode()
+
+def ws_headers(proto="websocket"):
+    return (f"Upgrade: {proto}\r\nConnection: Upgrade\r\nSec-WebSocket-Key: {KEY.decode()}"
+            "\r\nSec-WebSocket-Version: 13\r\n")
+
+def frame(text):
+    data, mask = text.encode(), os.urandom(4)
+    return (struct.pack("!BB", 0x81, 0x80 | len(data)) + mask +
+            bytes(b ^ mask[i % 4] for i, b in enumerate(data)))
+
+def read_frame():
+    head = take(2)
+    return take(head[1] & 0x7F).decode()
+
+out = []
+for step in script:
+    op = step[0]
+    if op == "send":  # [["GET", path, host, ws-protocol or ""], ...] in one write
+        s.sendall(b"".join(request(m, p, h, ws_headers(w) if w else "") for m, p, h, w in step[1]))
+    elif op == "answer":
+        out.append(answer(head_only=step[1:] == ["head"]))
+    elif op == "echo":
+        s.sendall(frame(step[1]))
+        out.append("frame " + read_frame())
+    elif op == "closed_within":  # whether the proxy closes within that many seconds
+        s.settimeout(step[1])
+        try:
+            while True:
+                fill()
+        except EOFError:
+            out.append("closed")
+        except socket.timeout:
+            out.append("open")
+print(json.dumps(out))
+'''
+
+
+def ws_client(d, sid, addr, script, tls_name=""):
+    """Runs WS_CLIENT in sandbox sid against addr:80 (or addr:443 over TLS to tls_name): the list
+    of what it saw, step by step."""
+    d.client.write_file(sid, "/tmp/ws.py", WS_CLIENT.encode())
+    code, out, err = run(d, sid, f"python3 /tmp/ws.py {addr} '{json.dumps(script)}' {tls_name}")
+    assert code == 0, (out, err)
+    return json.loads(out)
+
+
+def test_an_upgrade_answered_without_101_opens_no_tunnel(egress, net, sb):
+    sid = sb(network=ALLOW_PYPI)["id"]
+    net.reset_logs()
+    # one write: a handshake pypi.org answers 200 (no WebSocket at /), then a request for
+    # another host, which a server routing by Host would serve if it got it
+    seen = ws_client(egress, sid, net.addr("pypi.org"), [
+        ["send", [["GET", "/", "pypi.org", "websocket"], ["GET", "/ride", "evil.test", ""]]],
+        ["answer"], ["answer"], ["closed_within", 5]])
+    assert seen[0] == "200 hello from pypi.org", seen
+    assert seen[1].startswith("403 ") and "evil.test" in seen[1], seen
+    assert seen[2] == "closed", seen
+    got = [(r["path"], r["headers"].get("host")) for r in net.requests()]
+    assert got == [("/", "pypi.org")], got
+
+
+def test_a_websocket_to_an_allowed_host_works_and_h2c_is_refused(egress, net, sb):
+    sid = sb(network=ALLOW_PYPI)["id"]
+    net.reset_logs()
+    # a HEAD before the handshake (its answer has a Content-Length and no body), then the
+    # handshake, then frames both ways through the tunnel
+    seen = ws_client(egress, sid, net.addr("pypi.org"), [
+        ["send", [["HEAD", "/", "pypi.org", ""], ["GET", "/ws", "pypi.org", "websocket"]]],
+        ["answer", "head"], ["answer"], ["echo", "hello through the proxy"], ["echo", "again"]])
+    assert seen == ["200 ", "101 accept=True", "frame hello through the proxy", "frame again"], seen
+    seen = ws_client(egress, sid, net.addr("pypi.org"), [
+        ["send", [["GET", "/", "pypi.org", "h2c"]]], ["answer"], ["closed_within", 5]])
+    assert seen[0].startswith("403 ") and "(upgrade)" in seen[0] and seen[1] == "closed", seen
+    code, body, status = curl(egress, sid, "--http2 http://pypi.org/h2c")  # Upgrade: h2c
+    assert status == 403 and "(upgrade)" in body, (code, status, body)
+    code, body, status = curl(egress, sid, "http://pypi.org/h1")
+    assert status == 200, (code, status, body)
+    assert [r["path"] for r in net.requests()] == ["/", "/ws", "/h1"], net.requests()
+    assert ("proxy", "upgrade") in {(e["via"], e["reason"]) for e in denied(egress, sid,
+                                                                              "pypi.org")}
+
+
+def test_the_same_over_intercepted_tls(egress, net, sb):
+    sid = sb(network=ALLOW_PYPI)["id"]
+    net.reset_logs()
+    seen = ws_client(egress, sid, net.addr("pypi.org"), [
+        ["send", [["GET", "/", "pypi.org", "websocket"], ["GET", "/ride", "evil.test", ""]]],
+        ["answer"], ["answer"], ["closed_within", 5]], tls_name="pypi.org")
+    assert seen[0] == "200 hello from pypi.org", seen
+    assert seen[1].startswith("403 ") and "(host_mismatch)" in seen[1], seen
+    assert seen[2] == "closed", seen
+    seen = ws_client(egress, sid, net.addr("pypi.org"), [
+        ["send", [["GET", "/ws", "pypi.org", "websocket"]]], ["answer"], ["echo", "wss works"]],
+        tls_name="pypi.org")
+    assert seen == ["101 accept=True", "frame wss works"], seen
+    got = [(r["scheme"], r["path"], r["headers"].get("host")) for r in net.requests()]
+    assert got == [("https", "/", "pypi.org"), ("https", "/ws", "pypi.org")], got
+
+
+def test_a_refusal_comes_after_the_answers_before_it_then_the_close(egress, net, sb):
+    sid = sb(network=ALLOW_PYPI)["id"]
+    net.reset_logs()
+    seen = ws_client(egress, sid, net.addr("pypi.org"), [
+        ["send", [["GET", "/a", "pypi.org", ""], ["HEAD", "/b", "pypi.org", ""],
+                  ["GET", "/simple/", "pypi.org", ""], ["GET", "/d", "evil.test", ""],
+                  ["GET", "/e", "pypi.org", ""]]],
+        ["answer"], ["answer", "head"], ["answer"], ["answer"], ["closed_within", 5]])
+    assert seen[:3] == ["200 hello from pypi.org", "200 ", "200 <!DOCTYPE html>"], seen
+    assert seen[3].startswith("403 ") and "evil.test" in seen[3] and seen[4] == "closed", seen
+    assert [r["path"] for r in net.requests()] == ["/a", "/b", "/simple/"], net.requests()
+
+
+def test_a_refused_websocket_handshake_is_closed(egress, net, sb):
+    sid = sb(network=ALLOW_PYPI)["id"]
+    net.reset_logs()
+    # refused by the policy: the proxy answers, then closes
+    seen = ws_client(egress, sid, net.addr("evil.test"), [
+        ["send", [["GET", "/ws", "evil.test", "websocket"]]], ["answer"], ["closed_within", 5]])
+    assert seen[0].startswith("403 ") and seen[1] == "closed", seen
+    assert net.requests("evil.test") == []
+    # refused by the server: its answer, then the proxy closes (what came behind it stays)
+    seen = ws_client(egress, sid, net.addr("pypi.org"), [
+        ["send", [["GET", "/ws-refused", "pypi.org", "websocket"], ["GET", "/x", "pypi.org", ""]]],
+        ["answer"], ["closed_within", 5]])
+    assert seen == ["403 no WebSocket for you", "closed"], seen
+    assert [r["path"] for r in net.requests()] == ["/ws-refused"], net.requests()
+
+
 def test_connect_is_refused(egress, net, sb):
     sid = sb(network=ALLOW_PYPI)["id"]
     code, out, _ = run(egress, sid,

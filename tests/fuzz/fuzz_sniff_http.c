@@ -4,7 +4,10 @@
  * obeys the character rules, the port is a port, the framing is consistent, the head alone gives
  * the same answer and one byte less is MORE. The chunked scanner must give the same answer, and
  * stop at the same byte, however its input is split: on the bytes after a chunked head, and on
- * the raw input. Inputs are copied to allocations of their exact size (ASan catches over-reads).
+ * the raw input. The answer-head parser (sniff_http_answer) gets the same bytes: an OK head ends
+ * in a blank line within the limit, its status and framing are in range, the head alone gives
+ * the same answer and one byte less is MORE. Inputs are copied to allocations of their exact
+ * size (ASan catches over-reads).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -85,12 +88,47 @@ static void check_ok(const uint8_t *buf, size_t size, const struct sniff_http *h
         abort();
 }
 
+/* sniff_http_answer on the input as an upstream's answer. */
+static void answer_consistent(const uint8_t *data, size_t size)
+{
+    struct sniff_answer a, u;
+    uint8_t *p = dup_exact(data, size);
+    int r = sniff_http_answer(p, size, &a);
+    free(p);
+    if (r == SNIFF_MORE && size >= SNIFF_HTTP_HEAD_MAX)
+        abort();
+    if (r != SNIFF_OK) {
+        if (r != SNIFF_MORE && r != SNIFF_BAD)
+            abort();
+        return;
+    }
+    size_t n = a.head_len;
+    if (n < 4 || n > size || n > SNIFF_HTTP_HEAD_MAX || memcmp(data + n - 4, "\r\n\r\n", 4) != 0)
+        abort();
+    if (a.status < 100 || a.status > 999 || (a.minor != 0 && a.minor != 1))
+        abort();
+    if (a.body != SNIFF_BODY_LENGTH && a.body != SNIFF_BODY_CHUNKED && a.body != SNIFF_BODY_CLOSE)
+        abort();
+    if (a.body != SNIFF_BODY_LENGTH && a.content_length != 0)
+        abort();
+    p = dup_exact(data, n);
+    if (sniff_http_answer(p, n, &u) != SNIFF_OK || u.head_len != n || u.status != a.status ||
+        u.body != a.body || u.content_length != a.content_length || u.websocket != a.websocket)
+        abort();
+    free(p);
+    p = dup_exact(data, n - 1);
+    if (sniff_http_answer(p, n - 1, &u) != SNIFF_MORE)
+        abort();
+    free(p);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct sniff_http h, u;
     int r = sniff_http(data, size, &h);
     size_t cut = size ? data[0] % (size + 1) : 0;
     chunked_consistent(data, size, cut);
+    answer_consistent(data, size);
     switch (r) {
     case SNIFF_OK: check_ok(data, size, &h); break;
     case SNIFF_MORE:

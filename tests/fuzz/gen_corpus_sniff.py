@@ -117,6 +117,19 @@ def http():
         "bad-bare-lf.txt": "GET / HTTP/1.1\nHost: a.test\n\n",
         "bad-chunk-size.txt": "POST / HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n"
                               "\r\n5 \r\nhello\r\n0\r\n\r\n",
+        "websocket.txt": "GET /chat HTTP/1.1\r\nHost: a.test\r\nUpgrade: websocket\r\n"
+                         "Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        "h2c.txt": "GET / HTTP/1.1\r\nHost: a.test\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+                   "Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n",
+        # upstreams' answers, for sniff_http_answer
+        "answer-101.txt": "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                          "Connection: Upgrade\r\n\r\n\x81\x05hello",
+        "answer-length.txt": "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
+                             "HTTP/1.1 204 No Content\r\n\r\n",
+        "answer-chunked.txt": "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                              "5\r\nhello\r\n0\r\nX-Sum: 1\r\n\r\n",
+        "answer-interim.txt": "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.0 200\r\n\r\nto the close",
+        "answer-bad-cl.txt": "HTTP/1.1 200 OK\r\nContent-Length: 4\r\nContent-Length: 5\r\n\r\n",
     }
     for name, text in reqs.items():
         write(HTTP, name, text.encode("latin-1"))

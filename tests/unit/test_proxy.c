@@ -8,9 +8,10 @@
  * the proxy must never dial (nothing listens there).
  *
  * What a sandbox would see: allowed requests answered by the upstream, denied ones a 403 naming
- * host and reason with nothing sent upstream, kept-alive requests checked one by one, TLS relayed
- * verbatim by SNI, everything else closed; and the limits: per peer, the relay's flow control,
- * idle and first-bytes timeouts, proxy_close_peer.
+ * host and reason with nothing sent upstream, kept-alive requests checked one by one (a refusal
+ * after the answers to those before it), a tunnel only on the 101 that answers a WebSocket
+ * handshake (h2c refused), TLS relayed verbatim by SNI, everything else closed; and the limits: per
+ * peer, the relay's flow control, idle and first-bytes timeouts, proxy_close_peer.
  *
  * A second proxy on the same loop intercepts TLS (net/tlsmitm.h): the test makes a CA for it,
  * an "upstream" CA that signs the fake TLS upstreams' certificates (for allowed.test, and one
@@ -194,9 +195,47 @@ static void pattern(uint8_t *p, size_t n)
         p[i] = (uint8_t)(i * 7 + (i >> 13));
 }
 
+/* After a 101: echoes everything. */
+static void ws_echo(struct bufferevent *bev, void *arg)
+{
+    evbuffer_add_buffer(bufferevent_get_output(bev), bufferevent_get_input(bev));
+}
+
+static void http_read(struct bufferevent *bev, void *arg);
+
+/* An answer written a byte per write (one connection at a time), so that the proxy reads it
+ * split everywhere; then HTTP again, or (dribble_echo) an echo. */
+static struct evbuffer *dribble_rest;
+static int dribble_echo;
+
+static void dribble_write(struct bufferevent *bev, void *arg)
+{
+    if (evbuffer_get_length(dribble_rest) > 0) {
+        evbuffer_remove_buffer(dribble_rest, bufferevent_get_output(bev), 1);
+        return;
+    }
+    bufferevent_setcb(bev, dribble_echo ? ws_echo : http_read, NULL, server_event, NULL);
+    if (dribble_echo)
+        ws_echo(bev, NULL);
+}
+
+static void dribble(struct bufferevent *bev, int echo, const char *text)
+{
+    if (!dribble_rest)
+        dribble_rest = evbuffer_new();
+    evbuffer_add(dribble_rest, text, strlen(text));
+    dribble_echo = echo;
+    bufferevent_setcb(bev, NULL, dribble_write, server_event, NULL);
+    dribble_write(bev, NULL);
+}
+
 /* An HTTP/1.1 server with keep-alive: answers each request with what it saw (arg non-NULL: a
  * TLS one, which also records each head whole and a hash of each body). GET /big gets BIG
- * bytes of pattern(). */
+ * bytes of pattern(); a WebSocket handshake to /ws a 101 and an echo from then on, to any other
+ * path the usual answer (to /ws-refused a 403, to /ws-h2c a 101 to h2c); /nope a 404; /dribble (and
+ * a handshake to /ws-dribble) an answer a byte at a time; /switch a 101
+ * nobody asked for (and HTTP on); /chunky a chunked answer with a trailer; /interim a 100 Continue
+ * first; HEAD the head alone. */
 static void http_read(struct bufferevent *bev, void *arg)
 {
     struct evbuffer *in = bufferevent_get_input(bev);
@@ -238,6 +277,7 @@ static void http_read(struct bufferevent *bev, void *arg)
             size_t k = strcspn(h, "\r");
             snprintf(host, sizeof(host), "%.*s", (int)k, h);
         }
+        int ws = strcasestr(head, "\r\nupgrade: websocket\r\n") != NULL;
         if (arg) {
             pthread_mutex_lock(&mu);
             tls_requests++;
@@ -274,8 +314,46 @@ static void http_read(struct bufferevent *bev, void *arg)
         if (arg)
             n = snprintf(body, sizeof(body), "upstream saw %s %s host=%s body=%zu sum=%08x\n",
                          method, path, host, blen, sum);
-        evbuffer_add_printf(bufferevent_get_output(bev),
-                            "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", n, body);
+        struct evbuffer *out = bufferevent_get_output(bev);
+        if ((ws && strcmp(path, "/ws") == 0) || strcmp(path, "/switch") == 0)
+            evbuffer_add_printf(out, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                                     "Connection: Upgrade\r\n\r\n");
+        if (ws && strcmp(path, "/ws") == 0) {
+            bufferevent_setcb(bev, ws_echo, NULL, server_event, NULL);
+            ws_echo(bev, NULL);
+            return;
+        }
+        if (strcmp(path, "/dribble") == 0 || (ws && strcmp(path, "/ws-dribble") == 0)) {
+            dribble(bev, ws,
+                    ws ? "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                         "Connection: Upgrade\r\n\r\n"
+                       : "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: "
+                         "chunked\r\n\r\n5\r\nhello\r\n6;x=y\r\n world\r\n0\r\nX-T: 1\r\n\r\n");
+            return;
+        }
+        if (strcmp(path, "/nope") == 0) {
+            evbuffer_add_printf(out, "HTTP/1.1 404 Not Found\r\nContent-Length: 5\r\n\r\nnope\n");
+            continue;
+        }
+        if (ws && strcmp(path, "/ws-refused") == 0) {
+            evbuffer_add_printf(out, "HTTP/1.1 403 Forbidden\r\nContent-Length: 3\r\n\r\nno\n");
+            continue;
+        }
+        if (ws && strcmp(path, "/ws-h2c") == 0) {
+            evbuffer_add_printf(out, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n\r\n");
+            continue;
+        }
+        if (strcmp(path, "/interim") == 0)
+            evbuffer_add_printf(out, "HTTP/1.1 100 Continue\r\n\r\n");
+        if (strcmp(path, "/chunky") == 0)
+            evbuffer_add_printf(out,
+                                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                "%x\r\n%s\r\n0\r\nX-Trailer: 1\r\n\r\n",
+                                n, body);
+        else if (strcmp(method, "HEAD") == 0)
+            evbuffer_add_printf(out, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", n);
+        else
+            evbuffer_add_printf(out, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", n, body);
     }
 }
 
@@ -575,9 +653,17 @@ struct resp {
     char body[4096];
 };
 
+static void read_answer(int fd, struct resp *r, int head_only);
+
 /* Reads one response (head and Content-Length body) byte by byte, so that what follows it on
  * the connection stays unread. */
 static void read_response(int fd, struct resp *r)
+{
+    read_answer(fd, r, 0);
+}
+
+/* The same, or (head_only: the answer to a HEAD) its head alone. */
+static void read_answer(int fd, struct resp *r, int head_only)
 {
     memset(r, 0, sizeof(*r));
     r->status = -1;
@@ -590,7 +676,7 @@ static void read_response(int fd, struct resp *r)
             break;
     }
     const char *cl = strcasestr(r->head, "\r\ncontent-length:");
-    size_t blen = cl ? strtoul(cl + 17, NULL, 10) : 0;
+    size_t blen = cl && !head_only ? strtoul(cl + 17, NULL, 10) : 0;
     if (blen >= sizeof(r->body) || read_full(fd, r->body, blen) != (ssize_t)blen)
         return;
     sscanf(r->head, "HTTP/1.1 %d", &r->status);
@@ -868,16 +954,16 @@ static void keep_alive(void)
     ok(r.status == 200 && strstr(r.body, "GET /second"), "and the request after its body too (%d)",
        r.status);
     /* Now a body shorter than what follows, in the same write: the rest is a request head, and
-     * is checked. A refusal mid-pipeline may cut the responses before it (the upstream
-     * connection is dropped at once), so the 403 may come first or after the POST's 200. */
+     * is checked (the POST's answer still comes first). */
     snprintf(req, sizeof(req),
              "POST /short HTTP/1.1\r\nHost: allowed.test:%d\r\nContent-Length: 5\r\n\r\nhello"
              "GET /smuggled HTTP/1.1\r\nHost: evil.test:%d\r\n\r\n",
              http_port, http_port);
     send_str(fd, req);
     read_response(fd, &r);
-    if (r.status == 200)
-        read_response(fd, &r);
+    ok(r.status == 200 && strstr(r.body, "POST /short") && strstr(r.body, "body=5"),
+       "the POST with a 5-byte body is answered (%d)", r.status);
+    read_response(fd, &r);
     ok(r.status == 403 && strstr(r.body, "evil.test:") && strstr(r.body, "(host_changed)"),
        "a head right after a 5-byte body, to evil.test: 403 host_changed (%d)", r.status);
     close(fd);
@@ -904,8 +990,9 @@ static void keep_alive(void)
         http_port, http_port);
     send_str(fd, req);
     read_response(fd, &r);
-    if (r.status == 200)
-        read_response(fd, &r);
+    ok(r.status == 200 && strstr(r.body, "POST /chunked2"), "the chunked POST is answered (%d)",
+       r.status);
+    read_response(fd, &r);
     ok(r.status == 403 && strstr(r.body, "evil.test:"),
        "a head right after a chunked body, to evil.test: refused (%d)", r.status);
     close(fd);
@@ -931,6 +1018,255 @@ static void keep_alive(void)
     set_policy("%s", allow_all);
     request(req, &r, NULL);
     ok(r.status == 200, "the allow list back: served again (%d)", r.status);
+}
+
+/* Reads byte by byte up to and including marker (a chunked body's end, say): 1 if it came. */
+static int read_until(int fd, const char *marker, char *out, size_t cap)
+{
+    size_t n = 0, m = strlen(marker);
+    while (n < cap - 1 && recv(fd, out + n, 1, 0) == 1) {
+        out[++n] = '\0';
+        if (n >= m && memcmp(out + n - m, marker, m) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+#define WS_HEADERS                                                                                 \
+    "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: "                             \
+    "dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+
+/* A tunnel opens only on the 101 that answers a WebSocket handshake: what the client sends
+ * behind one waits for its answer, and is the next request (checked) if that is not a 101. */
+static void upgrades(void)
+{
+    struct resp r;
+    char req[2048], back[64];
+    int closed;
+    set_orig(http_port);
+
+    int fd = dial_proxy(NULL);
+    snprintf(req, sizeof(req),
+             "GET /nows HTTP/1.1\r\nHost: allowed.test:%d\r\n" WS_HEADERS "\r\n"
+             "GET /ride HTTP/1.1\r\nHost: evil.test:%d\r\n\r\n",
+             http_port, http_port);
+    send_str(fd, req);
+    read_response(fd, &r);
+    ok(r.status == 200 && strstr(r.body, "GET /nows"),
+       "a WebSocket handshake the upstream answers 200: that answer (%d)", r.status);
+    read_response(fd, &r);
+    ok(r.status == 403 && strstr(r.body, "evil.test:") && strstr(r.body, "(host_changed)"),
+       "the request sent right behind it, to evil.test: 403 host_changed (%d)", r.status);
+    ok(closed_within(fd, 3000), "and closed");
+    close(fd);
+    ok(!http_log_has("/ride") && !http_log_has("host=evil.test"), "the upstream never saw it");
+
+    fd = dial_proxy(NULL);
+    snprintf(req, sizeof(req),
+             "GET /ws HTTP/1.1\r\nHost: allowed.test:%d\r\n" WS_HEADERS "\r\nearly frame",
+             http_port);
+    send_str(fd, req);
+    read_response(fd, &r);
+    ok(r.status == 101, "a WebSocket handshake the upstream accepts: 101 (%d)", r.status);
+    memset(back, 0, sizeof(back));
+    ok(read_full(fd, back, 11) == 11 && memcmp(back, "early frame", 11) == 0,
+       "what the client sent behind the handshake went through the tunnel, and came back");
+    const char *inner = "GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n";
+    send_str(fd, inner);
+    ok(read_full(fd, back, strlen(inner)) == (ssize_t)strlen(inner) &&
+           memcmp(back, inner, strlen(inner)) == 0,
+       "after the 101 the bytes are the tunnel's, not requests (the upstream echoed them)");
+    close(fd);
+
+    /* Answers that arrive a byte at a time are followed just the same. */
+    fd = dial_proxy(NULL);
+    snprintf(req, sizeof(req),
+             "GET /ws-dribble HTTP/1.1\r\nHost: allowed.test:%d\r\n" WS_HEADERS "\r\nheld",
+             http_port);
+    send_str(fd, req);
+    read_response(fd, &r);
+    ok(r.status == 101, "a 101 a byte at a time (%d)", r.status);
+    memset(back, 0, sizeof(back));
+    ok(read_full(fd, back, 4) == 4 && memcmp(back, "held", 4) == 0, "opens the tunnel");
+    close(fd);
+    fd = dial_proxy(NULL);
+    snprintf(req, sizeof(req),
+             "GET /dribble HTTP/1.1\r\nHost: allowed.test:%d\r\n\r\n"
+             "GET /ride4 HTTP/1.1\r\nHost: evil.test:%d\r\n\r\n",
+             http_port, http_port);
+    send_str(fd, req);
+    char body[512];
+    ok(read_until(fd, "0\r\nX-T: 1\r\n\r\n", body, sizeof(body)) &&
+           strncmp(body, "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n", 42) == 0,
+       "a 100 and a chunked answer a byte at a time, whole");
+    read_response(fd, &r);
+    ok(r.status == 403 && strstr(r.body, "(host_changed)"),
+       "then the refusal of the request behind it (%d)", r.status);
+    close(fd);
+    ok(!http_log_has("/ride4"), "the upstream never saw it");
+
+    /* A 101 nobody asked for (a hostile upstream) opens nothing. */
+    fd = dial_proxy(NULL);
+    snprintf(req, sizeof(req), "GET /switch HTTP/1.1\r\nHost: allowed.test:%d\r\n\r\n", http_port);
+    send_str(fd, req);
+    read_response(fd, &r);
+    ok(r.status == 101, "an unasked-for 101 reaches the client (%d)", r.status);
+    read_response(fd, &r);
+    ok(r.status == 200 && strstr(r.body, "GET /switch"), "with the answer after it");
+    snprintf(req, sizeof(req), "GET /ride2 HTTP/1.1\r\nHost: evil.test:%d\r\n\r\n", http_port);
+    send_str(fd, req);
+    read_response(fd, &r);
+    ok(r.status == 403 && strstr(r.body, "(host_changed)"),
+       "and the next request is still checked: 403 (%d)", r.status);
+    close(fd);
+    ok(!http_log_has("/ride2"), "the upstream never saw it");
+
+    /* A handshake answered with a 101 to something else: no tunnel, and no 101 either. */
+    fd = dial_proxy(NULL);
+    snprintf(req, sizeof(req),
+             "GET /ws-h2c HTTP/1.1\r\nHost: allowed.test:%d\r\n" WS_HEADERS "\r\n"
+             "GET /ride3 HTTP/1.1\r\nHost: evil.test:%d\r\n\r\n",
+             http_port, http_port);
+    send_str(fd, req);
+    read_response(fd, &r);
+    ok(r.status == 502 && strstr(r.body, "(upstream_answer)"),
+       "a WebSocket handshake answered 101 to h2c: 502 upstream_answer (%d)", r.status);
+    ok(closed_within(fd, 3000), "and closed");
+    close(fd);
+    ok(!http_log_has("/ride3"), "what was sent behind it never went upstream");
+
+    /* h2c, or any Upgrade but a lone websocket, is refused. */
+    snprintf(req, sizeof(req),
+             "GET /h2c HTTP/1.1\r\nHost: allowed.test:%d\r\nConnection: Upgrade, HTTP2-Settings"
+             "\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n",
+             http_port);
+    request(req, &r, &closed);
+    ok(r.status == 403 && strstr(r.body, "(upgrade)") && closed,
+       "Upgrade: h2c: 403 upgrade, closed (%d)", r.status);
+    fd = dial_proxy(NULL);
+    snprintf(req, sizeof(req),
+             "GET /first HTTP/1.1\r\nHost: allowed.test:%d\r\n\r\n"
+             "GET /list HTTP/1.1\r\nHost: allowed.test:%d\r\nUpgrade: websocket, h2c\r\n\r\n",
+             http_port, http_port);
+    send_str(fd, req);
+    read_response(fd, &r);
+    ok(r.status == 200 && strstr(r.body, "GET /first"), "kept alive: the first request served");
+    read_response(fd, &r);
+    ok(r.status == 403 && strstr(r.body, "(upgrade)"),
+       "then Upgrade: websocket, h2c: 403 upgrade (%d)", r.status);
+    close(fd);
+    ok(!http_log_has("/h2c") && !http_log_has("/list"), "the upstream saw neither");
+    ok(denied_has("sb-1|allowed.test|%d|upgrade;", http_port), "logged as upgrade");
+
+    /* The answer to a HEAD has a Content-Length and no body: the 101 right after it is found. */
+    fd = dial_proxy(NULL);
+    snprintf(req, sizeof(req),
+             "HEAD /head HTTP/1.1\r\nHost: allowed.test:%d\r\n\r\n"
+             "GET /ws HTTP/1.1\r\nHost: allowed.test:%d\r\n" WS_HEADERS "\r\nafter head",
+             http_port, http_port);
+    send_str(fd, req);
+    read_answer(fd, &r, 1);
+    ok(r.status == 200 && strstr(r.head, "Content-Length: "), "HEAD: its head (%d)", r.status);
+    read_response(fd, &r);
+    ok(r.status == 101, "then the handshake's 101 (%d)", r.status);
+    memset(back, 0, sizeof(back));
+    ok(read_full(fd, back, 10) == 10 && memcmp(back, "after head", 10) == 0,
+       "and the tunnel works");
+    close(fd);
+
+    /* An error answer to a request before the handshake is not the handshake's. */
+    fd = dial_proxy(NULL);
+    snprintf(req, sizeof(req),
+             "GET /nope HTTP/1.1\r\nHost: allowed.test:%d\r\n\r\n"
+             "GET /ws HTTP/1.1\r\nHost: allowed.test:%d\r\n" WS_HEADERS "\r\nafter head",
+             http_port, http_port);
+    send_str(fd, req);
+    read_response(fd, &r);
+    ok(r.status == 404, "a 404 to the request before a handshake (%d)", r.status);
+    read_response(fd, &r);
+    ok(r.status == 101, "then the handshake's 101 (%d)", r.status);
+    memset(back, 0, sizeof(back));
+    ok(read_full(fd, back, 10) == 10 && memcmp(back, "after head", 10) == 0,
+       "and the tunnel works");
+    close(fd);
+}
+
+/* A refused request on a kept-alive connection: the answers to the requests before it come
+ * first, all of them, then the refusal, then the close. */
+static void pipelined_refusal(void)
+{
+    struct resp r;
+    char req[2048], body[1024];
+    set_orig(http_port);
+
+    int fd = dial_proxy(NULL);
+    snprintf(req, sizeof(req),
+             "GET /p1 HTTP/1.1\r\nHost: allowed.test:%d\r\n\r\n"
+             "HEAD /p2 HTTP/1.1\r\nHost: allowed.test:%d\r\n\r\n"
+             "GET /chunky HTTP/1.1\r\nHost: allowed.test:%d\r\n\r\n"
+             "POST /interim HTTP/1.1\r\nHost: allowed.test:%d\r\nContent-Length: 2\r\n\r\nhi"
+             "GET /p5 HTTP/1.1\r\nHost: allowed.test:%d\r\n\r\n"
+             "GET /p6 HTTP/1.1\r\nHost: evil.test:%d\r\n\r\n"
+             "GET /p7 HTTP/1.1\r\nHost: allowed.test:%d\r\n\r\n",
+             http_port, http_port, http_port, http_port, http_port, http_port, http_port);
+    send_str(fd, req);
+    read_response(fd, &r);
+    ok(r.status == 200 && strstr(r.body, "GET /p1"), "pipelined: the first answer (%d)", r.status);
+    read_answer(fd, &r, 1);
+    ok(r.status == 200, "the HEAD's (%d)", r.status);
+    read_response(fd, &r);
+    ok(r.status == 200 && strstr(r.head, "chunked") &&
+           read_until(fd, "0\r\nX-Trailer: 1\r\n\r\n", body, sizeof(body)) &&
+           strstr(body, "GET /chunky"),
+       "a chunked one, trailer included (%d)", r.status);
+    read_response(fd, &r);
+    ok(r.status == 100, "a 100 Continue (%d)", r.status);
+    read_response(fd, &r);
+    ok(r.status == 200 && strstr(r.body, "POST /interim"), "and its final answer (%d)", r.status);
+    read_response(fd, &r);
+    ok(r.status == 200 && strstr(r.body, "GET /p5"), "the fifth (%d)", r.status);
+    read_response(fd, &r);
+    ok(r.status == 403 && strstr(r.body, "evil.test:") && strstr(r.body, "(host_changed)"),
+       "then the refusal (%d)", r.status);
+    ok(closed_within(fd, 3000), "and the close");
+    close(fd);
+    ok(http_log_has("GET /p5") && !http_log_has("/p6") && !http_log_has("/p7"),
+       "the upstream saw those before the refusal, and nothing from it on");
+
+    /* A WebSocket handshake refused: answered, then closed (not left to the client). */
+    snprintf(req, sizeof(req), "GET /chat HTTP/1.1\r\nHost: evil.test:%d\r\n" WS_HEADERS "\r\n",
+             http_port);
+    fd = dial_proxy(NULL);
+    send_str(fd, req);
+    read_response(fd, &r);
+    ok(r.status == 403 && strstr(r.body, "(not_allowed)"),
+       "a WebSocket handshake to a denied host: 403 (%d)", r.status);
+    ok(closed_within(fd, 1000), "and closed");
+    close(fd);
+    fd = dial_proxy(NULL);
+    snprintf(req, sizeof(req),
+             "GET /ws-refused HTTP/1.1\r\nHost: allowed.test:%d\r\n" WS_HEADERS "\r\n"
+             "GET /behind HTTP/1.1\r\nHost: allowed.test:%d\r\n\r\n",
+             http_port, http_port);
+    send_str(fd, req);
+    read_response(fd, &r);
+    ok(r.status == 403 && strcmp(r.body, "no\n") == 0,
+       "a WebSocket handshake the upstream refuses: its 403 (%d)", r.status);
+    ok(closed_within(fd, 1000), "then closed by the proxy");
+    close(fd);
+    ok(!http_log_has("/behind"), "what was sent behind it never went upstream");
+    snprintf(req, sizeof(req), "GET /chat HTTP/1.1\r\nHost: evil.test:%d\r\n" WS_HEADERS "\r\n",
+             http_port);
+    fd = dial_proxy(NULL);
+    snprintf(body, sizeof(body), "GET /one HTTP/1.1\r\nHost: allowed.test:%d\r\n\r\n%s", http_port,
+             req);
+    send_str(fd, body);
+    read_response(fd, &r);
+    read_response(fd, &r);
+    ok(r.status == 403 && strstr(r.body, "(host_changed)"),
+       "one behind an allowed request, to another host: 403 (%d)", r.status);
+    ok(closed_within(fd, 1000), "and closed");
+    close(fd);
 }
 
 static void tls(void)
@@ -1338,7 +1674,16 @@ static void mitm_refusals(void)
     ok(denied_has("sb-1|allowed.test|%d|upstream_tls;", up_rogue.port), "logged");
     ok(!tls_heads_has("/wrong") && !tls_heads_has("/rogue"), "neither got the request");
 
+    /* A WebSocket handshake refused over TLS: answered, then closed. */
     set_orig(up_ok.port);
+    ssl = tls_dial("allowed.test", alpn_h11, sizeof(alpn_h11) - 1, &fd);
+    tls_send(ssl, "GET /chat HTTP/1.1\r\nHost: other.test\r\n" WS_HEADERS "\r\n");
+    tls_read_response(ssl, &r);
+    ok(r.status == 403 && strstr(r.body, "(host_mismatch)"),
+       "a WebSocket handshake for another host over TLS: 403 (%d)", r.status);
+    ok(tls_closed_within(ssl, fd, 1000), "and closed");
+    tls_close(ssl, fd);
+
     ssl = tls_dial("allowed.test", alpn_h2, sizeof(alpn_h2) - 1, &fd);
     ok(ssl == NULL, "a client offering only h2: its handshake fails");
     tls_close(ssl, fd);
@@ -1567,6 +1912,8 @@ int main(void)
 
     http_basics();
     keep_alive();
+    upgrades();
+    pipelined_refusal();
     tls();
     big();
     limits();

@@ -72,6 +72,11 @@ static int http_n(const void *p, size_t n, struct sniff_http *h)
     return sniff_http(exact(p, n), n, h);
 }
 
+static int answer_n(const char *p, size_t n, struct sniff_answer *a)
+{
+    return sniff_http_answer(exact(p, n), n, a);
+}
+
 static int http(const char *text, struct sniff_http *h)
 {
     return http_n(text, strlen(text), h);
@@ -716,7 +721,26 @@ static void http_ok(void)
     r = http("GET /chat HTTP/1.1\r\nHost: a.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
              "\r\n",
              &h);
-    ok(r == SNIFF_OK && h.upgrade, "Upgrade is reported");
+    ok(r == SNIFF_OK && h.upgrade == SNIFF_UPGRADE_WEBSOCKET, "Upgrade: websocket is reported");
+    r = http("GET / HTTP/1.1\r\nHost: a.test\r\nUpgrade: WebSocket \r\n\r\n", &h);
+    ok(r == SNIFF_OK && h.upgrade == SNIFF_UPGRADE_WEBSOCKET, "in any case, spaces around it");
+    static const char *const others[] = {
+        "Upgrade: h2c\r\n",
+        "Upgrade: websocket, h2c\r\n",
+        "Upgrade: websocket/13\r\n",
+        "Upgrade: websocket\r\nUpgrade: websocket\r\n",
+        "Upgrade: h2c\r\nUpgrade: websocket\r\n",
+        "Upgrade:\r\n",
+    };
+    for (size_t i = 0; i < sizeof(others) / sizeof(others[0]); i++) {
+        char req[256];
+        snprintf(req, sizeof(req), "GET / HTTP/1.1\r\nHost: a.test\r\n%s\r\n", others[i]);
+        r = http(req, &h);
+        ok(r == SNIFF_OK && h.upgrade == SNIFF_UPGRADE_OTHER, "%s: another upgrade",
+           shown(others[i]));
+    }
+    r = http("GET / HTTP/1.1\r\nHost: a.test\r\n\r\n", &h);
+    ok(r == SNIFF_OK && h.upgrade == SNIFF_UPGRADE_NONE, "no Upgrade: none");
     r = http("GET / HTTP/1.1\r\nHost: a.test\r\nUser-Agent: caf\xc3\xa9/1.0\r\nX-Empty:\r\n\r\n",
              &h);
     ok(r == SNIFF_OK, "UTF-8 in a value (obs-text) and an empty value: OK");
@@ -1082,6 +1106,76 @@ static void chunked_checks(void)
     }
 }
 
+static int answer(const char *text, struct sniff_answer *a)
+{
+    size_t n = strlen(text);
+    return sniff_http_answer(exact(text, n), n, a);
+}
+
+static void answers(void)
+{
+    struct sniff_answer a;
+    const char *ok200 = "HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\nhello world\n";
+    int r = answer(ok200, &a);
+    ok(r == SNIFF_OK && a.status == 200 && a.minor == 1 && a.body == SNIFF_BODY_LENGTH &&
+           a.content_length == 12 && a.head_len == strlen(ok200) - 12,
+       "200 with a Content-Length: its head and framing");
+    for (size_t k = 0; k < strlen(ok200) - 12; k++) {
+        if (answer_n(ok200, k, &a) != SNIFF_MORE) {
+            ok(0, "a head cut at %zu: more", k);
+            break;
+        }
+    }
+    ok(1, "any head cut short: more");
+    r = answer("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+               "\r\n\x81\x05hello",
+               &a);
+    ok(r == SNIFF_OK && a.status == 101 && a.websocket && a.head_len == 77,
+       "a 101 to websocket, a frame behind it (%d)", (int)a.head_len);
+    r = answer("HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n\r\n", &a);
+    ok(r == SNIFF_OK && a.status == 101 && !a.websocket, "a 101 to h2c: not websocket");
+    r = answer("HTTP/1.0 204\r\n\r\n", &a);
+    ok(r == SNIFF_OK && a.status == 204 && a.minor == 0 && a.body == SNIFF_BODY_CLOSE,
+       "no reason phrase; unframed reads as to the close (the caller knows 204 has none)");
+    r = answer("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\nContent-Length: 5\r\n\r\n",
+               &a);
+    ok(r == SNIFF_OK && a.body == SNIFF_BODY_CHUNKED && a.content_length == 0,
+       "Transfer-Encoding ending in chunked wins over Content-Length");
+    r = answer("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\n\r\n", &a);
+    ok(r == SNIFF_OK && a.body == SNIFF_BODY_CLOSE, "another coding last: to the close");
+    r = answer("HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n", &a);
+    ok(r == SNIFF_OK && a.content_length == 5, "the same Content-Length twice");
+    static const char *const bad[] = {
+        "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+        "HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
+        "HTTP/1.1 200 OK\r\nContent-Length: 1234567890123456789\r\n\r\n",
+        "HTTP/1.1 200 OK\nContent-Length: 5\n\n",
+        "HTTP/1.1 20 OK\r\n\r\n",
+        "HTTP/1.1 099 OK\r\n\r\n",
+        "HTTP/1.1 2000 OK\r\n\r\n",
+        "HTTP/2 200 OK\r\n\r\n",
+        "HTTP/1.2 200 OK\r\n\r\n",
+        "ICY 200 OK\r\n\r\n",
+        "HTTP/1.1 200 OK\r\n Folded: x\r\n\r\n",
+        "HTTP/1.1 200 O\x01K\r\n\r\n",
+        "HTTP/1.1 200 OK\r\nX: a\x7f\r\n\r\n",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        ok(answer(bad[i], &a) == SNIFF_BAD, "bad: %s", shown(bad[i]));
+    ok(answer("ICY", &a) == SNIFF_BAD && answer("HTTP/1", &a) == SNIFF_MORE,
+       "a wrong start is bad at once; a right one cut short is more");
+    /* A head that never ends: more up to the limit, bad from there. */
+    size_t big = SNIFF_HTTP_HEAD_MAX + 10;
+    char *huge = malloc(big + 1);
+    memset(huge, 'a', big);
+    memcpy(huge, "HTTP/1.1 200 OK\r\nX: ", 20);
+    huge[big] = '\0';
+    ok(answer_n(huge, SNIFF_HTTP_HEAD_MAX - 1, &a) == SNIFF_MORE &&
+           answer_n(huge, SNIFF_HTTP_HEAD_MAX, &a) == SNIFF_BAD && answer(huge, &a) == SNIFF_BAD,
+       "a head over SNIFF_HTTP_HEAD_MAX: bad");
+    free(huge);
+}
+
 int main(void)
 {
     tls_real();
@@ -1093,6 +1187,7 @@ int main(void)
     http_bad();
     http_policy();
     chunked_checks();
+    answers();
     free(copy);
     return tap_done();
 }
