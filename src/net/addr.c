@@ -158,6 +158,16 @@ int addr_is_public(const struct sockaddr *sa, const struct addr_ranges *extra)
     return 0;
 }
 
+int addr_dialable(const struct sockaddr *sa, socklen_t len, const struct addr_ranges *extra,
+                  addr_local_fn is_local, void *ctx)
+{
+    if (!sa || sa->sa_family != AF_INET || len < (socklen_t)sizeof(struct sockaddr_in))
+        return 0;
+    if (!addr_is_public(sa, extra))
+        return 0;
+    return !is_local || !is_local(ctx, sa, len);
+}
+
 int addr_in_ranges(const struct sockaddr *sa, const struct addr_ranges *ranges)
 {
     if (!sa)

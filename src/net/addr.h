@@ -58,6 +58,19 @@ int addr_in_ranges(const struct sockaddr *sa, const struct addr_ranges *ranges);
  */
 int addr_is_public(const struct sockaddr *sa, const struct addr_ranges *extra);
 
+/** Whether addr (len bytes) is one of this host's own addresses; ctx is the caller's. */
+typedef int (*addr_local_fn)(void *ctx, const struct sockaddr *addr, socklen_t len);
+
+/**
+ * Whether the egress proxy dials sa (len bytes): an IPv4 address (sandboxes have no IPv6 and the
+ * proxy dials IPv4 only), public by addr_is_public with extra, and not one of this host's own
+ * addresses (is_local(ctx, ...); NULL: none is). The one test for both the proxy, on what it
+ * resolved, and the sandboxes' resolver, on what it hands out: a sandbox is told only of
+ * addresses it could be let through to.
+ */
+int addr_dialable(const struct sockaddr *sa, socklen_t len, const struct addr_ranges *extra,
+                  addr_local_fn is_local, void *ctx);
+
 /**
  * Recognises an address literal: every form inet_aton accepts for IPv4 (one to four parts,
  * decimal, octal or hex: "127.1", "0x7f000001", "2130706433", "017700000001"), and IPv6 as

@@ -189,6 +189,43 @@ static void public_checks(void)
     ok(!addr_is_public((struct sockaddr *)&ss, NULL), "AF_UNSPEC is not public");
 }
 
+static int fake_local(void *ctx, const struct sockaddr *sa, socklen_t len)
+{
+    struct sockaddr_storage mine;
+    sockaddr_of((const char *)ctx, &mine);
+    return sa->sa_family == AF_INET && ((const struct sockaddr_in *)sa)->sin_addr.s_addr ==
+                                           ((const struct sockaddr_in *)&mine)->sin_addr.s_addr;
+}
+
+/* The proxy's and the resolver's one predicate. */
+static void dialable_checks(void)
+{
+    static const struct {
+        const char *addr;
+        int want;
+    } cases[] = {
+        {"8.8.8.8", 1},         {"151.101.0.223", 0}, /* the host's own, public address */
+        {"10.0.0.1", 0},        {"168.63.129.16", 0}, {"::ffff:8.8.8.8", 0}, /* IPv6: never */
+        {"2606:4700::1111", 0},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct sockaddr_storage ss;
+        sockaddr_of(cases[i].addr, &ss);
+        socklen_t len =
+            ss.ss_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
+        int got =
+            addr_dialable((struct sockaddr *)&ss, len, NULL, fake_local, (void *)"151.101.0.223");
+        ok(got == cases[i].want, "addr_dialable: %s %s", cases[i].addr,
+           got ? "is dialed" : "is not");
+    }
+    struct sockaddr_storage ss;
+    sockaddr_of("151.101.0.223", &ss);
+    ok(addr_dialable((struct sockaddr *)&ss, sizeof(struct sockaddr_in), NULL, NULL, NULL) == 1,
+       "without an is_local hook no address is the host's");
+    ok(addr_dialable((struct sockaddr *)&ss, 4, NULL, NULL, NULL) == 0, "a short sockaddr is not");
+    ok(addr_dialable(NULL, 0, NULL, NULL, NULL) == 0, "NULL is not");
+}
+
 static void extra_checks(void)
 {
     struct addr_ranges r;
@@ -460,6 +497,7 @@ int main(void)
 {
     public_checks();
     extra_checks();
+    dialable_checks();
     literal_checks();
     return tap_done();
 }
