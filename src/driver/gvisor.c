@@ -223,7 +223,7 @@ static int undo_overlay(struct gv_run *r, struct wr_err *err)
  * config.json; both are made again on every start, so there is nothing to undo. */
 static int step_bundle(struct gv_run *r, struct wr_err *err)
 {
-    if (bundle_prepare_root(&r->sp, err) < 0)
+    if (bundle_prepare_root(&r->sp, r->spec->id, err) < 0)
         return -1;
     return bundle_write_spec(r->spec, &r->sp, err);
 }

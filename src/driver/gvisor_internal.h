@@ -105,9 +105,10 @@ int bundle_mount_overlay(const struct sb_paths *sp, const char *lower, struct wr
 
 /**
  * Prepares the root through the mounted overlay for the agent: /workspace, the agent's
- * mount point, a file that keeps /tmp off a tmpfs. Returns 0 or -1 with err set.
+ * mount point, a file that keeps /tmp off a tmpfs, and an /etc/hosts naming localhost and
+ * hostname (the OCI spec's) unless the sandbox has one. Returns 0 or -1 with err set.
  */
-int bundle_prepare_root(const struct sb_paths *sp, struct wr_err *err);
+int bundle_prepare_root(const struct sb_paths *sp, const char *hostname, struct wr_err *err);
 
 /** Writes the OCI spec for spec to sp->config (atomically). Returns 0 or -1 with err set. */
 int bundle_write_spec(const struct driver_spec *spec, const struct sb_paths *sp,

@@ -325,6 +325,43 @@ def test_dns_that_points_an_allowed_name_at_loopback_gets_nothing_dialed(egress,
     assert net.requests() == [] or all(r["host"] != "rebind.test" for r in net.requests())
 
 
+LOCAL_SERVER = r'''
+import socket, sys
+srv = socket.socket()
+srv.bind(("0.0.0.0", 0))
+srv.listen(1)
+port = srv.getsockname()[1]
+for name in ("localhost", socket.gethostname()):
+    c = socket.create_connection((name, port), timeout=10)
+    a, _ = srv.accept()
+    c.sendall(b"hi")
+    print(name, a.recv(2).decode())
+    a.close()
+    c.close()
+'''
+
+
+def test_localhost_and_own_name_resolve_without_the_resolver(egress, net, sb):
+    sid = sb()["id"]  # no internet: any lookup that reached the resolver would be refused
+    code, out, err = run(egress, sid, "getent hosts localhost; getent hosts $(hostname)")
+    assert code == 0, (out, err)
+    lines = out.splitlines()
+    assert lines[0].split()[0] == "::1" and "localhost" in lines[0].split()[1:], lines
+    assert sid in lines[1].split()[1:], lines
+    code, out, err = run(egress, sid, "getent ahostsv4 localhost | head -1; hostname")
+    assert out.split()[0] == "127.0.0.1" and out.split()[-1] == sid, out
+    egress.client.write_file(sid, "/tmp/local.py", LOCAL_SERVER.encode())
+    code, out, err = run(egress, sid, "python3 /tmp/local.py")
+    assert code == 0 and out.split() == ["localhost", "hi", sid, "hi"], (out, err)
+    assert netlog(egress, sid)["entries"] == [], "a lookup reached the resolver"
+    # the file is the sandbox's own: an edit stays across stop and start
+    run(egress, sid, "echo '127.0.0.1 mine.test' >> /etc/hosts")
+    egress.client.expect(200, "POST", f"/v1/sandboxes/{sid}/stop", {})
+    egress.client.expect(200, "POST", f"/v1/sandboxes/{sid}/start", {})
+    code, out, _ = run(egress, sid, "getent hosts mine.test localhost")
+    assert code == 0 and "mine.test" in out and "localhost" in out, out
+
+
 def test_udp_other_than_dns_and_ipv6_go_nowhere(egress, net, sb):
     sid = sb(network={"internet": True})["id"]
     net.reset_logs()
