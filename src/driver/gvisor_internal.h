@@ -13,6 +13,7 @@
 
 #include "common/err.h"
 #include "driver/driver.h"
+#include "driver/logcap.h"
 
 /** The driver's configuration: written once by configure, before any other call. */
 struct gvisor_conf {
@@ -21,6 +22,7 @@ struct gvisor_conf {
     char runsc_root[PATH_MAX]; /* <state_dir>/runsc: runsc's --root */
     char platform_override[16];
     int debug;
+    uint64_t agent_log_max; /* agent.log's limit (driver/logcap.h) */
 };
 
 extern struct gvisor_conf gvisor_conf;
@@ -55,9 +57,11 @@ int runsc_run_spawn(const char *id, const char *platform, const char *dir, int n
 /**
  * Waits for the `runsc run --detach` started by runsc_run_spawn: when it exits 0, the
  * container's init runs. On failure err carries the last line runsc wrote to the log at
- * log_path after offset log_start. Returns 0 or -1 with err set.
+ * log_path after offset log_start, once pump (the log's, may be NULL) has copied it there.
+ * Returns 0 or -1 with err set.
  */
-int runsc_run_wait(pid_t pid, const char *log_path, off_t log_start, struct wr_err *err);
+int runsc_run_wait(pid_t pid, const char *log_path, off_t log_start, struct logpump *pump,
+                   struct wr_err *err);
 
 /**
  * `runsc delete --force id`. dir (may be NULL) receives debug logs. A container runsc does
