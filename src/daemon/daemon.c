@@ -397,7 +397,8 @@ int daemon_open(struct daemon *d, struct wr_err *err)
     d->reaper_started = 1;
     struct driver_config dc = {.state_dir = cfg->state_dir,
                                .platform = cfg->platform[0] ? cfg->platform : NULL,
-                               .debug = cfg->debug};
+                               .debug = cfg->debug,
+                               .agent_log_max = cfg->agent_log_max};
     /* Probe now (runsc there, which platform works) so the first create does not pay for it
      * and a host that cannot run sandboxes says so at once. */
     char detail[256] = "";
@@ -466,7 +467,6 @@ void daemon_tick(struct daemon *d)
 {
     if (!d->shutting_down) {
         sandbox_check_leases(d);
-        sandbox_cap_logs(d);
         sandbox_check_retention(d);
         meter_tick(d);
         if (d->cfg.pool_size > 0)

@@ -42,7 +42,7 @@ struct daemon_config {
     double disk_overcommit;    /* running sandboxes' disk_mib up to (free - reserve) x this */
     int disk_reserve_mib;      /* free space in the state directory never promised */
     int max_loop_devices;      /* loop devices bound on the host, starts in flight included */
-    uint64_t agent_log_max;    /* bytes of a sandbox's agent.log before it is cut */
+    uint64_t agent_log_max;    /* bytes a sandbox's agent.log is held to (driver/logcap.h) */
     int64_t stopped_retention; /* seconds a stopped or failed sandbox is kept; 0 = forever */
     /* Sandbox networking (net/gateway.h): "auto" (on if this host can, else sandboxes get no
        network and internet:true is refused), "on" (refuse to start without it), "off". */
@@ -84,7 +84,6 @@ struct daemon {
     uint64_t trimmed_ms;       /* when free heap memory last went back to the system */
     size_t output_reserved;    /* of cfg.output_budget, held by running execs and transfers */
     long long host_memory_mib; /* physical memory, read at open */
-    uint64_t logcap_next_ms;   /* when the agents' logs are next checked (monotonic) */
     struct gateway *gw;        /* sandbox networking; NULL without */
     char gw_error[256];        /* why there is none (egress auto, or off) */
     char *extra_ca_pem;        /* what sandboxes trust besides their image: the daemon's CA and
@@ -94,7 +93,6 @@ struct daemon {
     struct meter *meter;       /* money (daemon/meter.h) */
     int pool_refilling;        /* a pool entry is being created (daemon/pool.h) */
     uint64_t pool_retry_ms;    /* monotonic: no refill before this */
-    int logcap_running;        /* a check is on a worker */
     struct audit_queue *audit; /* audit entries not yet written (daemon/admin.c) */
 };
 

@@ -24,7 +24,6 @@
 #include "daemon/netlog.h"
 #include "daemon/session.h"
 #include "daemon/work.h"
-#include "driver/logcap.h"
 #include "net/gateway.h"
 #include "store/store.h"
 
@@ -985,79 +984,6 @@ void sandbox_check_leases(struct daemon *d)
         else
             sandbox_stop(sb, "lease_ended", lease_done, NULL);
     }
-}
-
-/* ---- agent logs ---- */
-
-#define LOGCAP_EVERY_MS 2000
-
-struct logcap_job {
-    struct daemon *d;
-    int n;
-    char (*ids)[DRIVER_ID_LEN + 1];
-    char (*dirs)[PATH_MAX];
-    uint64_t *dropped;
-    int *rc;
-    struct wr_err err;
-};
-
-static void logcap_run(void *p)
-{
-    struct logcap_job *j = p;
-    uint64_t max = j->d->cfg.agent_log_max;
-    for (int i = 0; i < j->n; i++) {
-        struct wr_err e = {0};
-        j->rc[i] = driver_log_cap(j->dirs[i], max, max / 4, &j->dropped[i], &e);
-        if (j->rc[i] < 0)
-            j->err = e;
-    }
-}
-
-static void logcap_done(void *p)
-{
-    struct logcap_job *j = p;
-    for (int i = 0; i < j->n; i++) {
-        if (j->rc[i] > 0)
-            log_warn(j->ids[i], "sandbox.log_cut", "bytes=%llu limit=%llu",
-                     (unsigned long long)j->dropped[i],
-                     (unsigned long long)j->d->cfg.agent_log_max);
-        else if (j->rc[i] < 0)
-            log_error(j->ids[i], "sandbox.log_cut_failed", "error=\"%s\"", j->err.msg);
-    }
-    j->d->logcap_running = 0;
-    free(j->ids);
-    free(j->dirs);
-    free(j->dropped);
-    free(j->rc);
-    free(j);
-}
-
-void sandbox_cap_logs(struct daemon *d)
-{
-    uint64_t now = now_ms_monotonic();
-    if (d->logcap_running || now < d->logcap_next_ms || !d->wq_fast)
-        return;
-    d->logcap_next_ms = now + LOGCAP_EVERY_MS;
-    int n = 0;
-    for (struct sandbox *sb = d->sandboxes; sb; sb = sb->next)
-        n += sb->state == SB_RUNNING;
-    if (n == 0)
-        return;
-    struct logcap_job *j = xcalloc(1, sizeof(*j));
-    j->d = d;
-    j->ids = xcalloc((size_t)n, sizeof(*j->ids));
-    j->dirs = xcalloc((size_t)n, sizeof(*j->dirs));
-    j->dropped = xcalloc((size_t)n, sizeof(*j->dropped));
-    j->rc = xcalloc((size_t)n, sizeof(*j->rc));
-    for (struct sandbox *sb = d->sandboxes; sb && j->n < n; sb = sb->next) {
-        if (sb->state != SB_RUNNING)
-            continue;
-        snprintf(j->ids[j->n], sizeof(j->ids[j->n]), "%s", sb->id);
-        snprintf(j->dirs[j->n], sizeof(j->dirs[j->n]), "%s", sb->dir);
-        j->n++;
-    }
-    d->logcap_running = 1;
-    work_submit(d->wq_fast, logcap_run, logcap_done, j);
 }
 
 /* ---- retention ---- */

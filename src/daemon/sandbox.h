@@ -240,12 +240,6 @@ int sandbox_expired(const struct sandbox *sb, int64_t now, int64_t age);
 void sandbox_check_retention(struct daemon *d);
 
 /**
- * Every few seconds: cuts the agent.log of each running sandbox that has passed the daemon's
- * limit down to its newest lines (driver/logcap.h), on a worker thread.
- */
-void sandbox_cap_logs(struct daemon *d);
-
-/**
  * At start-up: loads stored sandboxes. Those that were running are stopped through the driver
  * (files kept) and marked stopped with reason daemon_restart; half-created or half-deleted ones
  * are destroyed. The driver work is queued on worker threads; it is done once the daemon's

@@ -258,14 +258,51 @@ static int ensure_file_at(int root, const char *dir, const char *name, mode_t mo
 }
 
 /*
+ * /etc/hosts, when the sandbox has none (our image has none; the user may edit or replace it,
+ * and it is theirs from then on): without it neither "localhost" nor the sandbox's own name
+ * resolves, and every try is a lookup its resolver refuses and logs. Both names get an IPv4 and
+ * an IPv6 line, as getent and getaddrinfo ask for both and a family missing here would go to the
+ * resolver. The host name takes 127.0.1.1, as on Debian, so that it is what 127.0.1.1 (and not
+ * 127.0.0.1) is called. Written through the overlay into the sandbox's own layer; a link or
+ * anything else in its place is left alone, never followed.
+ */
+static int ensure_hosts_at(int root, const char *hostname, struct wr_err *err)
+{
+    cleanup_close int etc = openat(root, "etc", O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (etc < 0)
+        return 0; /* the sandbox made /etc something else: its own doing */
+    cleanup_close int fd =
+        openat(etc, "hosts", O_CREAT | O_EXCL | O_WRONLY | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return errno == EEXIST ? 0 : wr_err_sys(err, errno, "creating /etc/hosts in the sandbox");
+    char text[256];
+    int n = snprintf(text, sizeof(text),
+                     "127.0.0.1\tlocalhost\n"
+                     "::1\tlocalhost ip6-localhost ip6-loopback\n"
+                     "127.0.1.1\t%s\n"
+                     "::1\t%s\n",
+                     hostname, hostname);
+    if (n < 0 || (size_t)n >= sizeof(text)) {
+        unlinkat(etc, "hosts", 0);
+        return wr_err_set(err, ENAMETOOLONG, "host name too long for /etc/hosts");
+    }
+    if (write_all(fd, text, (size_t)n) < 0 || fchmod(fd, 0644) < 0) {
+        int e = errno;
+        unlinkat(etc, "hosts", 0); /* the next start tries again */
+        return wr_err_sys(err, e, "writing /etc/hosts in the sandbox");
+    }
+    return 0;
+}
+
+/*
  * Prepares the root through the mounted overlay, never following links the sandbox may have
  * planted (they would resolve on the host): /workspace (the working directory), the mount
- * point for the agent binary, and a file in /tmp. runsc mounts a tmpfs over /tmp when the
- * image's /tmp is empty; a tmpfs there would hold files in sandbox memory (a big pip build
- * could get the whole sandbox OOM-killed), so /tmp is kept non-empty and stays on the
- * writable layer like any other directory.
+ * point for the agent binary, a file in /tmp, and /etc/hosts if there is none. runsc mounts a
+ * tmpfs over /tmp when the image's /tmp is empty; a tmpfs there would hold files in sandbox
+ * memory (a big pip build could get the whole sandbox OOM-killed), so /tmp is kept non-empty
+ * and stays on the writable layer like any other directory.
  */
-int bundle_prepare_root(const struct sb_paths *sp, struct wr_err *err)
+int bundle_prepare_root(const struct sb_paths *sp, const char *hostname, struct wr_err *err)
 {
     cleanup_close int root = open(sp->rootfs, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (root < 0)
@@ -277,7 +314,7 @@ int bundle_prepare_root(const struct sb_paths *sp, struct wr_err *err)
     if (ensure_file_at(root, ".withruntime", "agent", 0755, err) < 0 ||
         ensure_file_at(root, "tmp", ".withruntime", 0644, err) < 0)
         return -1;
-    return 0;
+    return ensure_hosts_at(root, hostname, err);
 }
 
 /* ---- the OCI spec ---- */

@@ -107,6 +107,9 @@ struct driver_config {
     const char *state_dir; /* e.g. /var/lib/withruntime; drivers keep their state under it */
     const char *platform;  /* gvisor platform override (NULL = auto: systrap, else ptrace) */
     int debug;             /* keep runsc debug logs in the sandbox dir */
+    /* Bytes a sandbox's agent.log is held to at every write (0: LOGCAP_DEFAULT_MAX; see
+       driver/logcap.h). */
+    uint64_t agent_log_max;
 };
 
 /** Checks a sandbox id before it goes into paths, cgroup names or command lines. 0 or -1. */

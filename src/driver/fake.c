@@ -56,12 +56,14 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "driver/disk.h"
+#include "driver/logcap.h"
 
 #define KILL_WAIT_MS 5000 /* for a killed init to be gone (the kernel empties its namespace) */
 #define AGENT_IN_ROOT "/.withruntime/agent"
 
 static struct {
     bool configured;
+    uint64_t agent_log_max;
 } conf;
 
 struct fk_paths {
@@ -79,7 +81,8 @@ struct fk_start {
     struct fk_paths p;
     bool made_root; /* root/ did not exist before this start */
     int sv[2];
-    int logfd;
+    int logfd; /* the agent's stderr: a pipe into agent.log, as under gvisor */
+    struct logpump *pump;
     pid_t pid;
 };
 
@@ -220,6 +223,7 @@ static int teardown(const struct driver_spec *spec, const struct fk_paths *p, st
 {
     if (kill_init(spec, p, err) < 0)
         return -1;
+    logpump_settle(p->dir, LOGPUMP_SETTLE_MS); /* the agent's last words are in agent.log */
     return unmount_root(spec, p, err);
 }
 
@@ -292,9 +296,8 @@ static int step_socketpair(struct fk_start *s, struct wr_err *err)
 {
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, s->sv) < 0)
         return wr_err_sys(err, errno, "socketpair");
-    s->logfd = open(s->p.log, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0640);
-    if (s->logfd < 0) {
-        wr_err_sys(err, errno, "opening %s", s->p.log);
+    s->pump = logpump_open(s->p.dir, s->spec->id, conf.agent_log_max, &s->logfd, NULL, err);
+    if (!s->pump) {
         close(s->sv[0]);
         close(s->sv[1]);
         s->sv[0] = s->sv[1] = -1;
@@ -516,6 +519,7 @@ static int fk_configure(const struct driver_config *cfg, struct wr_err *err)
     if (!cfg || !cfg->state_dir || cfg->state_dir[0] != '/')
         return wr_err_set(err, EINVAL, "driver: state_dir must be an absolute path");
     conf.configured = true;
+    conf.agent_log_max = cfg->agent_log_max ? cfg->agent_log_max : LOGCAP_DEFAULT_MAX;
     return 0;
 }
 
@@ -543,7 +547,7 @@ static int fk_probe(char *detail, size_t detail_len, struct wr_err *err)
 static int fk_start(const struct driver_spec *spec, int *chan_fd, struct wr_err *err)
 {
     *chan_fd = -1;
-    struct fk_start s = {.spec = spec, .sv = {-1, -1}, .logfd = -1};
+    struct fk_start s = {.spec = spec, .sv = {-1, -1}, .logfd = -1, .pump = NULL};
     if (fill_paths(spec, &s.p, err) < 0 ||
         driver_check_overlay_path("image root filesystem", spec->image_rootfs, err) < 0)
         return -1;
@@ -568,6 +572,7 @@ static int fk_start(const struct driver_spec *spec, int *chan_fd, struct wr_err 
         if (fault_hit(start_steps[done].fault, err) < 0 || start_steps[done].run(&s, err) < 0)
             break;
     }
+    logpump_release(s.pump); /* it runs on while the agent holds the pipe */
     if (done < WR_ARRAY_LEN(start_steps)) {
         const char *failed = start_steps[done].name;
         log_debug(spec->id, "fake.start_failed", "step=%s", failed);

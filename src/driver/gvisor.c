@@ -84,6 +84,7 @@ static int gv_configure(const struct driver_config *cfg, struct wr_err *err)
     snprintf(c->platform_override, sizeof(c->platform_override), "%s",
              cfg->platform ? cfg->platform : "");
     c->debug = cfg->debug;
+    c->agent_log_max = cfg->agent_log_max ? cfg->agent_log_max : LOGCAP_DEFAULT_MAX;
     c->configured = true;
     return 0;
 }
@@ -117,10 +118,11 @@ struct gv_run {
     bool dir_exists; /* sp.dir exists (runsc may write debug logs there) */
     bool discard;    /* teardown only: the layer is about to be deleted */
     char platform[16];
-    int chan[2];     /* socketpair: [0] the daemon's end, [1] the agent's stdio */
-    int logfd;       /* agent.log, the agent's (and runsc's) stderr */
-    off_t log_start; /* agent.log's size before this start */
-    pid_t runsc_pid; /* `runsc run` not yet waited for, else -1 */
+    int chan[2];          /* socketpair: [0] the daemon's end, [1] the agent's stdio */
+    int logfd;            /* the agent's (and runsc's) stderr: a pipe into agent.log */
+    struct logpump *pump; /* what copies it there (driver/logcap.h) */
+    off_t log_start;      /* agent.log's size before this start */
+    pid_t runsc_pid;      /* `runsc run` not yet waited for, else -1 */
 };
 
 static void run_init(struct gv_run *r, const struct driver_spec *spec)
@@ -223,7 +225,7 @@ static int undo_overlay(struct gv_run *r, struct wr_err *err)
  * config.json; both are made again on every start, so there is nothing to undo. */
 static int step_bundle(struct gv_run *r, struct wr_err *err)
 {
-    if (bundle_prepare_root(&r->sp, err) < 0)
+    if (bundle_prepare_root(&r->sp, r->spec->id, err) < 0)
         return -1;
     return bundle_write_spec(r->spec, &r->sp, err);
 }
@@ -267,11 +269,12 @@ static int step_spawn(struct gv_run *r, struct wr_err *err)
         return wr_err_sys(err, errno, "socketpair");
     chan_sndbuf(r->chan[0]);
     chan_sndbuf(r->chan[1]);
-    r->logfd = open(r->sp.log, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0640);
-    if (r->logfd < 0)
-        return wr_err_sys(err, errno, "opening %s", r->sp.log);
-    struct stat st;
-    r->log_start = fstat(r->logfd, &st) == 0 ? st.st_size : 0;
+    /* Never the file itself: the sentry holds its stderr for the sandbox's whole life, and
+     * whatever the sandbox made it write would grow the file unchecked. */
+    r->pump = logpump_open(r->sp.dir, r->spec->id, gvisor_conf.agent_log_max, &r->logfd,
+                           &r->log_start, err);
+    if (!r->pump)
+        return -1;
     return runsc_run_spawn(r->spec->id, r->platform, r->sp.dir, r->spec->netns_fd, r->chan[1],
                            r->logfd, &r->runsc_pid, err);
 }
@@ -284,7 +287,7 @@ static int undo_spawn(struct gv_run *r, struct wr_err *err)
         /* A `runsc run` cut short might leave a sandbox runsc does not know of yet: let it
          * finish (bounded by its timeout), then delete what it made. */
         struct wr_err e;
-        runsc_run_wait(r->runsc_pid, r->sp.log, r->log_start, &e);
+        runsc_run_wait(r->runsc_pid, r->sp.log, r->log_start, r->pump, &e);
         r->runsc_pid = -1;
     }
     for (int i = 0; i < 2; i++)
@@ -315,7 +318,7 @@ static int step_wait(struct gv_run *r, struct wr_err *err)
 {
     pid_t pid = r->runsc_pid;
     r->runsc_pid = -1;
-    return runsc_run_wait(pid, r->sp.log, r->log_start, err);
+    return runsc_run_wait(pid, r->sp.log, r->log_start, r->pump, err);
 }
 
 struct step {
@@ -404,7 +407,9 @@ static int gv_start(const struct driver_spec *spec, int *chan_fd, struct wr_err 
     struct gv_run r;
     run_init(&r, spec);
     uint64_t ms[NSTEPS];
-    if (steps_run(&r, ms, err) < 0)
+    int rc = steps_run(&r, ms, err);
+    logpump_release(r.pump); /* it runs on while the sandbox's processes hold the pipe */
+    if (rc < 0)
         return wr_err_prefix(err, "starting %s", spec->id ? spec->id : "a sandbox");
     close(r.chan[1]);
     close(r.logfd);
@@ -443,6 +448,10 @@ static int gv_stop(const struct driver_spec *spec, struct wr_err *err)
     uint64_t t0 = now_ms_monotonic();
     if (teardown(&r, err) < 0)
         return wr_err_prefix(err, "stopping %s", spec->id);
+    /* Its processes are gone: their last words (why an agent died, say) are in agent.log
+     * before the stop is reported. */
+    if (r.dir_exists)
+        logpump_settle(r.sp.dir, LOGPUMP_SETTLE_MS);
     log_debug(spec->id, "gvisor.stopped", "ms=%llu", (unsigned long long)(now_ms_monotonic() - t0));
     return 0;
 }
@@ -459,6 +468,7 @@ static int gv_destroy(const struct driver_spec *spec, struct wr_err *err)
         return wr_err_prefix(err, "destroying %s", spec->id);
     if (!exists)
         return 0;
+    logpump_settle(r.sp.dir, LOGPUMP_SETTLE_MS); /* no write lands in the file once it is gone */
     const char *dir = r.sp.dir;
     char first[PATH_MAX];
     int n = disk_mount_count(dir, first, sizeof(first));

@@ -13,6 +13,7 @@
 
 #include "common/err.h"
 #include "driver/driver.h"
+#include "driver/logcap.h"
 
 /** The driver's configuration: written once by configure, before any other call. */
 struct gvisor_conf {
@@ -21,6 +22,7 @@ struct gvisor_conf {
     char runsc_root[PATH_MAX]; /* <state_dir>/runsc: runsc's --root */
     char platform_override[16];
     int debug;
+    uint64_t agent_log_max; /* agent.log's limit (driver/logcap.h) */
 };
 
 extern struct gvisor_conf gvisor_conf;
@@ -55,9 +57,11 @@ int runsc_run_spawn(const char *id, const char *platform, const char *dir, int n
 /**
  * Waits for the `runsc run --detach` started by runsc_run_spawn: when it exits 0, the
  * container's init runs. On failure err carries the last line runsc wrote to the log at
- * log_path after offset log_start. Returns 0 or -1 with err set.
+ * log_path after offset log_start, once pump (the log's, may be NULL) has copied it there.
+ * Returns 0 or -1 with err set.
  */
-int runsc_run_wait(pid_t pid, const char *log_path, off_t log_start, struct wr_err *err);
+int runsc_run_wait(pid_t pid, const char *log_path, off_t log_start, struct logpump *pump,
+                   struct wr_err *err);
 
 /**
  * `runsc delete --force id`. dir (may be NULL) receives debug logs. A container runsc does
@@ -105,9 +109,10 @@ int bundle_mount_overlay(const struct sb_paths *sp, const char *lower, struct wr
 
 /**
  * Prepares the root through the mounted overlay for the agent: /workspace, the agent's
- * mount point, a file that keeps /tmp off a tmpfs. Returns 0 or -1 with err set.
+ * mount point, a file that keeps /tmp off a tmpfs, and an /etc/hosts naming localhost and
+ * hostname (the OCI spec's) unless the sandbox has one. Returns 0 or -1 with err set.
  */
-int bundle_prepare_root(const struct sb_paths *sp, struct wr_err *err);
+int bundle_prepare_root(const struct sb_paths *sp, const char *hostname, struct wr_err *err);
 
 /** Writes the OCI spec for spec to sp->config (atomically). Returns 0 or -1 with err set. */
 int bundle_write_spec(const struct driver_spec *spec, const struct sb_paths *sp,

@@ -269,13 +269,15 @@ int runsc_run_spawn(const char *id, const char *platform, const char *dir, int n
     return 0;
 }
 
-int runsc_run_wait(pid_t pid, const char *log_path, off_t log_start, struct wr_err *err)
+int runsc_run_wait(pid_t pid, const char *log_path, off_t log_start, struct logpump *pump,
+                   struct wr_err *err)
 {
     int status = 0;
     if (proc_wait(pid, &status, RUNSC_RUN_TIMEOUT_MS, err) < 0)
         return -1;
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
         return 0;
+    logpump_drain(pump); /* what runsc wrote before it exited, into the file */
     char line[400];
     log_tail_line(log_path, log_start, line, sizeof(line));
     return wr_err_set(err, EIO, "runsc run failed (%s %d): %s",

@@ -20,15 +20,51 @@ struct block {
     unsigned prefix;
 };
 
-/* IPv4 space that is not globally routable. */
+/*
+ * Clouds' host endpoints: where a VM reaches its own provider (metadata with the VM's
+ * credentials, the host agent's goal state). Never public, not even inside an extra range:
+ * an operator's test range must not open one. Most also lie in a block below; the ones
+ * that do not (Azure's, IBM's) are why this list exists.
+ */
+static const struct block v4_cloud[] = {
+    {{169, 254, 169, 254}, 32}, /* instance metadata: AWS, GCP, Azure, Oracle, OpenStack, DO,
+                                   Hetzner, Linode, Vultr, Exoscale, IBM VPC, Huawei */
+    {{169, 254, 170, 2}, 32},   /* AWS ECS task metadata and credentials */
+    {{169, 254, 170, 23}, 32},  /* AWS EKS Pod Identity agent */
+    {{169, 254, 169, 253}, 32}, /* AWS VPC DNS (Route 53 Resolver) */
+    {{169, 254, 169, 123}, 32}, /* AWS Time Sync */
+    {{169, 254, 0, 23}, 32},    /* Tencent Cloud metadata */
+    {{169, 254, 42, 42}, 32},   /* Scaleway metadata */
+    {{168, 63, 129, 16}, 32},   /* Azure WireServer: host agent, goal state and certificates,
+                                   DNS, DHCP; a public address routed to the VM's host node */
+    {{100, 100, 100, 200}, 32}, /* Alibaba Cloud metadata (inside 100.64.0.0/10) */
+    {{192, 0, 0, 192}, 32},     /* Oracle Cloud Classic metadata (inside 192.0.0.0/24) */
+    {{161, 26, 0, 0}, 16},      /* IBM Cloud service network (its DNS, NTP, mirrors): IBM's
+                                   public allocation, routed only on its private backbone */
+    {{166, 8, 0, 0}, 14},       /* IBM Cloud private service endpoints (likewise) */
+};
+
+/* The IPv6 ones; all in fc00::/7, which is refused anyway, and listed to say whose. */
+static const struct block v6_cloud[] = {
+    {{0xfd, 0x00, 0x0e, 0xc2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x02, 0x54}, 128}, /* AWS IMDS */
+    {{0xfd, 0x00, 0x0e, 0xc2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x00, 0x23}, 128}, /* AWS ECS/EKS */
+    {{0xfd, 0x00, 0x0e, 0xc2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x02, 0x53}, 128}, /* AWS DNS */
+    {{0xfd, 0x20, 0x00, 0xce, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x02, 0x54}, 128}, /* GCP metadata */
+    {{0xfd, 0x00, 0x00, 0xc1, 0, 0, 0, 0, 0, 0, 0, 0, 0xa9, 0xfe, 0xa9, 0xfe}, 128}, /* Oracle */
+    {{0xfd, 0x00, 0xa9, 0xfe, 0xa9, 0xfe, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x01}, 128},    /* Linode */
+    {{0xfd, 0x00, 0x00, 0x42, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x42}, 128},          /* Scaleway */
+    {{0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xa9, 0xfe, 0xa9, 0xfe}, 128},       /* OpenStack */
+};
+
+/* IPv4 space that is not globally routable (IANA's IPv4 special-purpose registry). */
 static const struct block v4_private[] = {
     {{0, 0, 0, 0}, 8},       /* "this network" */
     {{10, 0, 0, 0}, 8},      /* private */
-    {{100, 64, 0, 0}, 10},   /* shared address space (carrier-grade NAT) */
+    {{100, 64, 0, 0}, 10},   /* shared address space (carrier-grade NAT; Alibaba's metadata) */
     {{127, 0, 0, 0}, 8},     /* loopback */
-    {{169, 254, 0, 0}, 16},  /* link-local, the metadata service 169.254.169.254 */
+    {{169, 254, 0, 0}, 16},  /* link-local: every cloud's metadata service */
     {{172, 16, 0, 0}, 12},   /* private */
-    {{192, 0, 0, 0}, 24},    /* IETF protocol assignments */
+    {{192, 0, 0, 0}, 24},    /* IETF protocol assignments (DS-Lite, NAT64 discovery, ...) */
     {{192, 0, 2, 0}, 24},    /* TEST-NET-1 */
     {{192, 88, 99, 0}, 24},  /* 6to4 relay anycast (deprecated) */
     {{192, 168, 0, 0}, 16},  /* private */
@@ -82,6 +118,8 @@ static int ranges_match(int family, const uint8_t *a, const struct addr_ranges *
 
 static int v4_public(const uint8_t *a, const struct addr_ranges *extra)
 {
+    if (in_blocks(a, v4_cloud, sizeof(v4_cloud) / sizeof(v4_cloud[0])))
+        return 0;
     if (ranges_match(AF_INET, a, extra))
         return 1;
     return !in_blocks(a, v4_private, sizeof(v4_private) / sizeof(v4_private[0]));
@@ -89,6 +127,8 @@ static int v4_public(const uint8_t *a, const struct addr_ranges *extra)
 
 static int v6_public(const uint8_t *a, const struct addr_ranges *extra)
 {
+    if (in_blocks(a, v6_cloud, sizeof(v6_cloud) / sizeof(v6_cloud[0])))
+        return 0;
     if (ranges_match(AF_INET6, a, extra))
         return 1;
     /* forms that carry an IPv4 address reach it, so they are what it is */
@@ -116,6 +156,16 @@ int addr_is_public(const struct sockaddr *sa, const struct addr_ranges *extra)
         return v6_public(in6->sin6_addr.s6_addr, extra);
     }
     return 0;
+}
+
+int addr_dialable(const struct sockaddr *sa, socklen_t len, const struct addr_ranges *extra,
+                  addr_local_fn is_local, void *ctx)
+{
+    if (!sa || sa->sa_family != AF_INET || len < (socklen_t)sizeof(struct sockaddr_in))
+        return 0;
+    if (!addr_is_public(sa, extra))
+        return 0;
+    return !is_local || !is_local(ctx, sa, len);
 }
 
 int addr_in_ranges(const struct sockaddr *sa, const struct addr_ranges *ranges)

@@ -2,9 +2,11 @@
  * Which addresses the egress proxy may dial. The proxy dials only what it resolved itself, and
  * only if it is public: never loopback, private, link-local (the metadata service at
  * 169.254.169.254), shared, documentation, benchmarking, multicast or reserved space, in IPv4 or
- * in the IPv6 forms that carry an IPv4 address (mapped, NAT64, 6to4). Tests build their fake
- * internet out of private ranges, so the daemon can be told (off by default) that a few ranges
- * count as public; those are checked first.
+ * in the IPv6 forms that carry an IPv4 address (mapped, NAT64, 6to4), nor any cloud's host
+ * endpoints, some of which are public addresses (Azure's WireServer 168.63.129.16, IBM's service
+ * network). Tests build their fake internet out of private ranges, so the daemon can be told (off
+ * by default) that a few ranges count as public; those are checked first, after the clouds'
+ * endpoints, which no range makes public.
  *
  * Also here: recognising address literals in every spelling the C library turns into an address
  * ("127.1", "0x7f000001", "2130706433", "017700000001", "[::1]"), so that a host that is really an
@@ -49,11 +51,25 @@ int addr_ranges_parse(const char *csv, struct addr_ranges *out, struct wr_err *e
 int addr_in_ranges(const struct sockaddr *sa, const struct addr_ranges *ranges);
 
 /**
- * Whether the proxy may dial sa: 1 if it is in extra (NULL: none) or globally routable, else 0
- * (also for NULL and families other than AF_INET and AF_INET6). IPv4-mapped, NAT64
- * (64:ff9b::/96) and 6to4 (2002::/16) addresses are judged by the IPv4 address they carry.
+ * Whether the proxy may dial sa: 0 for a cloud's host endpoint (metadata services, Azure's
+ * WireServer, ...); else 1 if it is in extra (NULL: none) or globally routable; else 0 (also for
+ * NULL and families other than AF_INET and AF_INET6). IPv4-mapped, NAT64 (64:ff9b::/96) and 6to4
+ * (2002::/16) addresses are judged by the IPv4 address they carry.
  */
 int addr_is_public(const struct sockaddr *sa, const struct addr_ranges *extra);
+
+/** Whether addr (len bytes) is one of this host's own addresses; ctx is the caller's. */
+typedef int (*addr_local_fn)(void *ctx, const struct sockaddr *addr, socklen_t len);
+
+/**
+ * Whether the egress proxy dials sa (len bytes): an IPv4 address (sandboxes have no IPv6 and the
+ * proxy dials IPv4 only), public by addr_is_public with extra, and not one of this host's own
+ * addresses (is_local(ctx, ...); NULL: none is). The one test for both the proxy, on what it
+ * resolved, and the sandboxes' resolver, on what it hands out: a sandbox is told only of
+ * addresses it could be let through to.
+ */
+int addr_dialable(const struct sockaddr *sa, socklen_t len, const struct addr_ranges *extra,
+                  addr_local_fn is_local, void *ctx);
 
 /**
  * Recognises an address literal: every form inet_aton accepts for IPv4 (one to four parts,

@@ -153,7 +153,7 @@ static int proxy_original_dst(void *ctx, int fd, struct sockaddr_in *out)
     return out->sin_family == AF_INET ? 0 : -1;
 }
 
-/* An address of the daemon's own host: binding to it works. */
+/* An address of the daemon's own host: binding to it works. The resolvers ask it too. */
 static int proxy_is_local(void *ctx, const struct sockaddr *addr, socklen_t len)
 {
     if (!addr || (addr->sa_family != AF_INET && addr->sa_family != AF_INET6))
@@ -195,11 +195,18 @@ static char *proxy_rewrite_head(void *ctx, const char *id, const char *host, int
                                  : NULL;
 }
 
+/* Every slot's resolver address is in the gateway namespace, so a sandbox can send to a
+ * neighbour's as easily as to its own: what comes from anyone but the slot's own sandbox is
+ * dropped unanswered, so that it cannot land in the neighbour's network log. */
+static int dns_client_ok(void *ctx, const struct sockaddr *client, socklen_t len)
+{
+    struct gw_slot *s = ctx;
+    return slot_of_peer(s->g, client, len) == s->index;
+}
+
 static json_t *dns_policy(void *ctx, const struct sockaddr *client, socklen_t len)
 {
     struct gw_slot *s = ctx;
-    /* The resolver listens on the slot's gateway address, so only its sandbox reaches it; the
-     * client's address is checked all the same. */
     if (slot_of_peer(s->g, client, len) != s->index)
         return NULL;
     return s->g->hooks.policy(s->g->ctx, s->id);
@@ -342,7 +349,10 @@ int gateway_slot_activate(struct gateway *g, int slot, int dns_fd, struct wr_err
         resolver_free(s->resolver);
         s->resolver = NULL;
     }
-    struct resolver_hooks rh = {.policy = dns_policy, .denied = dns_denied};
+    struct resolver_hooks rh = {.policy = dns_policy,
+                                .client_ok = dns_client_ok,
+                                .is_local = proxy_is_local,
+                                .denied = dns_denied};
     s->resolver = resolver_new(g->base, dns_fd, (struct sockaddr *)&g->upstream,
                                sizeof(g->upstream), &g->cfg.extra_public, &rh, s, err);
     return s->resolver ? 0 : -1;

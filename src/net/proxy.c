@@ -1101,9 +1101,8 @@ static void on_lookup(void *arg, int rc, const struct dns_addr *addrs, size_t n,
         sa.sin_family = AF_INET;
         sa.sin_port = htons((uint16_t)c->port);
         memcpy(&sa.sin_addr, addrs[i].addr, 4);
-        if (!addr_is_public((struct sockaddr *)&sa, &p->extra))
-            continue;
-        if (p->hooks.is_local && p->hooks.is_local(p->ctx, (struct sockaddr *)&sa, sizeof(sa)))
+        if (!addr_dialable((struct sockaddr *)&sa, sizeof(sa), &p->extra, p->hooks.is_local,
+                           p->ctx))
             continue;
         c->dial[c->ndial++] = sa;
     }

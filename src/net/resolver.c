@@ -1,7 +1,7 @@
 /*
  * The sandboxes' DNS resolver: see resolver.h. Each client query is parsed by dnsmsg, judged
- * against the client's policy, and answered from here; only an allowed A or AAAA question makes
- * the resolver write a query of its own to the upstream.
+ * against the client's policy, and answered from here; only an allowed A question makes the
+ * resolver write a query of its own to the upstream.
  *
  * Upstream queries go out from one unconnected UDP socket per resolver rather than one per
  * query: a socket per query would cost an fd and an event per lookup (the bound here is memory
@@ -139,7 +139,7 @@ static struct pending *slot_by_id(struct resolver *r, uint16_t id)
     return NULL;
 }
 
-/* An allowed A or AAAA question: ask upstream, or SERVFAIL if we cannot now. */
+/* An allowed A question: ask upstream, or SERVFAIL if we cannot now. */
 static void upstream_start(struct resolver *r, const struct dns_query *q,
                            const struct sockaddr *client, socklen_t len)
 {
@@ -195,7 +195,7 @@ static void handle_query(struct resolver *r, size_t n, const struct sockaddr *cl
         refuse(r, &q, client, len, "not_allowed");
         return;
     }
-    if (q.qtype != DNS_TYPE_A && q.qtype != DNS_TYPE_AAAA) {
+    if (q.qtype != DNS_TYPE_A) {
         r->stats.nodata++;
         reply(r, client, len, dnsmsg_reply_addrs(&q, NULL, 0, 0, r->out, sizeof(r->out)));
         return;
@@ -216,7 +216,12 @@ static void on_client(evutil_socket_t fd, short what, void *arg)
         if (n < 0)
             return; /* EAGAIN, or an error the next datagram will tell us again */
         r->stats.queries++;
-        if ((size_t)n > sizeof(r->in) || flen > sizeof(from)) {
+        if (flen > sizeof(from) ||
+            (r->hooks.client_ok && !r->hooks.client_ok(r->ctx, (struct sockaddr *)&from, flen))) {
+            r->stats.foreign++;
+            continue;
+        }
+        if ((size_t)n > sizeof(r->in)) {
             r->stats.dropped++;
             continue;
         }
@@ -224,22 +229,17 @@ static void on_client(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-static int dns_addr_public(const struct dns_addr *a, const struct addr_ranges *extra)
+/* What the proxy would dial: the same predicate, with the same hook for the host's addresses. */
+static int dns_addr_dialable(const struct resolver *r, const struct dns_addr *a)
 {
-    struct sockaddr_storage ss;
-    memset(&ss, 0, sizeof(ss));
-    if (a->family == AF_INET) {
-        struct sockaddr_in *s = (struct sockaddr_in *)&ss;
-        s->sin_family = AF_INET;
-        memcpy(&s->sin_addr, a->addr, 4);
-    } else if (a->family == AF_INET6) {
-        struct sockaddr_in6 *s = (struct sockaddr_in6 *)&ss;
-        s->sin6_family = AF_INET6;
-        memcpy(&s->sin6_addr, a->addr, 16);
-    } else {
+    if (a->family != AF_INET)
         return 0;
-    }
-    return addr_is_public((struct sockaddr *)&ss, extra);
+    struct sockaddr_in sin;
+    memset(&sin, 0, sizeof(sin));
+    sin.sin_family = AF_INET;
+    memcpy(&sin.sin_addr, a->addr, 4);
+    return addr_dialable((struct sockaddr *)&sin, sizeof(sin), &r->extra, r->hooks.is_local,
+                         r->ctx);
 }
 
 /* The upstream answered p's query with rcode (or a dns_answer_error other than NOT_OURS). */
@@ -252,12 +252,12 @@ static void upstream_done(struct pending *p, int rcode, const struct dns_addr *a
         struct dns_addr keep[ADDRS_MAX];
         size_t k = 0;
         for (size_t i = 0; i < n; i++)
-            if (dns_addr_public(&addrs[i], &r->extra))
+            if (dns_addr_dialable(r, &addrs[i]))
                 keep[k++] = addrs[i];
         if (n > 0 && k == 0) {
-            /* Every address is private: REFUSED, not NXDOMAIN. The name exists; our policy
-             * withholds it, and the sandbox's network log says so. An NXDOMAIN would be a lie
-             * that a stub caches as negative. */
+            /* Every address is one the proxy would refuse (private, a cloud's, the host's own):
+             * REFUSED, not NXDOMAIN. The name exists; our policy withholds it, and the sandbox's
+             * network log says so. An NXDOMAIN would be a lie that a stub caches as negative. */
             refuse(r, &p->q, client, p->client_len, "private_address");
         } else {
             uint32_t t = ttl < RESOLVER_TTL_MAX ? ttl : RESOLVER_TTL_MAX;

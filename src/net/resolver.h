@@ -2,9 +2,10 @@
  * The sandboxes' DNS resolver: the only name service a sandbox has. The gateway binds one UDP
  * socket per sandbox gateway address and hands it here. Lookups are a leak channel, so the
  * resolver answers only names the asking sandbox's policy allows, never forwards a sandbox's
- * bytes (it writes its own query upstream and its own reply back), serves only A and AAAA (other
+ * bytes (it writes its own query upstream and its own reply back), serves only A records (other
  * types get an empty answer without asking upstream, so no HTTPS/SVCB record can carry ECH keys
- * past the proxy), and hands out only public addresses.
+ * past the proxy; AAAA too, since sandboxes have no IPv6), and hands out only addresses the
+ * egress proxy would dial (addr_dialable: public, and not the host's own).
  *
  * One resolver runs on one event_base and is used from that base's thread only. Memory is fixed
  * at resolver_new: a table of RESOLVER_PENDING_MAX upstream queries with their timers, and the
@@ -41,9 +42,21 @@ struct resolver_hooks {
      */
     json_t *(*policy)(void *ctx, const struct sockaddr *client, socklen_t len);
     /**
+     * Whether client is one this resolver serves at all (may be NULL: every client is). A
+     * datagram from any other is dropped before it is parsed: no answer, no call to denied
+     * (whoever owns the resolver must not be charged with a stranger's lookups), counted in
+     * foreign.
+     */
+    int (*client_ok)(void *ctx, const struct sockaddr *client, socklen_t len);
+    /**
+     * Whether addr is one of the host's own addresses (may be NULL: none is): the proxy's own
+     * hook, so that both apply addr_dialable alike.
+     */
+    addr_local_fn is_local;
+    /**
      * A lookup was refused (may be NULL): name is the lower-case name asked ("" for the root),
-     * reason one of "unknown_client", "not_allowed", "private_address". All pointers are valid
-     * only for the call.
+     * reason one of "unknown_client", "not_allowed", "private_address" (every address the
+     * upstream gave is one the proxy would not dial). All pointers are valid only for the call.
      */
     void (*denied)(void *ctx, const struct sockaddr *client, socklen_t len, const char *name,
                    uint16_t qtype, const char *reason);
@@ -53,8 +66,9 @@ struct resolver_hooks {
 struct resolver_stats {
     uint64_t queries;           /* datagrams read from clients (dropped ones included) */
     uint64_t dropped;           /* not answered: unparseable, a response, or over the size */
+    uint64_t foreign;           /* not answered: from a client the resolver does not serve */
     uint64_t refused;           /* answered REFUSED (the denied hook was called) */
-    uint64_t nodata;            /* answered empty without asking upstream (not A or AAAA) */
+    uint64_t nodata;            /* answered empty without asking upstream (not A) */
     uint64_t upstream_sent;     /* datagrams sent upstream, retries included */
     uint64_t upstream_retries;  /* of which second tries */
     uint64_t upstream_timeouts; /* queries given up for want of an answer */

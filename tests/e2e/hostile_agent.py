@@ -24,12 +24,15 @@ Modes:
                     kernel then reports the close to the daemon as ECONNRESET, not EOF)
   bad_version       HELLO with protocol version 99
   hello_twice       HELLO twice
+  stderr_flood      as good, while a thread writes 32 MiB of lines to stderr (agent.log on the
+                    host), then "flood done"
 """
 
 import os
 import select
 import struct
 import sys
+import threading
 
 HELLO, PING, PONG = 1, 2, 3
 EXEC, STDIN, SIGNAL, STDOUT, STDERR, EXIT = 10, 11, 12, 13, 14, 15
@@ -160,6 +163,13 @@ def answer(mode, rid, ftype, first):
     return True  # STDIN, SIGNAL, DATA for an open request: dropped
 
 
+def flood():
+    lines = (b"flood " + b"x" * 57 + b"\n") * 1024  # 64 KiB
+    for _ in range(512):
+        os.write(2, lines)
+    os.write(2, b"flood done\n")
+
+
 def main():
     here = os.path.dirname(os.path.abspath(sys.argv[0]))
     try:
@@ -174,6 +184,8 @@ def main():
         hello()
     if mode == "exit_after_hello":
         return
+    if mode == "stderr_flood":
+        threading.Thread(target=flood, daemon=True).start()
     first = True
     for rid, ftype, _payload in frames():
         if mode == "silent":

@@ -447,12 +447,46 @@ def test_the_daemons_own_api_is_out_of_reach(egress, net, sb):
     assert code != 0 and status == 0, (code, status, body)
     code, body, status = curl(egress, sid, f"http://{fakenet.HOST_ADDR}:{egress.port}/v1/health")
     assert status == 403 and "(address)" in body, (code, status, body)
-    # a name that resolves to the daemon's host, or to loopback, gets nothing dialed
+    # a name that resolves to the daemon's host, or to loopback, gets nothing dialed, and the
+    # sandbox's resolver does not hand the address out either (the host's is in a "public" range)
     for name, addr in (("sneaky.test", fakenet.HOST_ADDR), ("loop.test", "127.0.0.1")):
         net.set_dns(name, addr)
         code, body, status = curl(egress, sid, f"--resolve {name}:80:{net.addr('pypi.org')} "
                                   f"http://{name}/")
         assert status in (403, 502) and "health" not in body, (name, status, body)
+        assert lookup(egress, sid, name) == [], name
+        assert ("dns", "private_address") in {(e["via"], e["reason"])
+                                              for e in denied(egress, sid, name)}, name
+
+
+FOREIGN_DNS = r'''
+import socket, struct, sys
+name = b"".join(bytes([len(p)]) + p.encode() for p in sys.argv[2].split(".")) + b"\0"
+q = struct.pack(">HHHHHH", 0x4242, 0x0100, 1, 0, 0, 0) + name + struct.pack(">HH", 1, 1)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(3)
+s.sendto(q, (sys.argv[1], 53))
+try:
+    print("answered", len(s.recv(512)))
+except socket.timeout:
+    print("no answer")
+'''
+
+
+def test_a_neighbours_resolver_neither_answers_nor_logs(egress, net, sb):
+    a = sb(network={"internet": True})["id"]
+    b = sb(network=ALLOW_PYPI)["id"]
+    _, conf, _ = run(egress, b, "cat /etc/resolv.conf")
+    ns_b = [line.split()[1] for line in conf.splitlines() if line.startswith("nameserver")][0]
+    egress.client.write_file(a, "/tmp/q.py", FOREIGN_DNS.encode())
+    # a asks b's resolver for a name b's policy refuses: b must not be charged with it
+    code, out, err = run(egress, a, f"python3 /tmp/q.py {ns_b} forged-by-a.test")
+    assert out.strip() == "no answer", (out, err)
+    # control: b's own refused lookup lands in b's log
+    assert lookup(egress, b, "own-denial.test") == []
+    hosts = {e["host"] for e in netlog(egress, b)["entries"]}
+    assert "own-denial.test" in hosts and "forged-by-a.test" not in hosts, hosts
+    assert not denied(egress, a, "forged-by-a.test")
 
 
 def test_dns_that_points_an_allowed_name_at_loopback_gets_nothing_dialed(egress, net, sb):
@@ -464,6 +498,43 @@ def test_dns_that_points_an_allowed_name_at_loopback_gets_nothing_dialed(egress,
                               "http://rebind.test/")
     assert status == 403 and "private_address" in body, body
     assert net.requests() == [] or all(r["host"] != "rebind.test" for r in net.requests())
+
+
+LOCAL_SERVER = r'''
+import socket, sys
+srv = socket.socket()
+srv.bind(("0.0.0.0", 0))
+srv.listen(1)
+port = srv.getsockname()[1]
+for name in ("localhost", socket.gethostname()):
+    c = socket.create_connection((name, port), timeout=10)
+    a, _ = srv.accept()
+    c.sendall(b"hi")
+    print(name, a.recv(2).decode())
+    a.close()
+    c.close()
+'''
+
+
+def test_localhost_and_own_name_resolve_without_the_resolver(egress, net, sb):
+    sid = sb()["id"]  # no internet: any lookup that reached the resolver would be refused
+    code, out, err = run(egress, sid, "getent hosts localhost; getent hosts $(hostname)")
+    assert code == 0, (out, err)
+    lines = out.splitlines()
+    assert lines[0].split()[0] == "::1" and "localhost" in lines[0].split()[1:], lines
+    assert sid in lines[1].split()[1:], lines
+    code, out, err = run(egress, sid, "getent ahostsv4 localhost | head -1; hostname")
+    assert out.split()[0] == "127.0.0.1" and out.split()[-1] == sid, out
+    egress.client.write_file(sid, "/tmp/local.py", LOCAL_SERVER.encode())
+    code, out, err = run(egress, sid, "python3 /tmp/local.py")
+    assert code == 0 and out.split() == ["localhost", "hi", sid, "hi"], (out, err)
+    assert netlog(egress, sid)["entries"] == [], "a lookup reached the resolver"
+    # the file is the sandbox's own: an edit stays across stop and start
+    run(egress, sid, "echo '127.0.0.1 mine.test' >> /etc/hosts")
+    egress.client.expect(200, "POST", f"/v1/sandboxes/{sid}/stop", {})
+    egress.client.expect(200, "POST", f"/v1/sandboxes/{sid}/start", {})
+    code, out, _ = run(egress, sid, "getent hosts mine.test localhost")
+    assert code == 0 and "mine.test" in out and "localhost" in out, out
 
 
 def test_udp_other_than_dns_and_ipv6_go_nowhere(egress, net, sb):

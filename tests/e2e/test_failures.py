@@ -650,6 +650,35 @@ def test_agent_without_cap_sys_admin_refuses_to_start(fk):
         "wr-ns-init\0"
 
 
+def test_an_agent_flooding_its_stderr_leaves_at_most_the_cap(hs):
+    """agent.log, the agent's stderr on the host, is held to serve --max-agent-log-kib (1 MiB by
+    default) at every write: the agent gets a pipe, and the daemon writes the file. An agent
+    writing 32 MiB leaves at most the cap, its newest lines behind the truncation marker, and
+    the sandbox goes on working."""
+    cap = 1 << 20
+    hs.set_mode("stderr_flood")
+    sid = create(hs).json()["id"]
+    path = os.path.join(hs.state_dir, "sandboxes", sid, "agent.log")
+    biggest, deadline = 0, time.monotonic() + 60
+    while True:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            biggest = max(biggest, size)
+            f.seek(max(0, size - 64))
+            if f.read().endswith(b"flood done\n"):
+                break
+        assert time.monotonic() < deadline, (biggest, size)
+        time.sleep(0.005)
+    with open(path, "rb") as f:
+        text = f.read()
+    assert biggest <= cap and len(text) <= cap, (biggest, len(text))
+    assert text.startswith(b"ts=") and b"event=log.truncated" in text.split(b"\n")[0], text[:200]
+    assert text.count(b"event=log.truncated") == 1 and text.endswith(b"x\nflood done\n")
+    assert b"event=sandbox.log_cut" in hs.log_bytes()
+    assert exec_ok(hs, sid, "true")["exit_code"] == 0
+    assert hs.req("GET", f"/v1/sandboxes/{sid}").json()["state"] == "running"
+
+
 @pytest.mark.parametrize("op", ["content", "list", "stat"])
 def test_hostile_agent_that_never_answers_a_file_request(hs, op):
     """An agent that answers pings but never a file request: the request is answered once the

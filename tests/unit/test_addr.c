@@ -142,6 +142,36 @@ static void public_checks(void)
         {"fec0::1", 0},
         {"ff02::1", 0},
         {"ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", 0},
+        /* clouds' host endpoints, in every form that reaches them */
+        {"169.254.170.2", 0},   /* AWS ECS task credentials */
+        {"169.254.170.23", 0},  /* AWS EKS Pod Identity */
+        {"169.254.169.253", 0}, /* AWS DNS */
+        {"169.254.0.23", 0},    /* Tencent */
+        {"169.254.42.42", 0},   /* Scaleway */
+        {"168.63.129.16", 0},   /* Azure WireServer: a public address */
+        {"168.63.129.15", 1},   /* its neighbours are ordinary Microsoft addresses */
+        {"168.63.129.17", 1},
+        {"::ffff:168.63.129.16", 0}, /* mapped */
+        {"64:ff9b::a83f:8110", 0},   /* NAT64 */
+        {"2002:a83f:8110::1", 0},    /* 6to4 */
+        {"::168.63.129.16", 0},      /* IPv4-compatible */
+        {"100.100.100.200", 0},      /* Alibaba */
+        {"::ffff:100.100.100.200", 0},
+        {"192.0.0.192", 0}, /* Oracle Cloud Classic */
+        {"161.26.0.10", 0}, /* IBM Cloud service network */
+        {"161.25.255.255", 1},
+        {"161.27.0.0", 1},
+        {"166.9.12.1", 0}, /* IBM Cloud private service endpoints */
+        {"166.7.255.255", 1},
+        {"166.12.0.0", 1},
+        {"fd00:ec2::254", 0},                        /* AWS IMDS over IPv6 */
+        {"fd00:ec2::23", 0},                         /* AWS ECS/EKS over IPv6 */
+        {"fd20:ce::254", 0},                         /* GCP metadata over IPv6 */
+        {"fd00:c1::a9fe:a9fe", 0},                   /* Oracle metadata over IPv6 */
+        {"fd00:a9fe:a9fe::1", 0},                    /* Linode metadata */
+        {"fe80::a9fe:a9fe", 0},                      /* OpenStack metadata over IPv6 */
+        {"2001:0:4136:e378:8000:63bf:3fff:fdd2", 0}, /* Teredo */
+        {"::ffff:0:169.254.169.254", 0},             /* SIIT */
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         int got = is_public(cases[i].addr, NULL);
@@ -157,6 +187,43 @@ static void public_checks(void)
     ok(!addr_is_public((struct sockaddr *)&ss, NULL), "AF_UNIX is not public");
     ss.ss_family = AF_UNSPEC;
     ok(!addr_is_public((struct sockaddr *)&ss, NULL), "AF_UNSPEC is not public");
+}
+
+static int fake_local(void *ctx, const struct sockaddr *sa, socklen_t len)
+{
+    struct sockaddr_storage mine;
+    sockaddr_of((const char *)ctx, &mine);
+    return sa->sa_family == AF_INET && ((const struct sockaddr_in *)sa)->sin_addr.s_addr ==
+                                           ((const struct sockaddr_in *)&mine)->sin_addr.s_addr;
+}
+
+/* The proxy's and the resolver's one predicate. */
+static void dialable_checks(void)
+{
+    static const struct {
+        const char *addr;
+        int want;
+    } cases[] = {
+        {"8.8.8.8", 1},         {"151.101.0.223", 0}, /* the host's own, public address */
+        {"10.0.0.1", 0},        {"168.63.129.16", 0}, {"::ffff:8.8.8.8", 0}, /* IPv6: never */
+        {"2606:4700::1111", 0},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct sockaddr_storage ss;
+        sockaddr_of(cases[i].addr, &ss);
+        socklen_t len =
+            ss.ss_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
+        int got =
+            addr_dialable((struct sockaddr *)&ss, len, NULL, fake_local, (void *)"151.101.0.223");
+        ok(got == cases[i].want, "addr_dialable: %s %s", cases[i].addr,
+           got ? "is dialed" : "is not");
+    }
+    struct sockaddr_storage ss;
+    sockaddr_of("151.101.0.223", &ss);
+    ok(addr_dialable((struct sockaddr *)&ss, sizeof(struct sockaddr_in), NULL, NULL, NULL) == 1,
+       "without an is_local hook no address is the host's");
+    ok(addr_dialable((struct sockaddr *)&ss, 4, NULL, NULL, NULL) == 0, "a short sockaddr is not");
+    ok(addr_dialable(NULL, 0, NULL, NULL, NULL) == 0, "NULL is not");
 }
 
 static void extra_checks(void)
@@ -190,6 +257,15 @@ static void extra_checks(void)
         {"127.0.0.1", 0},
         {"8.8.8.8", 1},
     };
+    struct addr_ranges clouds;
+    rc = addr_ranges_parse("169.254.0.0/16,168.63.0.0/16,100.64.0.0/10,fd00::/8", &clouds, &err);
+    ok(rc == 0, "ranges over the clouds' endpoints parse (%s)", err.msg);
+    ok(is_public("169.254.1.1", &clouds) == 1 && is_public("168.63.1.1", &clouds) == 1,
+       "with them, their other addresses are public");
+    static const char *never[] = {"169.254.169.254", "169.254.170.2",        "168.63.129.16",
+                                  "100.100.100.200", "::ffff:168.63.129.16", "fd00:ec2::254"};
+    for (size_t i = 0; i < sizeof(never) / sizeof(never[0]); i++)
+        ok(is_public(never[i], &clouds) == 0, "but %s never is", never[i]);
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         int got = is_public(cases[i].addr, &r);
         ok(got == cases[i].want, "with extra ranges, %s is %s", cases[i].addr,
@@ -421,6 +497,7 @@ int main(void)
 {
     public_checks();
     extra_checks();
+    dialable_checks();
     literal_checks();
     return tap_done();
 }

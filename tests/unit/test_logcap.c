@@ -1,6 +1,7 @@
 /*
  * Unit tests for the bounds on log files a sandbox can make grow: the daemon's cut of a
- * sandbox's agent.log (driver/logcap.h) and the agent's own rate limit (log_set_rate).
+ * sandbox's agent.log (driver/logcap.h), the pump that holds it to its limit at every write,
+ * and the agent's own rate limit (log_set_rate).
  */
 #include <fcntl.h>
 #include <stdint.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/util.h"
 #include "driver/logcap.h"
 #include "tap.h"
 
@@ -31,6 +33,76 @@ static int count(const char *hay, const char *needle)
     for (const char *p = hay; (p = strstr(p, needle)); p++)
         n++;
     return n;
+}
+
+/* A writer far past the limit, as a sandbox writing to its agent's stderr: the file is never
+ * larger than the limit, whenever it is looked at, and ends with the newest lines. */
+static void pump_checks(const char *dir)
+{
+    char path[128];
+    snprintf(path, sizeof(path), "%s/agent.log", dir);
+    unlink(path);
+    const uint64_t max = 8192;
+    struct wr_err err = {0};
+    int wfd = -1;
+    off_t before = -1;
+    struct logpump *p = logpump_open(dir, "sb-test", max, &wfd, &before, &err);
+    ok(p && wfd >= 0 && before == 0, "a pump into a new agent.log (%s)", err.msg);
+    if (!p)
+        return;
+    char line[64];
+    uint64_t written = 0;
+    off_t biggest = 0;
+    int i = 0;
+    while (written < (8u << 20)) { /* 8 MiB: a thousand times the limit */
+        for (int k = 0; k < 1000; k++, i++) {
+            int n = snprintf(line, sizeof(line), "line %07d xxxxxxxxxxxxxxxxxxxxxxxx\n", i);
+            if (write_all(wfd, line, (size_t)n) < 0)
+                return;
+            written += (uint64_t)n;
+        }
+        /* Looked at now and then, as it is being written. */
+        struct stat st;
+        if (stat(path, &st) == 0 && st.st_size > biggest)
+            biggest = st.st_size;
+    }
+    logpump_drain(p); /* everything written is in the file now */
+    struct stat st;
+    ok(stat(path, &st) == 0 && st.st_size <= (off_t)max && biggest <= (off_t)max,
+       "%llu bytes written: the file is %lld bytes, never more than %llu (at most %lld seen)",
+       (unsigned long long)written, (long long)st.st_size, (unsigned long long)max,
+       (long long)biggest);
+    size_t len;
+    char *text = slurp(path, &len);
+    snprintf(line, sizeof(line), "line %07d xxxxxxxxxxxxxxxxxxxxxxxx\n", i - 1);
+    ok(text && count(text, "event=log.truncated") == 1 && strstr(text, "limit=8192"),
+       "behind one marker line");
+    ok(text && len >= strlen(line) && !strcmp(text + len - strlen(line), line),
+       "ending with the newest line");
+    free(text);
+    ok(!logpump_closed(p), "open while a writer holds the pipe");
+    if (write_all(wfd, "last words\n", 11) < 0)
+        return;
+    close(wfd);
+    logpump_settle(dir, 10000);
+    ok(logpump_closed(p), "settled: closed once the last writer has gone");
+    text = slurp(path, &len);
+    ok(text && len >= 11 && !strcmp(text + len - 11, "last words\n"),
+       "with the writer's last words in the file");
+    free(text);
+    logpump_release(p);
+
+    /* A link in place of the file is never opened. */
+    unlink(path);
+    char target[160];
+    snprintf(target, sizeof(target), "%s/target", dir);
+    close(open(target, O_WRONLY | O_CREAT, 0600));
+    if (symlink(target, path) < 0)
+        return;
+    ok(logpump_open(dir, "sb-test", max, &wfd, NULL, &err) == NULL && wfd == -1,
+       "a symlink for agent.log is refused");
+    unlink(path);
+    unlink(target);
 }
 
 int main(void)
@@ -91,6 +163,8 @@ int main(void)
     ok(stat(target, &st) == 0 && st.st_size == 10000, "its target untouched");
     unlink(path);
     unlink(target);
+
+    pump_checks(dir);
 
     /* The rate limit: stderr to a file, 200 lines at once against a burst of 10. */
     char errpath[160];

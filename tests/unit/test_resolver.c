@@ -3,8 +3,9 @@
  * both on 127.0.0.1, both served by one event loop in a thread, a plain blocking client in the
  * main thread. What a sandbox would see: allowed names answered with the upstream's public
  * addresses and a capped TTL, everything else refused without a word to the upstream, no
- * HTTPS/TXT records, no private addresses, SERVFAIL for a silent upstream after its retry,
- * NXDOMAIN passed on, garbage ignored, and the pending table's bound under a burst.
+ * HTTPS/TXT/AAAA records, no address the proxy would not dial (private, a cloud's, the host's),
+ * SERVFAIL for a silent upstream after its retry, NXDOMAIN passed on, garbage ignored, another
+ * resolver's client neither answered nor logged, and the pending table's bound under a burst.
  */
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -33,11 +34,14 @@
 #define REPLY_WAIT_MS 10000
 #define BURST 300
 #define BURST_SOCKETS 6 /* 50 queries each, well within a socket's receive buffer */
+/* An address of "this host" (the is_local hook says so), in the test's extra public range. */
+#define HOST_ADDR "198.18.0.66"
 
 static struct event_base *base;
 static struct resolver *resolver;
 static json_t *policy;
 static int stranger_port; /* this client is no sandbox: the policy hook does not know it */
+static int foreign_port;  /* this one is another resolver's client: client_ok turns it away */
 
 /* The fake upstream's counters, written on the loop thread. */
 static atomic_int up_received, up_slow;
@@ -129,10 +133,19 @@ static void fake_upstream(evutil_socket_t fd, short what, void *arg)
         } else if (strcmp(q.name, "evil-private.test") == 0 && a) {
             put_a(out, &off, NULL, "10.0.0.5", 300);
             an = 1;
+        } else if (strcmp(q.name, "host.test") == 0 && a) {
+            put_a(out, &off, NULL, HOST_ADDR, 300);
+            an = 1;
+        } else if (strcmp(q.name, "mixed.test") == 0 && a) {
+            put_a(out, &off, NULL, HOST_ADDR, 300);
+            put_a(out, &off, NULL, "198.18.0.12", 300);
+            put_a(out, &off, NULL, "168.63.129.16", 300);
+            an = 3;
         } else if (strcmp(q.name, "gone.test") == 0) {
             rcode = DNS_RCODE_NXDOMAIN;
         } else if (strcmp(q.name, "pypi.org") != 0 && strcmp(q.name, "files.pythonhosted.org") &&
-                   strcmp(q.name, "evil-private.test") != 0) {
+                   strcmp(q.name, "evil-private.test") != 0 && strcmp(q.name, "host.test") != 0 &&
+                   strcmp(q.name, "mixed.test") != 0) {
             rcode = DNS_RCODE_SERVFAIL;
         }
         size_t h = 0;
@@ -155,6 +168,20 @@ static json_t *hook_policy(void *ctx, const struct sockaddr *client, socklen_t l
     if (client->sa_family == AF_INET && ntohs(sin->sin_port) == stranger_port)
         return NULL;
     return policy;
+}
+
+static int hook_client_ok(void *ctx, const struct sockaddr *client, socklen_t len)
+{
+    const struct sockaddr_in *sin = (const void *)client;
+    return !(client->sa_family == AF_INET && ntohs(sin->sin_port) == foreign_port);
+}
+
+static int hook_is_local(void *ctx, const struct sockaddr *addr, socklen_t len)
+{
+    struct in_addr host;
+    inet_pton(AF_INET, HOST_ADDR, &host);
+    return addr->sa_family == AF_INET &&
+           ((const struct sockaddr_in *)addr)->sin_addr.s_addr == host.s_addr;
 }
 
 static void hook_denied(void *ctx, const struct sockaddr *client, socklen_t len, const char *name,
@@ -329,9 +356,21 @@ static void answers(int fd)
        "files.pythonhosted.org (a CNAME upstream) gives 198.18.0.11");
     ok(a.ttl == 30, "with the chain's smallest TTL (got %u)", a.ttl);
 
+    int up0 = up_received;
     lookup(fd, "pypi.org", DNS_TYPE_AAAA, 0, &a);
-    ok(a.rcode == DNS_RCODE_NOERROR && a.n == 0 && ancount(&a) == 0,
-       "pypi.org AAAA: the upstream has none, so an empty NOERROR");
+    ok(a.rcode == DNS_RCODE_NOERROR && a.n == 0 && ancount(&a) == 0 && up_received == up0,
+       "pypi.org AAAA: an empty NOERROR without asking upstream (sandboxes have no IPv6)");
+
+    lookup(fd, "mixed.test", DNS_TYPE_A, 0, &a);
+    ok(a.rcode == DNS_RCODE_NOERROR && a.n == 1 && is_v4(&a, 0, "198.18.0.12"),
+       "mixed.test: of the host's own address, a public one and Azure's host endpoint, only the "
+       "public one is handed out (%zu addresses)",
+       a.n);
+    lookup(fd, "host.test", DNS_TYPE_A, 0, &a);
+    ok(a.rcode == DNS_RCODE_REFUSED && a.n == 0,
+       "host.test (only the host's own address, public by range) is REFUSED (rcode %d, %zu)",
+       a.rcode, a.n);
+    ok(denied_has("host.test/1/private_address;"), "and logged as a private address");
 
     lookup(fd, "gone.test", DNS_TYPE_A, 0, &a);
     ok(a.rcode == DNS_RCODE_NXDOMAIN, "the upstream's NXDOMAIN is passed on (rcode %d)", a.rcode);
@@ -381,6 +420,33 @@ static void refusals(int fd)
     ok(denied_has("evil-private.test/1/private_address;"), "and the private address");
     ok(!denied_has("pypi.org/65/") && !denied_has("gone.test"), "and nothing it answered (%s)",
        denied_log);
+}
+
+/* A neighbour's query sent to this resolver: no answer, no trace in this owner's log. */
+static void foreign(int fd)
+{
+    struct resolver_stats s0 = stats();
+    int f = client_socket(&foreign_port);
+    ok(send_query(f, "forged.test", DNS_TYPE_A, 0) >= 0 &&
+           send_query(f, "pypi.org", DNS_TYPE_A, 0) >= 0,
+       "a foreign client sent a refused name and an allowed one");
+    /* Datagrams are read in order: once the owner's answer is here, the foreign ones were
+     * handled, and any reply to them would already wait in f's queue. */
+    struct answer a;
+    lookup(fd, "pypi.org", DNS_TYPE_A, 0, &a);
+    ok(a.rcode == DNS_RCODE_NOERROR, "the owner's own lookup after them is answered");
+    uint8_t buf[DNS_EDNS_UDP];
+    errno = 0;
+    ssize_t n = recv(f, buf, sizeof(buf), MSG_DONTWAIT);
+    ok(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK), "the foreign client got no answer (%zd)",
+       n);
+    ok(!denied_has("forged.test"), "and its refused name is not in the owner's log (%s)",
+       denied_log);
+    struct resolver_stats s1 = stats();
+    ok(s1.foreign == s0.foreign + 2 && s1.refused == s0.refused &&
+           s1.upstream_sent == s0.upstream_sent + 1,
+       "both counted as foreign, nothing refused, only the owner's lookup went upstream");
+    close(f);
 }
 
 static void garbage(int fd)
@@ -484,8 +550,9 @@ int main(void)
     evthread_use_pthreads();
     base = event_base_new();
     struct wr_err err = {0};
-    json_t *given = json_pack("{s:b, s:[s,s,s,s,s]}", "internet", 1, "allow", "pypi.org",
-                              "*.pythonhosted.org", "evil-private.test", "slow.test", "gone.test");
+    json_t *given = json_pack("{s:b, s:[s,s,s,s,s,s,s]}", "internet", 1, "allow", "pypi.org",
+                              "*.pythonhosted.org", "evil-private.test", "slow.test", "gone.test",
+                              "host.test", "mixed.test");
     policy = netpolicy_parse(given, &err);
     json_decref(given);
     ok(policy != NULL, "the test's policy parses %s", err.msg);
@@ -499,7 +566,10 @@ int main(void)
 
     struct addr_ranges extra;
     ok(addr_ranges_parse("198.18.0.0/24", &extra, &err) == 0, "the extra public range parses");
-    struct resolver_hooks hooks = {.policy = hook_policy, .denied = hook_denied};
+    struct resolver_hooks hooks = {.policy = hook_policy,
+                                   .client_ok = hook_client_ok,
+                                   .is_local = hook_is_local,
+                                   .denied = hook_denied};
     resolver = resolver_new(base, res_fd, (struct sockaddr *)&up_addr, sizeof(up_addr), &extra,
                             &hooks, NULL, &err);
     ok(resolver != NULL, "resolver_new %s", err.msg);
@@ -517,6 +587,7 @@ int main(void)
     ok(fd >= 0, "a client socket");
     answers(fd);
     refusals(fd);
+    foreign(fd);
     garbage(fd);
     silence(fd);
     burst();
