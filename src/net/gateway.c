@@ -276,7 +276,8 @@ struct gateway *gateway_open(struct event_base *base, const struct gateway_confi
     }
     /* the paths are the caller's, for this call only */
     g->cfg.ca_cert = g->cfg.ca_key = g->cfg.upstream_extra_ca = NULL;
-    struct proxy_config pc = {.extra_public = &g->cfg.extra_public, .mitm = g->mitm};
+    struct proxy_config pc = {
+        .extra_public = &g->cfg.extra_public, .mitm = g->mitm, .max_conns = cfg->proxy_max_conns};
     struct proxy_hooks ph = {.policy = proxy_policy,
                              .original_dst = proxy_original_dst,
                              .is_local = proxy_is_local,
@@ -288,8 +289,9 @@ struct gateway *gateway_open(struct event_base *base, const struct gateway_confi
         goto fail;
     char up[INET_ADDRSTRLEN] = "?";
     inet_ntop(AF_INET, &g->upstream.sin_addr, up, sizeof(up));
-    log_info(NULL, "gateway.open", "dns_upstream=%s:%d extra_public=%u", up,
-             ntohs(g->upstream.sin_port), g->cfg.extra_public.n);
+    log_info(NULL, "gateway.open", "dns_upstream=%s:%d extra_public=%u proxy_max_conns=%d", up,
+             ntohs(g->upstream.sin_port), g->cfg.extra_public.n,
+             cfg->proxy_max_conns ? cfg->proxy_max_conns : PROXY_MAX_CONNS);
     return g;
 fail:
     gateway_close(g);

@@ -62,9 +62,18 @@ enum conn_kind { KIND_NONE, KIND_TLS, KIND_HTTP };
 /* Where the client-to-upstream byte stream stands. */
 enum req_state { RQ_HEAD, RQ_BODY, RQ_CHUNKED, RQ_RAW };
 
+/* A sandbox address with connections here: what it holds, for its caps and fair shares. */
+struct peer {
+    struct peer *next;
+    struct sockaddr_storage addr;
+    unsigned conns;   /* connections open from it, in any state */
+    unsigned lookups; /* of which waiting for a lookup (ST_LOOKUP) */
+};
+
 struct conn {
     struct proxy *p;
     struct conn *prev, *next;
+    struct peer *pe;
     enum conn_state state;
     enum conn_kind kind;
     struct sockaddr_storage peer;
@@ -114,6 +123,8 @@ struct proxy {
     struct proxy_hooks hooks;
     void *ctx;
     struct conn *conns;
+    struct peer *peers; /* every address with a connection open */
+    unsigned npeers;
     struct proxy_stats stats;
 };
 
@@ -170,11 +181,57 @@ static void on_raw_drained(struct evbuffer *buf, const struct evbuffer_cb_info *
         bufferevent_trigger(arg, EV_WRITE, BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
 }
 
+static int same_host(const struct sockaddr *a, const struct sockaddr *b);
+
+/* The peer entry of addr, made if it has none; counts one more connection. NULL: no memory. */
+static struct peer *peer_get(struct proxy *p, const struct sockaddr *addr, socklen_t len)
+{
+    struct peer *pe = p->peers;
+    while (pe && !same_host((const struct sockaddr *)&pe->addr, addr))
+        pe = pe->next;
+    if (!pe) {
+        pe = calloc(1, sizeof(*pe));
+        if (!pe)
+            return NULL;
+        memcpy(&pe->addr, addr, len);
+        pe->next = p->peers;
+        p->peers = pe;
+        p->npeers++;
+    }
+    pe->conns++;
+    return pe;
+}
+
+/* One connection of pe's fewer; the entry goes with its last. */
+static void peer_put(struct proxy *p, struct peer *pe)
+{
+    if (--pe->conns > 0)
+        return;
+    for (struct peer **pp = &p->peers; *pp; pp = &(*pp)->next)
+        if (*pp == pe) {
+            *pp = pe->next;
+            break;
+        }
+    p->npeers--;
+    free(pe);
+}
+
+/* c's lookup ended (answered or cancelled): its sandbox holds one fewer. */
+static void lookup_ended(struct conn *c)
+{
+    if (c->lk && c->pe)
+        c->pe->lookups--;
+    c->lk = NULL;
+}
+
 static void conn_close(struct conn *c)
 {
     struct proxy *p = c->p;
     if (c->lk)
         lookup_cancel(c->lk);
+    lookup_ended(c);
+    if (c->pe)
+        peer_put(p, c->pe);
     side_free(&c->cl, &c->cl_drain);
     side_free(&c->up, &c->up_drain);
     if (c->timer)
@@ -259,7 +316,7 @@ static void respond(struct conn *c, int status, const char *text)
 {
     if (c->lk) {
         lookup_cancel(c->lk);
-        c->lk = NULL;
+        lookup_ended(c);
     }
     side_free(&c->up, &c->up_drain);
     c->state = ST_REFUSING;
@@ -698,6 +755,7 @@ static void up_tls_start(struct conn *c)
 }
 
 static void decide(struct conn *c, const char *name, int port);
+static int lookup_admit(struct proxy *p, const struct peer *pe);
 
 /* The first request head in the decrypted stream: its Host must be the SNI. */
 static void decide_intercepted(struct conn *c, const struct sniff_http *h)
@@ -858,7 +916,7 @@ static void on_lookup(void *arg, int rc, const struct dns_addr *addrs, size_t n,
 {
     struct conn *c = arg;
     struct proxy *p = c->p;
-    c->lk = NULL;
+    lookup_ended(c);
     if (rc < 0) {
         refuse(c, c->host, c->port, why, 502);
         return;
@@ -923,12 +981,18 @@ static void decide(struct conn *c, const char *name, int port)
     }
     if (c->kind == KIND_HTTP)
         p->stats.requests++;
+    if (!lookup_admit(p, c->pe)) {
+        refuse(c, c->host, port, "busy", 502);
+        return;
+    }
     c->state = ST_LOOKUP;
     event_del(c->timer);
     bufferevent_disable(c->cl, EV_READ);
     c->lk = lookup_start(p->lk, c->host, on_lookup, c);
     if (!c->lk)
         refuse(c, c->host, port, "busy", 502);
+    else
+        c->pe->lookups++;
 }
 
 static void decide_http(struct conn *c, const struct sniff_http *h)
@@ -1058,12 +1122,68 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
 
 /* ---- accepting ---- */
 
-static int peer_conns(const struct proxy *p, const struct sockaddr *peer)
+/* The sandbox holding the most connections, other than pe; NULL if none. */
+static struct peer *biggest_peer(struct proxy *p, const struct peer *pe)
 {
-    int n = 0;
-    for (const struct conn *c = p->conns; c; c = c->next)
-        n += same_host((const struct sockaddr *)&c->peer, peer);
-    return n;
+    struct peer *big = NULL;
+    for (struct peer *q = p->peers; q; q = q->next)
+        if (q != pe && (!big || q->conns > big->conns))
+            big = q;
+    return big;
+}
+
+/* Closes hog's connection idle the longest (one still deciding first: it has moved nothing),
+ * to make room for a sandbox below its fair share. */
+static void evict(struct proxy *p, struct peer *hog)
+{
+    struct conn *victim = NULL;
+    for (struct conn *c = p->conns; c; c = c->next)
+        if (c->pe == hog && c->state != ST_REFUSING &&
+            (!victim || c->last_io_ms < victim->last_io_ms))
+            victim = c;
+    if (!victim)
+        return;
+    p->stats.evicted++;
+    log_info(victim->id[0] ? victim->id : NULL, "proxy.evicted", "host=%s port=%d conns=%u",
+             victim->host[0] ? victim->host : victim->orig_text,
+             victim->port ? victim->port : victim->orig_port, hog->conns);
+    if (p->hooks.denied)
+        p->hooks.denied(p->ctx, victim->id, victim->host[0] ? victim->host : victim->orig_text,
+                        victim->port ? victim->port : victim->orig_port, "fair_share");
+    conn_close(victim);
+}
+
+/* Whether c, counted already in its sandbox's and the proxy's totals, may stay: within the
+ * per-sandbox cap, and within the global one -- or, at the global cap, below its fair share
+ * while another sandbox is over its own, which then gives up a connection (evict). */
+static int conn_admit(struct proxy *p, struct conn *c)
+{
+    if (c->pe->conns > (unsigned)p->cfg.max_conns_per_peer)
+        return 0;
+    if (p->stats.active <= (unsigned)p->cfg.max_conns)
+        return 1;
+    unsigned share = proxy_fair_share((unsigned)p->cfg.max_conns, p->npeers, PROXY_SHARE_FLOOR);
+    if (c->pe->conns > share)
+        return 0;
+    struct peer *hog = biggest_peer(p, c->pe);
+    if (!hog || hog->conns <= share)
+        return 0;
+    evict(p, hog);
+    return 1;
+}
+
+/* Whether pe may start one more lookup. A sandbox holds at most PROXY_LOOKUPS_PER_PEER, and
+ * once the lookup table is half full, no more than its fair share of the table: the other half
+ * stays for the sandboxes below theirs. */
+static int lookup_admit(struct proxy *p, const struct peer *pe)
+{
+    if (pe->lookups >= PROXY_LOOKUPS_PER_PEER)
+        return 0;
+    struct lookup_stats ls;
+    lookup_stats(p->lk, &ls);
+    if (ls.pending < LOOKUP_PENDING_MAX / 2)
+        return 1;
+    return pe->lookups < proxy_fair_share(LOOKUP_PENDING_MAX, p->npeers, PROXY_LOOKUP_SHARE_FLOOR);
 }
 
 static void on_accept(struct evconnlistener *lis, evutil_socket_t fd, struct sockaddr *sa,
@@ -1081,8 +1201,12 @@ static void on_accept(struct evconnlistener *lis, evutil_socket_t fd, struct soc
     memcpy(&c->peer, sa, (size_t)salen);
     c->peer_len = (socklen_t)salen;
     c->cl = bufferevent_socket_new(p->base, fd, BEV_OPT_CLOSE_ON_FREE);
-    if (!c->cl) {
-        close(fd);
+    c->pe = c->cl ? peer_get(p, sa, c->peer_len) : NULL;
+    if (!c->pe) {
+        if (c->cl)
+            bufferevent_free(c->cl);
+        else
+            close(fd);
         free(c);
         return;
     }
@@ -1116,8 +1240,7 @@ static void on_accept(struct evconnlistener *lis, evutil_socket_t fd, struct soc
         deny(c, "", 0, "no_original_dst");
         return;
     }
-    if (p->stats.active > (unsigned)p->cfg.max_conns ||
-        peer_conns(p, sa) > p->cfg.max_conns_per_peer) {
+    if (!conn_admit(p, c)) {
         deny(c, c->orig_text, c->orig_port, "too_many_connections");
         return;
     }
@@ -1233,4 +1356,21 @@ void proxy_close_peer(struct proxy *p, const struct sockaddr *peer, socklen_t le
 void proxy_stats(const struct proxy *p, struct proxy_stats *out)
 {
     *out = p->stats;
+}
+
+unsigned proxy_fair_share(unsigned total, unsigned sandboxes, unsigned floor)
+{
+    unsigned share = sandboxes > 0 ? total / sandboxes : total;
+    return share > floor ? share : floor;
+}
+
+int proxy_conns_for_fds(unsigned long long fd_limit)
+{
+    unsigned long long api = fd_limit / 2;
+    if (fd_limit <= api + PROXY_FD_RESERVE)
+        return PROXY_MIN_CONNS;
+    unsigned long long conns = (fd_limit - api - PROXY_FD_RESERVE) / 2 / 2;
+    if (conns < PROXY_MIN_CONNS)
+        return PROXY_MIN_CONNS;
+    return conns > PROXY_MAX_CONNS ? PROXY_MAX_CONNS : (int)conns;
 }
