@@ -1,0 +1,158 @@
+"""The egress proxy's resource bounds, against the fake internet (see test_egress.py).
+
+A daemon of this module's own runs with a hard fd limit of 1024, as a service would under a
+host's defaults: its proxy's global connection cap comes from that limit (docs/architecture.md,
+"The egress proxy's bounds"). What is checked is what a sandbox and the host would see:
+
+- a sandbox that holds every proxy connection the cap allows cannot shut out a neighbour, which
+  still connects (one of the hog's connections is closed for it, logged `fair_share`);
+- a policy change closes the open connections it no longer allows, and keeps the others.
+"""
+
+import os
+import re
+import sys
+import tempfile
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import fakenet  # noqa: E402
+from conftest import SandboxFactory  # noqa: E402
+from test_connections import serve_own  # noqa: E402
+from test_egress import EgressDaemon, curl, netlog, run  # noqa: E402
+
+FD_LIMIT = 1024
+# proxy_conns_for_fds (src/net/proxy.h): half the fds for the API, 128 kept, a quarter of the
+# rest for the proxy at 2 fds a connection.
+PROXY_CAP = (FD_LIMIT - FD_LIMIT // 2 - 128) // 4
+
+
+class BoundedDaemon(EgressDaemon):
+    """The egress daemon with a hard fd limit of FD_LIMIT (its soft limit is raised to it)."""
+
+    def serve_argv(self):
+        return ["prlimit", f"--nofile={FD_LIMIT}:{FD_LIMIT}", "--"] + super().serve_argv()
+
+
+@pytest.fixture(scope="module")
+def net():
+    n = fakenet.FakeNet(tempfile.mkdtemp(prefix="wr-fakenet-"))
+    try:
+        n.start()
+        yield n
+    finally:
+        n.stop()
+
+
+@pytest.fixture(scope="module")
+def bounded(daemon, net):
+    yield from serve_own(BoundedDaemon(daemon, net))
+
+
+@pytest.fixture
+def sb(bounded):
+    f = SandboxFactory(bounded.client)
+    yield f
+    f.cleanup()
+
+
+def wait_for(what, probe, seconds=60, every=0.1):
+    """Polls probe() until it returns something true (returned), or fails after seconds."""
+    deadline = time.monotonic() + seconds
+    while True:
+        v = probe()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(every)
+
+
+def read_file(d, sid, path):
+    """The file's text, or None if it is not there (yet)."""
+    code, out, _ = run(d, sid, f"cat {path} 2>/dev/null")
+    return out if code == 0 else None
+
+
+def background(d, sid, script, args):
+    """Runs a Python script in the sandbox in the background (its output in /tmp/bg.log)."""
+    d.client.write_file(sid, "/tmp/bg.py", script.encode())
+    code, out, err = run(d, sid, f"nohup python3 /tmp/bg.py {args} >/tmp/bg.log 2>&1 &")
+    assert code == 0, (out, err)
+
+
+# ---- fair shares ----
+
+HOG = r'''
+import os, re, socket, sys, time
+addr, host, want = sys.argv[1], sys.argv[2], int(sys.argv[3])
+req = ("GET / HTTP/1.1\r\nHost: %s\r\n\r\n" % host).encode()
+def ask(s):
+    s.sendall(req)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        b = s.recv(4096)
+        if not b:
+            return False
+        data += b
+    head, _, body = data.partition(b"\r\n\r\n")
+    n = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+    while len(body) < n:
+        b = s.recv(4096)
+        if not b:
+            return False
+        body += b
+    return head.startswith(b"HTTP/1.1 200")
+held, refused = [], 0
+for i in range(want):
+    s = socket.create_connection((addr, 80), timeout=20)
+    try:
+        good = ask(s)
+    except OSError:
+        good = False
+    if good:
+        held.append(s)
+    else:
+        refused += 1
+        s.close()
+open("/tmp/hog.tmp", "w").write("%d %d\n" % (len(held), refused))
+os.rename("/tmp/hog.tmp", "/tmp/hog.out")
+while not os.path.exists("/tmp/hog.stop"):
+    time.sleep(0.05)
+alive = 0
+for s in held:
+    s.setblocking(False)
+    try:
+        alive += s.recv(1) != b""
+    except BlockingIOError:
+        alive += 1
+    except OSError:
+        pass
+open("/tmp/hog.tmp", "w").write("%d\n" % alive)
+os.rename("/tmp/hog.tmp", "/tmp/hog.final")
+'''
+
+
+def test_a_neighbour_connects_while_another_sandbox_holds_the_whole_cap(bounded, net, sb):
+    m = re.search(rb"event=gateway.open .*proxy_max_conns=(\d+)", bounded.log_bytes())
+    assert m and int(m.group(1)) == PROXY_CAP, "the proxy's cap is sized to the fd limit"
+    policy = {"internet": True, "allow": ["example.test"]}
+    hog = sb(network=policy)["id"]
+    neighbour = sb(network=policy)["id"]
+    background(bounded, hog, HOG, f"{net.addr('example.test')} example.test {PROXY_CAP + 20}")
+    out = wait_for("the hog's connections", lambda: read_file(bounded, hog, "/tmp/hog.out"), 120)
+    held, refused = map(int, out.split())
+    assert held == PROXY_CAP and refused == 20, out  # it holds every connection there is
+
+    code, body, status = curl(bounded, neighbour, "http://example.test/")
+    assert status == 200 and "hello from example.test" in body, (code, body)
+
+    bounded.client.write_file(hog, "/tmp/hog.stop", b"")
+    alive = int(wait_for("the hog's count", lambda: read_file(bounded, hog, "/tmp/hog.final")))
+    assert alive == PROXY_CAP - 1, "one of the hog's connections made room for the neighbour"
+    reasons = [e["reason"] for e in netlog(bounded, hog)["entries"]]
+    assert reasons.count("too_many_connections") == 20 and "fair_share" in reasons, reasons
+    assert netlog(bounded, neighbour)["entries"] == []
