@@ -889,6 +889,10 @@ static void dial_next(struct conn *c)
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         if (fd < 0)
             continue;
+        /* Before connect, so that the window offered is sized by it, and autotuning (which
+         * grew each unread download's queue to megabytes) is off. */
+        int rcvbuf = PROXY_UPSTREAM_RCVBUF;
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
         c->up = bufferevent_socket_new(p->base, fd, BEV_OPT_CLOSE_ON_FREE);
         if (!c->up) {
             close(fd);
@@ -1200,6 +1204,9 @@ static void on_accept(struct evconnlistener *lis, evutil_socket_t fd, struct soc
     c->p = p;
     memcpy(&c->peer, sa, (size_t)salen);
     c->peer_len = (socklen_t)salen;
+    /* What a sandbox does not read waits here, in the kernel, for no more than this. */
+    int sndbuf = PROXY_CLIENT_SNDBUF;
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
     c->cl = bufferevent_socket_new(p->base, fd, BEV_OPT_CLOSE_ON_FREE);
     c->pe = c->cl ? peer_get(p, sa, c->peer_len) : NULL;
     if (!c->pe) {
