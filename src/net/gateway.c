@@ -426,6 +426,14 @@ int gateway_unplumb(struct gateway *g, int slot, struct wr_err *err)
     return netns_link_del(g->gw_ns, gw_if, err);
 }
 
+void gateway_slot_policy_changed(struct gateway *g, int slot)
+{
+    if (!g || slot < 0 || slot >= GATEWAY_SLOTS || !g->slots[slot].used)
+        return;
+    struct sockaddr_in peer = {.sin_family = AF_INET, .sin_addr = slot_addr(slot, 2)};
+    proxy_recheck_peer(g->proxy, (struct sockaddr *)&peer, sizeof(peer));
+}
+
 void gateway_stats(const struct gateway *g, struct gateway_stats *out)
 {
     memset(out, 0, sizeof(*out));

@@ -1360,6 +1360,31 @@ void proxy_close_peer(struct proxy *p, const struct sockaddr *peer, socklen_t le
     }
 }
 
+void proxy_recheck_peer(struct proxy *p, const struct sockaddr *peer, socklen_t len)
+{
+    if (!p || !peer || len < (socklen_t)sizeof(sa_family_t))
+        return;
+    struct conn *c = p->conns;
+    while (c) {
+        struct conn *next = c->next;
+        /* Still deciding (no host yet): the policy is asked when it decides. */
+        if (same_host((const struct sockaddr *)&c->peer, peer) && c->host[0] &&
+            c->state != ST_REFUSING) {
+            json_t *policy = p->hooks.policy(p->ctx, (struct sockaddr *)&c->peer, c->peer_len,
+                                             c->id, sizeof(c->id));
+            if (!policy || netpolicy_check(policy, c->host, c->port) != NETPOLICY_ALLOW) {
+                p->stats.denied++;
+                log_info(c->id[0] ? c->id : NULL, "proxy.denied", "host=%s port=%d reason=%s",
+                         c->host, c->port, "policy_changed");
+                if (p->hooks.denied)
+                    p->hooks.denied(p->ctx, c->id, c->host, c->port, "policy_changed");
+                conn_close(c);
+            }
+        }
+        c = next;
+    }
+}
+
 void proxy_stats(const struct proxy *p, struct proxy_stats *out)
 {
     *out = p->stats;

@@ -93,7 +93,9 @@ struct proxy_hooks {
      * A denied attempt (may be NULL): the sandbox's id ("" if unknown), the host (the name asked
      * for, or the dialed address as text when no name was read), the port, and a reason: one of
      * netpolicy_reason's, or "unknown_client", "too_many_connections", "fair_share" (an open
-     * connection closed to make room for a sandbox below its fair share), "no_original_dst",
+     * connection closed to make room for a sandbox below its fair share), "policy_changed" (an open
+     * connection the sandbox's new policy no longer allows, proxy_recheck_peer),
+     * "no_original_dst",
      * "protocol", "malformed", "timeout" (no decision within first_bytes_ms), "no_sni", "address",
      * "connect", "port_mismatch", "host_changed", "private_address", a lookup's failure
      * ("nxdomain", "no_address", "timeout", ...), or "connect_failed"; when intercepting TLS
@@ -164,6 +166,14 @@ void proxy_free(struct proxy *p);
  * ignored), in any state, without calling the denied hook.
  */
 void proxy_close_peer(struct proxy *p, const struct sockaddr *peer, socklen_t len);
+
+/**
+ * The egress policy of the sandbox at peer changed (peer's port is ignored): each of its
+ * connections that has a host (past the first bytes) is checked again as a new one would be,
+ * and closed if the policy no longer allows that host and port, reported to the denied hook as
+ * "policy_changed". One still deciding is checked when it decides.
+ */
+void proxy_recheck_peer(struct proxy *p, const struct sockaddr *peer, socklen_t len);
 
 /** Copies p's counters into out. */
 void proxy_stats(const struct proxy *p, struct proxy_stats *out /* OUT */);

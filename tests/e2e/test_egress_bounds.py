@@ -235,3 +235,69 @@ def test_unread_downloads_hold_little_on_the_upstream_sockets(bounded, net, sb):
     block = random.Random(20240501).randbytes(1 << 20)  # fakeinet_server's BYTES_BLOCK
     want = hashlib.sha256(block * (size >> 20)).hexdigest()
     assert out.split("\n")[:n] == [f"200 {size} {want}"] * n, out
+
+
+# ---- a policy change and the connections already open ----
+
+KEPT = r'''
+import os, re, select, socket, sys, time
+ex_addr, pypi_addr = sys.argv[1], sys.argv[2]
+def ask(s, host):
+    s.sendall(("GET / HTTP/1.1\r\nHost: %s\r\n\r\n" % host).encode())
+    data = b""
+    while b"\r\n\r\n" not in data:
+        b = s.recv(4096)
+        if not b:
+            return "closed"
+        data += b
+    head, _, body = data.partition(b"\r\n\r\n")
+    n = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+    while len(body) < n:
+        b = s.recv(4096)
+        if not b:
+            return "closed"
+        body += b
+    return head.split()[1].decode()
+def closed_within(s, seconds):
+    if not select.select([s], [], [], seconds)[0]:
+        return "open"
+    try:
+        return "closed" if s.recv(1) == b"" else "data"
+    except OSError:
+        return "closed"
+def report(name, text):
+    open("/tmp/%s.tmp" % name, "w").write(text + "\n")
+    os.rename("/tmp/%s.tmp" % name, "/tmp/%s" % name)
+def wait(path):
+    while not os.path.exists(path):
+        time.sleep(0.05)
+ex = socket.create_connection((ex_addr, 80), timeout=20)
+pypi = socket.create_connection((pypi_addr, 80), timeout=20)
+report("kept.ready", "%s %s" % (ask(ex, "example.test"), ask(pypi, "pypi.org")))
+wait("/tmp/kept.go1")  # example.test is no longer allowed
+report("kept.one", "%s %s" % (closed_within(ex, 15), ask(pypi, "pypi.org")))
+wait("/tmp/kept.go2")  # no internet at all
+report("kept.two", closed_within(pypi, 15))
+'''
+
+
+def test_a_tightened_policy_closes_open_connections_it_no_longer_allows(bounded, net, sb):
+    both = {"internet": True, "allow": ["example.test", "pypi.org"]}
+    sid = sb(network=both)["id"]
+    background(bounded, sid, KEPT, f"{net.addr('example.test')} {net.addr('pypi.org')}")
+    out = wait_for("the kept connections", lambda: read_file(bounded, sid, "/tmp/kept.ready"))
+    assert out.split() == ["200", "200"], out
+
+    bounded.client.expect(200, "PUT", f"/v1/sandboxes/{sid}/network",
+                          {"internet": True, "allow": ["pypi.org"]})
+    bounded.client.write_file(sid, "/tmp/kept.go1", b"")
+    out = wait_for("the first change", lambda: read_file(bounded, sid, "/tmp/kept.one"))
+    assert out.split() == ["closed", "200"], (
+        "the connection to example.test is closed, the one to pypi.org still answers: " + out)
+    entries = netlog(bounded, sid)["entries"]
+    assert [(e["host"], e["reason"]) for e in entries] == [("example.test", "policy_changed")]
+
+    bounded.client.expect(200, "PUT", f"/v1/sandboxes/{sid}/network", {"internet": False})
+    bounded.client.write_file(sid, "/tmp/kept.go2", b"")
+    out = wait_for("the second change", lambda: read_file(bounded, sid, "/tmp/kept.two"))
+    assert out.split() == ["closed"], "internet false closes every connection: " + out
