@@ -63,14 +63,15 @@ struct tlsmitm;
 #define PROXY_CONNECT_MS 10000
 #define PROXY_IDLE_MS (5 * 60 * 1000)
 #define PROXY_BUFFER_MAX (256 * 1024)
-/* Socket buffers (the kernel doubles them for its bookkeeping): the upstream's receive buffer,
- * set before connect, and the sandbox side's send buffer. With the relay's own buffer_max, what
- * a connection whose sandbox reads nothing holds is bounded: at most 2 x PROXY_UPSTREAM_RCVBUF
- * unread on the upstream socket, buffer_max (plus one read) in the proxy, 2 x
- * PROXY_CLIENT_SNDBUF unsent to the sandbox. The upstream is read only as fast as the sandbox
- * reads. 128 KiB windows still carry ~60 MiB/s at 2 ms of round trip, ~6 MiB/s at 20 ms. */
+/* Kernel buffers: the upstream socket's receive buffer (set before connect; the kernel doubles
+ * it for its bookkeeping), and the sandbox side's unsent bytes (TCP_NOTSENT_LOWAT). With the
+ * relay's own buffer_max, what a connection whose sandbox reads nothing holds is bounded: about
+ * 2 x PROXY_UPSTREAM_RCVBUF unread on the upstream socket, buffer_max (plus one read) in the
+ * proxy, PROXY_CLIENT_NOTSENT (plus one write) unsent to the sandbox. The upstream is read only
+ * as fast as the sandbox reads. 128 KiB windows still carry ~60 MiB/s at 2 ms of round trip,
+ * ~6 MiB/s at 20 ms. */
 #define PROXY_UPSTREAM_RCVBUF (128 * 1024)
-#define PROXY_CLIENT_SNDBUF (128 * 1024)
+#define PROXY_CLIENT_NOTSENT (64 * 1024)
 /* A sandbox id as the policy hook writes it (the daemon's ids are far shorter). */
 #define PROXY_ID_MAX 64
 

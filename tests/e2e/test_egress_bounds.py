@@ -7,7 +7,8 @@ host's defaults: its proxy's global connection cap comes from that limit (docs/a
 - a sandbox that holds every proxy connection the cap allows cannot shut out a neighbour, which
   still connects (one of the hog's connections is closed for it, logged `fair_share`);
 - downloads a sandbox does not read hold little on the daemon's upstream sockets (their
-  receive queues, read with `ss` in the daemon's network namespace), and arrive whole once read;
+  receive queues, read with `ss` in the daemon's network namespace) and on its sockets towards
+  the sandbox (their send queues, in the gateway's namespace), and arrive whole once read;
 - a policy change closes the open connections it no longer allows, and keeps the others.
 """
 
@@ -15,6 +16,7 @@ import hashlib
 import os
 import random
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +38,10 @@ PROXY_CAP = (FD_LIMIT - FD_LIMIT // 2 - 128) // 4
 # (GRO) packet that may land while it is just under that. Measured: 252,296 at most (883,808 with
 # the kernel's autotuning, before the proxy set it).
 UPSTREAM_QUEUE_MAX = 2 * 128 * 1024 + 64 * 1024
+# PROXY_CLIENT_NOTSENT (src/net/proxy.h), the unsent bytes towards the sandbox, plus one write of
+# the relay's (16 KiB) and room for a TLS record. Measured: ~37-46 KB (1.1-1.6 MB before).
+SANDBOX_QUEUE_MAX = 64 * 1024 + 64 * 1024
+GATEWAY_PROXY_PORT = 15001  # src/net/gateway.h
 
 
 class BoundedDaemon(EgressDaemon):
@@ -211,6 +217,25 @@ def upstream_queues(net, addr):
     return [int(line.split()[0]) for line in r.stdout.splitlines() if line.strip()]
 
 
+def sandbox_side_queues(d):
+    """The send queues (bytes) of the proxy's sockets towards sandboxes: in the gateway's network
+    namespace, which only the daemon holds (an fd of its own, never named)."""
+    pid, queues, seen = d.proc.pid, [], set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            ns = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if not ns.startswith("net:[") or ns in seen:
+            continue
+        seen.add(ns)
+        r = subprocess.run(["nsenter", f"--net=/proc/{pid}/fd/{fd}", "ss", "-Htn", "state",
+                            "established", "sport", f"= :{GATEWAY_PROXY_PORT}"],
+                           capture_output=True, text=True, timeout=30)
+        queues += [int(line.split()[1]) for line in r.stdout.splitlines() if line.strip()]
+    return queues
+
+
 def test_unread_downloads_hold_little_on_the_upstream_sockets(bounded, net, sb):
     n, size = 6, 32 << 20
     sid = sb(network={"internet": True, "allow": ["example.test"]})["id"]
@@ -229,6 +254,10 @@ def test_unread_downloads_hold_little_on_the_upstream_sockets(bounded, net, sb):
         seen.extend(upstream_queues(net, addr))
     assert max(seen) <= UPSTREAM_QUEUE_MAX, (
         f"an upstream socket held {max(seen)} unread bytes (bound {UPSTREAM_QUEUE_MAX})")
+    towards = sandbox_side_queues(bounded)
+    assert len(towards) == n and all(towards), towards  # stalled there too
+    assert max(towards) <= SANDBOX_QUEUE_MAX, (
+        f"{max(towards)} bytes waited to go to the sandbox (bound {SANDBOX_QUEUE_MAX})")
 
     bounded.client.write_file(sid, "/tmp/dl.go", b"")
     out = wait_for("the downloads", lambda: read_file(bounded, sid, "/tmp/dl.out"), 120)
