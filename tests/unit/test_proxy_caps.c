@@ -5,6 +5,12 @@
  * one of the hog's; the hog, over its share, is refused more; and the neighbour is refused past
  * its own share. Connections here say nothing: they stay deciding (first_bytes_ms is long), so
  * no DNS or upstream is needed. What a sandbox sees: its connection open, or closed at once.
+ *
+ * Then the proxy's lookups, on a second proxy whose DNS server never answers (and whose lookups
+ * wait a minute before giving up), so that every connection that asks a name stays waiting for
+ * it: a sandbox has at most PROXY_LOOKUPS_PER_PEER at once, and once the lookup table is half
+ * full one over its fair share is refused ("busy", a 502) while one below it still gets its
+ * lookup.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -18,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -31,8 +38,9 @@
 #define NEIGHBOUR "127.0.0.4"
 
 static struct event_base *base;
-static struct proxy *proxy;
-static struct sockaddr_in proxy_addr;
+static struct proxy *proxy, *lproxy;
+static struct lookup *slow_lk;
+static struct sockaddr_in proxy_addr, lproxy_addr;
 static json_t *policy;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static char denied_log[16384];
@@ -48,8 +56,12 @@ static int is_ip(const struct sockaddr *sa, const char *ip)
 static json_t *hook_policy(void *ctx, const struct sockaddr *peer, socklen_t len, char *id,
                            size_t idcap)
 {
-    snprintf(id, idcap, "%s", is_ip(peer, HOG) ? "hog" : "neighbour");
-    return policy;
+    const struct sockaddr_in *in = (const struct sockaddr_in *)peer;
+    if (is_ip(peer, HOG) || is_ip(peer, NEIGHBOUR))
+        snprintf(id, idcap, "%s", is_ip(peer, HOG) ? "hog" : "neighbour");
+    else
+        snprintf(id, idcap, "peer-%u", (unsigned)(ntohl(in->sin_addr.s_addr) & 0xff));
+    return ctx ? ctx : policy;
 }
 
 static int hook_original_dst(void *ctx, int fd, struct sockaddr_in *out)
@@ -123,6 +135,17 @@ static int wait_accepted(uint64_t accepted)
         nanosleep(&(struct timespec){0, 1000000L}, NULL);
     }
     return 0;
+}
+
+static int dial_to(const struct sockaddr_in *to, const char *src)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in me = {.sin_family = AF_INET};
+    inet_pton(AF_INET, src, &me.sin_addr);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&me, sizeof(me)) < 0 ||
+        connect(fd, (const struct sockaddr *)to, sizeof(*to)) < 0)
+        perror("dial");
+    return fd;
 }
 
 static int dial(const char *src)
@@ -225,6 +248,133 @@ static void shares(void)
         close(nb[i]);
 }
 
+struct lookup_ask {
+    struct lookup_stats ls;
+    struct proxy_stats ps;
+    atomic_int done;
+};
+
+static void read_lookup_stats(evutil_socket_t fd, short what, void *arg)
+{
+    struct lookup_ask *a = arg;
+    lookup_stats(slow_lk, &a->ls);
+    proxy_stats(lproxy, &a->ps);
+    atomic_store(&a->done, 1);
+}
+
+/* Names asked upstream now, and the second proxy's denials so far, read on the loop's thread. */
+static void lookup_counts(unsigned *pending, uint64_t *denied)
+{
+    struct lookup_ask a = {0};
+    event_base_once(base, -1, EV_TIMEOUT, read_lookup_stats, &a, &(struct timeval){0, 0});
+    while (!atomic_load(&a.done))
+        nanosleep(&(struct timespec){0, 1000000L}, NULL);
+    *pending = a.ls.pending;
+    *denied = a.ps.denied;
+}
+
+/* Waits (10 s at most) until `pending` names are asked and `denied` connections refused. */
+static int wait_lookups(unsigned pending, uint64_t denied)
+{
+    unsigned p = 0;
+    uint64_t d = 0;
+    for (int i = 0; i < 10000; i++) {
+        lookup_counts(&p, &d);
+        if (p >= pending && d >= denied)
+            return p == pending && d == denied;
+        nanosleep(&(struct timespec){0, 1000000L}, NULL);
+    }
+    return 0;
+}
+
+static int next_name;
+
+/* Opens n connections from src to the second proxy, each asking for a name of its own. */
+static void ask_names(const char *src, int *fds, int n)
+{
+    for (int i = 0; i < n; i++) {
+        fds[i] = dial_to(&lproxy_addr, src);
+        char head[128];
+        int len =
+            snprintf(head, sizeof(head), "GET / HTTP/1.1\r\nHost: n%d.test\r\n\r\n", next_name++);
+        if (send(fds[i], head, (size_t)len, MSG_NOSIGNAL) != len)
+            perror("send");
+    }
+}
+
+/* How many of fds were answered 502 within 10 s, waiting until `want` were or time is up. */
+static int count_502(const int *fds, int n, int want)
+{
+    int found = 0;
+    char *seen = calloc((size_t)n, 1);
+    struct pollfd *p = calloc((size_t)n, sizeof(*p));
+    for (int t = 0; t < 100 && found < want; t++) {
+        for (int i = 0; i < n; i++)
+            p[i] = (struct pollfd){.fd = seen[i] ? -1 : fds[i], .events = POLLIN};
+        if (poll(p, (nfds_t)n, 100) <= 0)
+            continue;
+        for (int i = 0; i < n; i++) {
+            char buf[64] = {0};
+            if (!(p[i].revents & POLLIN) ||
+                recv(fds[i], buf, sizeof(buf) - 1, MSG_PEEK | MSG_DONTWAIT) <= 0)
+                continue;
+            seen[i] = 1;
+            found += strncmp(buf, "HTTP/1.1 502", 12) == 0;
+        }
+    }
+    free(seen);
+    free(p);
+    return found;
+}
+
+static void close_all(int *fds, int n)
+{
+    for (int i = 0; i < n; i++)
+        close(fds[i]);
+}
+
+static void lookups(void)
+{
+    enum { PER = PROXY_LOOKUPS_PER_PEER };
+    static int a[PER + 1], b[PER], c[PER], d[PER], nb[2];
+    ask_names("127.0.0.5", a, PER);
+    ok(wait_lookups(PER, 0), "one sandbox has %d lookups waiting", PER);
+    ask_names("127.0.0.5", a + PER, 1);
+    ok(wait_lookups(PER, 1) && count_502(a + PER, 1, 1) == 1,
+       "its next is answered 502 at once: at most %d per sandbox", PER);
+    ok(denied_count("peer-5", "busy") == 1, "logged as busy");
+
+    /* Two more fill the table to three quarters: below half, and then below their shares. */
+    ask_names("127.0.0.6", b, PER);
+    ask_names("127.0.0.7", c, PER);
+    ok(wait_lookups(3 * PER, 1), "three sandboxes hold %d of the %d lookups", 3 * PER,
+       LOOKUP_PENDING_MAX);
+
+    /* A neighbour: four sandboxes, a share of 256 each. */
+    ask_names(NEIGHBOUR, nb, 1);
+    ok(wait_lookups(3 * PER + 1, 1), "the table is past half full and a neighbour gets one");
+
+    /* A fifth: a share of 1,024 / 5 = 204, and it is refused past it though the table has
+     * room; the neighbour, below its own share, still gets another. */
+    unsigned share = proxy_fair_share(LOOKUP_PENDING_MAX, 5, PROXY_LOOKUP_SHARE_FLOOR);
+    int over = 6;
+    ask_names("127.0.0.8", d, (int)share + over);
+    ok(wait_lookups(3 * PER + 1 + share, 1 + (uint64_t)over),
+       "a fifth sandbox gets its share, %u, and no more", share);
+    ok(count_502(d, (int)share + over, over) == over && denied_count("peer-8", "busy") == over,
+       "the %d past its share are answered 502 busy", over);
+    ask_names(NEIGHBOUR, nb + 1, 1);
+    ok(wait_lookups(3 * PER + 2 + share, 1 + (uint64_t)over),
+       "the neighbour, below its share, still gets its second (%u of %d asked)",
+       3 * PER + 2 + share, LOOKUP_PENDING_MAX);
+
+    close_all(a, PER + 1);
+    close_all(b, PER);
+    close_all(c, PER);
+    close_all(d, (int)share + over);
+    close_all(nb, 2);
+}
+
 int main(void)
 {
     arithmetic();
@@ -249,6 +399,35 @@ int main(void)
         .policy = hook_policy, .original_dst = hook_original_dst, .denied = hook_denied};
     proxy = proxy_new(base, lfd, lk, &cfg, &hooks, NULL, &err);
     ok(proxy != NULL, "proxy_new %s", err.msg);
+
+    /* The second proxy: every name asked waits a minute on a DNS server that never answers. */
+    struct rlimit rl;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    rl.rlim_cur = rl.rlim_max < 4096 ? rl.rlim_max : 4096;
+    ok(setrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur >= 2500,
+       "fds for %d connections at both ends", 4 * PROXY_LOOKUPS_PER_PEER);
+    int silent = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sdns = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t slen = sizeof(sdns);
+    bind(silent, (struct sockaddr *)&sdns, sizeof(sdns));
+    getsockname(silent, (struct sockaddr *)&sdns, &slen);
+    slow_lk = lookup_new(base, (struct sockaddr *)&sdns, sizeof(sdns), &err);
+    if (slow_lk)
+        lookup_set_timeouts(slow_lk, 30000, 60000);
+    json_t *any = json_pack("{s:b}", "internet", 1);
+    int lfd2 = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    lproxy_addr =
+        (struct sockaddr_in){.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    alen = sizeof(lproxy_addr);
+    ok(slow_lk && bind(lfd2, (struct sockaddr *)&lproxy_addr, sizeof(lproxy_addr)) == 0 &&
+           listen(lfd2, 1024) == 0 &&
+           getsockname(lfd2, (struct sockaddr *)&lproxy_addr, &alen) == 0,
+       "the second proxy's listening socket");
+    struct proxy_config lcfg = {
+        .max_conns = 4096, .max_conns_per_peer = 1024, .first_bytes_ms = 60000};
+    lproxy = proxy_new(base, lfd2, slow_lk, &lcfg, &hooks, any, &err);
+    ok(lproxy != NULL, "proxy_new %s", err.msg);
+
     struct event *ka = event_new(base, -1, EV_PERSIST, keepalive, NULL);
     event_add(ka, &(struct timeval){1, 0});
     pthread_t loop;
@@ -256,13 +435,19 @@ int main(void)
 
     if (proxy)
         shares();
+    if (lproxy)
+        lookups();
 
     event_base_loopbreak(base);
     pthread_join(loop, NULL);
     event_free(ka);
     proxy_free(proxy);
+    proxy_free(lproxy);
     lookup_free(lk);
+    lookup_free(slow_lk);
     event_base_free(base);
     json_decref(policy);
+    json_decref(any);
+    close(silent);
     return tap_done();
 }
