@@ -264,8 +264,9 @@ const struct cli_command cli_commands[] = {
         .options = "--internet --no-internet --allow= --deny= --json",
         .help =
             "Without options, shows the sandbox's egress policy: internet yes or no, and its\n"
-            "allow and deny lists. With them, replaces it (in any state; new connections\n"
-            "follow it at once) and shows the new one. --json prints the policy object.\n"
+            "allow and deny lists. With them, replaces it (in any state; at once, and open\n"
+            "connections it no longer allows are closed) and shows the new one. --json\n"
+            "prints the policy object.\n"
             "\n"
             "Options:\n"
             "  --internet       let it reach any public host\n"

@@ -36,6 +36,7 @@
 #include "driver/driver.h"
 #include "net/addr.h"
 #include "net/gateway.h"
+#include "net/proxy.h"
 #include "net/tlsmitm.h"
 #include "store/store.h"
 
@@ -225,6 +226,11 @@ static int open_gateway(struct daemon *d, struct wr_err *err)
     }
     struct gateway_config gc = {0};
     snprintf(gc.dns_upstream, sizeof(gc.dns_upstream), "%s", cfg->dns_upstream);
+    /* Sized like the API's cap (serve's listen_all), so the two together cannot use up the fds:
+     * 250 proxy connections from each of 5 sandboxes did, at 1,024. */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+        gc.proxy_max_conns = proxy_conns_for_fds((unsigned long long)rl.rlim_cur);
     if (addr_ranges_parse(cfg->public_ranges, &gc.extra_public, err) < 0)
         return wr_err_prefix(err, "--public-ranges");
     struct gateway_hooks hooks = {.policy = gw_policy,

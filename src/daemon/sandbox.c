@@ -360,6 +360,10 @@ void sandbox_set_network(struct sandbox *sb, json_t *policy)
     char *text = json_dumps(policy, JSON_COMPACT);
     log_info(sb->id, "network.set", "policy=%s", text ? text : "?");
     free(text);
+    /* Open connections too, not only the next ones: a tightened policy must not leave a
+     * download or a kept-alive connection to a host it now forbids. */
+    if (sb->net_slot >= 0)
+        gateway_slot_policy_changed(sb->d->gw, sb->net_slot);
 }
 
 void sandbox_spec(const struct sandbox *sb, struct driver_spec *spec)

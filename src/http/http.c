@@ -17,6 +17,7 @@
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -71,6 +72,7 @@ struct http_server {
     int cap_paused;   /* at the connection cap: accepting again after a close */
     http_reply_hook reply_hook;
     void *reply_hook_ctx;
+    struct http_server *next; /* in servers */
 };
 
 struct http_req {
@@ -137,12 +139,55 @@ static void on_cap(int on, void *arg)
     set_accepting(s);
 }
 
+/* Every live server, to find one from its evhttp: a listener's error callback gets the
+ * listener's user data, which evhttp_bind_listener set to the evhttp (its own accept callback
+ * needs it), not to our server. Servers are few and accept errors rare: a list will do. A lock,
+ * because each server's loop may run on a thread of its own. */
+static struct http_server *servers;
+static pthread_mutex_t servers_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void servers_add(struct http_server *s)
+{
+    pthread_mutex_lock(&servers_lock);
+    s->next = servers;
+    servers = s;
+    pthread_mutex_unlock(&servers_lock);
+}
+
+static void servers_remove(struct http_server *s)
+{
+    pthread_mutex_lock(&servers_lock);
+    for (struct http_server **p = &servers; *p; p = &(*p)->next)
+        if (*p == s) {
+            *p = s->next;
+            break;
+        }
+    pthread_mutex_unlock(&servers_lock);
+}
+
+/* The server h (an evhttp) belongs to, or NULL. */
+static struct http_server *servers_find(const struct evhttp *h)
+{
+    pthread_mutex_lock(&servers_lock);
+    struct http_server *s = servers;
+    while (s && s->http != h && s->https != h)
+        s = s->next;
+    pthread_mutex_unlock(&servers_lock);
+    return s;
+}
+
 /* accept failed (out of fds, most likely): stop accepting for a moment rather than retrying at
- * once, forever, with a log line each time. Clients wait in the backlog meanwhile. */
+ * once, forever, with a log line each time. Clients wait in the backlog meanwhile. arg is the
+ * listener's evhttp (see servers). */
 static void on_accept_error(struct evconnlistener *l, void *arg)
 {
-    struct http_server *s = arg;
     int e = EVUTIL_SOCKET_ERROR();
+    struct http_server *s = servers_find(arg);
+    if (!s) { /* not one of ours: at least never spin on it */
+        evconnlistener_disable(l);
+        log_warn(NULL, "http.accept_failed", "error=\"%s\" listener=unknown", strerror(e));
+        return;
+    }
     if (s->accept_errors++ % 1000 == 0)
         log_warn(NULL, "http.accept_failed", "error=\"%s\" times=%llu", strerror(e),
                  (unsigned long long)s->accept_errors);
@@ -274,6 +319,7 @@ struct http_server *http_server_new(struct event_base *base, http_handler handle
         return NULL;
     }
     s->resume = evtimer_new(base, on_resume, s);
+    servers_add(s);
     return s;
 }
 
@@ -327,6 +373,7 @@ void http_server_set_body_limit(struct http_server *s, http_body_limit_fn fn, vo
 void http_server_conn_stats(struct http_server *s, struct http_conn_stats *out)
 {
     conns_stats(s->conns, out);
+    out->accept_errors = s->accept_errors;
 }
 
 int http_server_listen_tcp(struct http_server *s, const char *host, int port, struct wr_err *err)
@@ -405,6 +452,7 @@ void http_server_free(struct http_server *s)
 {
     if (!s)
         return;
+    servers_remove(s);
     http_server_stop_accepting(s);
     if (s->resume)
         event_free(s->resume);

@@ -58,6 +58,7 @@ struct http_conn_stats {
     unsigned long long wait_timeouts;   /* bodies that waited for room past the idle timeout */
     unsigned long long refused;         /* answered 413 or 400 by the layer (no handler) */
     unsigned long long paused;          /* times accepting paused at the cap */
+    unsigned long long accept_errors;   /* accept() failed (out of fds): paused for a moment */
 };
 void http_server_conn_stats(struct http_server *s, struct http_conn_stats *out);
 

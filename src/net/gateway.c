@@ -283,7 +283,8 @@ struct gateway *gateway_open(struct event_base *base, const struct gateway_confi
     }
     /* the paths are the caller's, for this call only */
     g->cfg.ca_cert = g->cfg.ca_key = g->cfg.upstream_extra_ca = NULL;
-    struct proxy_config pc = {.extra_public = &g->cfg.extra_public, .mitm = g->mitm};
+    struct proxy_config pc = {
+        .extra_public = &g->cfg.extra_public, .mitm = g->mitm, .max_conns = cfg->proxy_max_conns};
     struct proxy_hooks ph = {.policy = proxy_policy,
                              .original_dst = proxy_original_dst,
                              .is_local = proxy_is_local,
@@ -295,8 +296,9 @@ struct gateway *gateway_open(struct event_base *base, const struct gateway_confi
         goto fail;
     char up[INET_ADDRSTRLEN] = "?";
     inet_ntop(AF_INET, &g->upstream.sin_addr, up, sizeof(up));
-    log_info(NULL, "gateway.open", "dns_upstream=%s:%d extra_public=%u", up,
-             ntohs(g->upstream.sin_port), g->cfg.extra_public.n);
+    log_info(NULL, "gateway.open", "dns_upstream=%s:%d extra_public=%u proxy_max_conns=%d", up,
+             ntohs(g->upstream.sin_port), g->cfg.extra_public.n,
+             cfg->proxy_max_conns ? cfg->proxy_max_conns : PROXY_MAX_CONNS);
     return g;
 fail:
     gateway_close(g);
@@ -432,6 +434,14 @@ int gateway_unplumb(struct gateway *g, int slot, struct wr_err *err)
     char gw_if[16];
     veth_name(slot, gw_if, sizeof(gw_if));
     return netns_link_del(g->gw_ns, gw_if, err);
+}
+
+void gateway_slot_policy_changed(struct gateway *g, int slot)
+{
+    if (!g || slot < 0 || slot >= GATEWAY_SLOTS || !g->slots[slot].used)
+        return;
+    struct sockaddr_in peer = {.sin_family = AF_INET, .sin_addr = slot_addr(slot, 2)};
+    proxy_recheck_peer(g->proxy, (struct sockaddr *)&peer, sizeof(peer));
 }
 
 void gateway_stats(const struct gateway *g, struct gateway_stats *out)

@@ -12,7 +12,8 @@
  * The proxy (net/proxy.h) and each sandbox's resolver (net/resolver.h) listen in the gateway
  * namespace and reach out from the daemon's own; they know a sandbox by its address, and ask
  * the daemon for its policy at every decision, so a policy change applies to the next lookup
- * and the next connection.
+ * and the next connection; and gateway_slot_policy_changed closes the open connections that
+ * the new policy no longer allows.
  *
  * Threads: gateway_open, gateway_close and the gateway_slot_* calls run on the loop's thread;
  * gateway_plumb and gateway_unplumb block (netlink) and run on workers.
@@ -41,6 +42,9 @@ struct gateway_config {
     /* The daemon's CA, which signs what the proxy shows sandboxes when it terminates their TLS;
        and certificates the proxy trusts upstream besides the system's (NULL: none). */
     const char *ca_cert, *ca_key, *upstream_extra_ca;
+    /* The proxy's cap on connections from all sandboxes (0: PROXY_MAX_CONNS); the daemon sizes
+       it to its fd limit (proxy_conns_for_fds). */
+    int proxy_max_conns;
 };
 
 struct gateway_hooks {
@@ -92,6 +96,10 @@ int gateway_plumb(struct gateway *g, int slot, int *netns_fd, int *dns_fd, char 
 
 /** Worker: removes slot's veth pair (and with it the sandbox's only link). Idempotent. */
 int gateway_unplumb(struct gateway *g, int slot, struct wr_err *err);
+
+/** The policy of slot's sandbox changed: the proxy closes its open connections that the new
+ * policy does not allow (proxy_recheck_peer). Negative slots are a no-op. */
+void gateway_slot_policy_changed(struct gateway *g, int slot);
 
 /** Counters for health and the tests. */
 struct gateway_stats {

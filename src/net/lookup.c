@@ -73,6 +73,7 @@ struct lookup {
     socklen_t upstream_len;
     struct req_list queued; /* results waiting for the next turn */
     struct lookup_stats stats;
+    int retry_ms, timeout_ms; /* LOOKUP_RETRY_MS, LOOKUP_TIMEOUT_MS unless a test says */
     uint8_t out[DNS_EDNS_UDP];
     uint8_t in[UPSTREAM_BUF];
     struct query queries[LOOKUP_PENDING_MAX];
@@ -277,7 +278,7 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     if (q->tries < 2) {
         q->l->stats.retries++;
         query_send(q);
-        timer_add_ms(q->timer, LOOKUP_TIMEOUT_MS - LOOKUP_RETRY_MS);
+        timer_add_ms(q->timer, q->l->timeout_ms - q->l->retry_ms);
         return;
     }
     q->l->stats.timeouts++;
@@ -388,7 +389,7 @@ struct lookup_req *lookup_start(struct lookup *l, const char *name, lookup_cb cb
     list_push(&q->waiters, r);
     l->stats.pending++;
     query_send(q);
-    timer_add_ms(q->timer, LOOKUP_RETRY_MS);
+    timer_add_ms(q->timer, l->retry_ms);
     return r;
 }
 
@@ -398,6 +399,14 @@ void lookup_cancel(struct lookup_req *req)
         return;
     list_unlink(req);
     free(req);
+}
+
+void lookup_set_timeouts(struct lookup *l, int retry_ms, int timeout_ms)
+{
+    if (retry_ms > 0 && timeout_ms > retry_ms) {
+        l->retry_ms = retry_ms;
+        l->timeout_ms = timeout_ms;
+    }
 }
 
 void lookup_stats(const struct lookup *l, struct lookup_stats *out)
@@ -419,6 +428,8 @@ struct lookup *lookup_new(struct event_base *base, const struct sockaddr *upstre
         return NULL;
     }
     l->base = base;
+    l->retry_ms = LOOKUP_RETRY_MS;
+    l->timeout_ms = LOOKUP_TIMEOUT_MS;
     memcpy(&l->upstream, upstream, upstream_len);
     l->upstream_len = upstream_len;
     l->fd = socket(upstream->sa_family, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);

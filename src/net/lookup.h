@@ -96,6 +96,13 @@ struct lookup_req *lookup_start(struct lookup *l, const char *name, lookup_cb cb
  */
 void lookup_cancel(struct lookup_req *req);
 
+/**
+ * Tests: a query is asked again after retry_ms and given up timeout_ms after it was first sent
+ * (0 < retry_ms < timeout_ms), instead of LOOKUP_RETRY_MS and LOOKUP_TIMEOUT_MS, for queries sent
+ * from now on.
+ */
+void lookup_set_timeouts(struct lookup *l, int retry_ms, int timeout_ms);
+
 /** Copies l's counters into out. */
 void lookup_stats(const struct lookup *l, struct lookup_stats *out /* OUT */);
 

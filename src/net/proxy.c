@@ -30,6 +30,8 @@
 #include <event2/bufferevent.h>
 #include <event2/bufferevent_ssl.h>
 #include <event2/listener.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
@@ -77,9 +79,18 @@ enum ans_state {
     AN_RAW,     /* a tunnel (TLS relayed, or after a WebSocket's 101) */
 };
 
+/* A sandbox address with connections here: what it holds, for its caps and fair shares. */
+struct peer {
+    struct peer *next;
+    struct sockaddr_storage addr;
+    unsigned conns;   /* connections open from it, in any state */
+    unsigned lookups; /* of which waiting for a lookup (ST_LOOKUP) */
+};
+
 struct conn {
     struct proxy *p;
     struct conn *prev, *next;
+    struct peer *pe;
     enum conn_state state;
     enum conn_kind kind;
     struct sockaddr_storage peer;
@@ -140,6 +151,8 @@ struct proxy {
     struct proxy_hooks hooks;
     void *ctx;
     struct conn *conns;
+    struct peer *peers; /* every address with a connection open */
+    unsigned npeers;
     struct proxy_stats stats;
 };
 
@@ -196,11 +209,57 @@ static void on_raw_drained(struct evbuffer *buf, const struct evbuffer_cb_info *
         bufferevent_trigger(arg, EV_WRITE, BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
 }
 
+static int same_host(const struct sockaddr *a, const struct sockaddr *b);
+
+/* The peer entry of addr, made if it has none; counts one more connection. NULL: no memory. */
+static struct peer *peer_get(struct proxy *p, const struct sockaddr *addr, socklen_t len)
+{
+    struct peer *pe = p->peers;
+    while (pe && !same_host((const struct sockaddr *)&pe->addr, addr))
+        pe = pe->next;
+    if (!pe) {
+        pe = calloc(1, sizeof(*pe));
+        if (!pe)
+            return NULL;
+        memcpy(&pe->addr, addr, len);
+        pe->next = p->peers;
+        p->peers = pe;
+        p->npeers++;
+    }
+    pe->conns++;
+    return pe;
+}
+
+/* One connection of pe's fewer; the entry goes with its last. */
+static void peer_put(struct proxy *p, struct peer *pe)
+{
+    if (--pe->conns > 0)
+        return;
+    for (struct peer **pp = &p->peers; *pp; pp = &(*pp)->next)
+        if (*pp == pe) {
+            *pp = pe->next;
+            break;
+        }
+    p->npeers--;
+    free(pe);
+}
+
+/* c's lookup ended (answered or cancelled): its sandbox holds one fewer. */
+static void lookup_ended(struct conn *c)
+{
+    if (c->lk && c->pe)
+        c->pe->lookups--;
+    c->lk = NULL;
+}
+
 static void conn_close(struct conn *c)
 {
     struct proxy *p = c->p;
     if (c->lk)
         lookup_cancel(c->lk);
+    lookup_ended(c);
+    if (c->pe)
+        peer_put(p, c->pe);
     side_free(&c->cl, &c->cl_drain);
     side_free(&c->up, &c->up_drain);
     if (c->timer)
@@ -285,7 +344,7 @@ static void respond(struct conn *c, int status, const char *text)
 {
     if (c->lk) {
         lookup_cancel(c->lk);
-        c->lk = NULL;
+        lookup_ended(c);
     }
     side_free(&c->up, &c->up_drain);
     c->state = ST_REFUSING;
@@ -922,6 +981,7 @@ static void up_tls_start(struct conn *c)
 }
 
 static void decide(struct conn *c, const char *name, int port);
+static int lookup_admit(struct proxy *p, const struct peer *pe);
 
 /* The first request head in the decrypted stream: its Host must be the SNI. */
 static void decide_intercepted(struct conn *c, const struct sniff_http *h)
@@ -1060,6 +1120,10 @@ static void dial_next(struct conn *c)
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         if (fd < 0)
             continue;
+        /* Before connect, so that the window offered is sized by it, and autotuning (which
+         * grew each unread download's queue to megabytes) is off. */
+        int rcvbuf = PROXY_UPSTREAM_RCVBUF;
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
         c->up = bufferevent_socket_new(p->base, fd, BEV_OPT_CLOSE_ON_FREE);
         if (!c->up) {
             close(fd);
@@ -1087,7 +1151,7 @@ static void on_lookup(void *arg, int rc, const struct dns_addr *addrs, size_t n,
 {
     struct conn *c = arg;
     struct proxy *p = c->p;
-    c->lk = NULL;
+    lookup_ended(c);
     if (rc < 0) {
         refuse(c, c->host, c->port, why, 502);
         return;
@@ -1151,12 +1215,18 @@ static void decide(struct conn *c, const char *name, int port)
     }
     if (c->kind == KIND_HTTP)
         p->stats.requests++;
+    if (!lookup_admit(p, c->pe)) {
+        refuse(c, c->host, port, "busy", 502);
+        return;
+    }
     c->state = ST_LOOKUP;
     event_del(c->timer);
     bufferevent_disable(c->cl, EV_READ);
     c->lk = lookup_start(p->lk, c->host, on_lookup, c);
     if (!c->lk)
         refuse(c, c->host, port, "busy", 502);
+    else
+        c->pe->lookups++;
 }
 
 static void decide_http(struct conn *c, const struct sniff_http *h)
@@ -1291,12 +1361,68 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
 
 /* ---- accepting ---- */
 
-static int peer_conns(const struct proxy *p, const struct sockaddr *peer)
+/* The sandbox holding the most connections, other than pe; NULL if none. */
+static struct peer *biggest_peer(struct proxy *p, const struct peer *pe)
 {
-    int n = 0;
-    for (const struct conn *c = p->conns; c; c = c->next)
-        n += same_host((const struct sockaddr *)&c->peer, peer);
-    return n;
+    struct peer *big = NULL;
+    for (struct peer *q = p->peers; q; q = q->next)
+        if (q != pe && (!big || q->conns > big->conns))
+            big = q;
+    return big;
+}
+
+/* Closes hog's connection idle the longest (one still deciding first: it has moved nothing),
+ * to make room for a sandbox below its fair share. */
+static void evict(struct proxy *p, struct peer *hog)
+{
+    struct conn *victim = NULL;
+    for (struct conn *c = p->conns; c; c = c->next)
+        if (c->pe == hog && c->state != ST_REFUSING &&
+            (!victim || c->last_io_ms < victim->last_io_ms))
+            victim = c;
+    if (!victim)
+        return;
+    p->stats.evicted++;
+    log_info(victim->id[0] ? victim->id : NULL, "proxy.evicted", "host=%s port=%d conns=%u",
+             victim->host[0] ? victim->host : victim->orig_text,
+             victim->port ? victim->port : victim->orig_port, hog->conns);
+    if (p->hooks.denied)
+        p->hooks.denied(p->ctx, victim->id, victim->host[0] ? victim->host : victim->orig_text,
+                        victim->port ? victim->port : victim->orig_port, "fair_share");
+    conn_close(victim);
+}
+
+/* Whether c, counted already in its sandbox's and the proxy's totals, may stay: within the
+ * per-sandbox cap, and within the global one -- or, at the global cap, below its fair share
+ * while another sandbox is over its own, which then gives up a connection (evict). */
+static int conn_admit(struct proxy *p, struct conn *c)
+{
+    if (c->pe->conns > (unsigned)p->cfg.max_conns_per_peer)
+        return 0;
+    if (p->stats.active <= (unsigned)p->cfg.max_conns)
+        return 1;
+    unsigned share = proxy_fair_share((unsigned)p->cfg.max_conns, p->npeers, PROXY_SHARE_FLOOR);
+    if (c->pe->conns > share)
+        return 0;
+    struct peer *hog = biggest_peer(p, c->pe);
+    if (!hog || hog->conns <= share)
+        return 0;
+    evict(p, hog);
+    return 1;
+}
+
+/* Whether pe may start one more lookup. A sandbox holds at most PROXY_LOOKUPS_PER_PEER, and
+ * once the lookup table is half full, no more than its fair share of the table: the other half
+ * stays for the sandboxes below theirs. */
+static int lookup_admit(struct proxy *p, const struct peer *pe)
+{
+    if (pe->lookups >= PROXY_LOOKUPS_PER_PEER)
+        return 0;
+    struct lookup_stats ls;
+    lookup_stats(p->lk, &ls);
+    if (ls.pending < LOOKUP_PENDING_MAX / 2)
+        return 1;
+    return pe->lookups < proxy_fair_share(LOOKUP_PENDING_MAX, p->npeers, PROXY_LOOKUP_SHARE_FLOOR);
 }
 
 static void on_accept(struct evconnlistener *lis, evutil_socket_t fd, struct sockaddr *sa,
@@ -1313,9 +1439,18 @@ static void on_accept(struct evconnlistener *lis, evutil_socket_t fd, struct soc
     c->p = p;
     memcpy(&c->peer, sa, (size_t)salen);
     c->peer_len = (socklen_t)salen;
+    /* What a sandbox does not read waits unsent in the kernel for no more than this (plus one
+     * write of the relay's): the socket is writable only below it. Not SO_SNDBUF, which would
+     * also cap the bytes in flight, a third of the throughput under load. */
+    int lowat = PROXY_CLIENT_NOTSENT;
+    setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat, sizeof(lowat));
     c->cl = bufferevent_socket_new(p->base, fd, BEV_OPT_CLOSE_ON_FREE);
-    if (!c->cl) {
-        close(fd);
+    c->pe = c->cl ? peer_get(p, sa, c->peer_len) : NULL;
+    if (!c->pe) {
+        if (c->cl)
+            bufferevent_free(c->cl);
+        else
+            close(fd);
         free(c);
         return;
     }
@@ -1349,8 +1484,7 @@ static void on_accept(struct evconnlistener *lis, evutil_socket_t fd, struct soc
         deny(c, "", 0, "no_original_dst");
         return;
     }
-    if (p->stats.active > (unsigned)p->cfg.max_conns ||
-        peer_conns(p, sa) > p->cfg.max_conns_per_peer) {
+    if (!conn_admit(p, c)) {
         deny(c, c->orig_text, c->orig_port, "too_many_connections");
         return;
     }
@@ -1463,7 +1597,49 @@ void proxy_close_peer(struct proxy *p, const struct sockaddr *peer, socklen_t le
     }
 }
 
+void proxy_recheck_peer(struct proxy *p, const struct sockaddr *peer, socklen_t len)
+{
+    if (!p || !peer || len < (socklen_t)sizeof(sa_family_t))
+        return;
+    struct conn *c = p->conns;
+    while (c) {
+        struct conn *next = c->next;
+        /* Still deciding (no host yet): the policy is asked when it decides. */
+        if (same_host((const struct sockaddr *)&c->peer, peer) && c->host[0] &&
+            c->state != ST_REFUSING) {
+            json_t *policy = p->hooks.policy(p->ctx, (struct sockaddr *)&c->peer, c->peer_len,
+                                             c->id, sizeof(c->id));
+            if (!policy || netpolicy_check(policy, c->host, c->port) != NETPOLICY_ALLOW) {
+                p->stats.denied++;
+                log_info(c->id[0] ? c->id : NULL, "proxy.denied", "host=%s port=%d reason=%s",
+                         c->host, c->port, "policy_changed");
+                if (p->hooks.denied)
+                    p->hooks.denied(p->ctx, c->id, c->host, c->port, "policy_changed");
+                conn_close(c);
+            }
+        }
+        c = next;
+    }
+}
+
 void proxy_stats(const struct proxy *p, struct proxy_stats *out)
 {
     *out = p->stats;
+}
+
+unsigned proxy_fair_share(unsigned total, unsigned sandboxes, unsigned floor)
+{
+    unsigned share = sandboxes > 0 ? total / sandboxes : total;
+    return share > floor ? share : floor;
+}
+
+int proxy_conns_for_fds(unsigned long long fd_limit)
+{
+    unsigned long long api = fd_limit / 2;
+    if (fd_limit <= api + PROXY_FD_RESERVE)
+        return PROXY_MIN_CONNS;
+    unsigned long long conns = (fd_limit - api - PROXY_FD_RESERVE) / 2 / 2;
+    if (conns < PROXY_MIN_CONNS)
+        return PROXY_MIN_CONNS;
+    return conns > PROXY_MAX_CONNS ? PROXY_MAX_CONNS : (int)conns;
 }

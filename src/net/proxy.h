@@ -51,10 +51,31 @@ struct tlsmitm;
 /* Defaults for a proxy_config field left 0. */
 #define PROXY_MAX_CONNS 4096
 #define PROXY_MAX_CONNS_PER_PEER 256
+/* At the global cap, a sandbox below its fair share (max_conns / sandboxes with connections,
+ * never less than this) still gets a connection: the sandbox holding the most, over its own
+ * share, gives one up. */
+#define PROXY_SHARE_FLOOR 16
+/* Lookups (net/lookup.h) one sandbox may have in flight; and, once the lookup table is half
+ * full, its fair share of LOOKUP_PENDING_MAX, never less than this. */
+#define PROXY_LOOKUPS_PER_PEER (LOOKUP_PENDING_MAX / 4)
+#define PROXY_LOOKUP_SHARE_FLOOR 8
+/* proxy_conns_for_fds: fds kept for the daemon's own files (the state database and its WAL,
+ * logs, listeners, DNS sockets) and the bounds of what it returns. */
+#define PROXY_FD_RESERVE 128
+#define PROXY_MIN_CONNS 32
 #define PROXY_FIRST_BYTES_MS 10000
 #define PROXY_CONNECT_MS 10000
 #define PROXY_IDLE_MS (5 * 60 * 1000)
 #define PROXY_BUFFER_MAX (256 * 1024)
+/* Kernel buffers: the upstream socket's receive buffer (set before connect; the kernel doubles
+ * it for its bookkeeping), and the sandbox side's unsent bytes (TCP_NOTSENT_LOWAT). With the
+ * relay's own buffer_max, what a connection whose sandbox reads nothing holds is bounded: about
+ * 2 x PROXY_UPSTREAM_RCVBUF unread on the upstream socket, buffer_max (plus one read) in the
+ * proxy, PROXY_CLIENT_NOTSENT (plus one write) unsent to the sandbox. The upstream is read only
+ * as fast as the sandbox reads. 128 KiB windows still carry ~60 MiB/s at 2 ms of round trip,
+ * ~6 MiB/s at 20 ms. */
+#define PROXY_UPSTREAM_RCVBUF (128 * 1024)
+#define PROXY_CLIENT_NOTSENT (64 * 1024)
 /* A sandbox id as the policy hook writes it (the daemon's ids are far shorter). */
 #define PROXY_ID_MAX 64
 
@@ -76,7 +97,10 @@ struct proxy_hooks {
     /**
      * A denied attempt (may be NULL): the sandbox's id ("" if unknown), the host (the name asked
      * for, or the dialed address as text when no name was read), the port, and a reason: one of
-     * netpolicy_reason's, or "unknown_client", "too_many_connections", "no_original_dst",
+     * netpolicy_reason's, or "unknown_client", "too_many_connections", "fair_share" (an open
+     * connection closed to make room for a sandbox below its fair share), "policy_changed" (an open
+     * connection the sandbox's new policy no longer allows, proxy_recheck_peer),
+     * "no_original_dst",
      * "protocol", "malformed", "timeout" (no decision within first_bytes_ms), "no_sni", "address",
      * "connect", "port_mismatch", "host_changed", "private_address", a lookup's failure
      * ("nxdomain", "no_address", "timeout", ...), or "connect_failed"; when intercepting TLS
@@ -124,6 +148,7 @@ struct proxy_stats {
     uint64_t bytes_up;       /* sandbox to upstream, first bytes included */
     uint64_t bytes_down;     /* upstream to sandbox */
     size_t queued_max;       /* the most one direction ever held queued for its destination */
+    uint64_t evicted;        /* closed to make room for a sandbox below its fair share */
     unsigned active;         /* connections open now */
     unsigned active_max;     /* the most open at once */
 };
@@ -148,7 +173,28 @@ void proxy_free(struct proxy *p);
  */
 void proxy_close_peer(struct proxy *p, const struct sockaddr *peer, socklen_t len);
 
+/**
+ * The egress policy of the sandbox at peer changed (peer's port is ignored): each of its
+ * connections that has a host (past the first bytes) is checked again as a new one would be,
+ * and closed if the policy no longer allows that host and port, reported to the denied hook as
+ * "policy_changed". One still deciding is checked when it decides.
+ */
+void proxy_recheck_peer(struct proxy *p, const struct sockaddr *peer, socklen_t len);
+
 /** Copies p's counters into out. */
 void proxy_stats(const struct proxy *p, struct proxy_stats *out /* OUT */);
+
+/** A sandbox's fair share of total among sandboxes (those holding any), at least floor. */
+unsigned proxy_fair_share(unsigned total, unsigned sandboxes, unsigned floor);
+
+/**
+ * The proxy's global connection cap for a daemon whose fd limit (RLIMIT_NOFILE) is fd_limit:
+ * half the fds go to the API (its own cap, serve's listen_all, is at most fd_limit / 2),
+ * PROXY_FD_RESERVE to the daemon's files, and of the rest half to the proxy at 2 fds a
+ * connection, the other half to the sandboxes' own (agent channels, runsc, logs):
+ * (fd_limit - fd_limit / 2 - PROXY_FD_RESERVE) / 4, within [PROXY_MIN_CONNS, PROXY_MAX_CONNS].
+ * 1,024 fds give 96 connections; 33,024 or more give 4,096.
+ */
+int proxy_conns_for_fds(unsigned long long fd_limit);
 
 #endif
