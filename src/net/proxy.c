@@ -444,6 +444,8 @@ static void forward_head(struct conn *c, struct evbuffer *in, struct evbuffer *o
         if (repl) {
             evbuffer_drain(in, len);
             evbuffer_add(out, repl, outlen);
+            /* It holds a secret's real value: not left in freed memory for the next owner. */
+            OPENSSL_cleanse(repl, outlen);
             free(repl);
             p->stats.bytes_up += outlen;
             return;
