@@ -416,27 +416,40 @@ struct fields {
     int chunked;
 };
 
-/* One header field line (without its CRLF); 0, or -1 if the request must be refused. */
-static int parse_field(const char *p, size_t n, int minor, struct sniff_http *out, struct fields *f)
+/* Splits a field line (n bytes, no CRLF) into its name's length (*colon) and its value without
+ * the white space around it (*v, *vn). -1 if it is no field: a name that is not a token (white
+ * space before the colon, folding), no colon, an empty name, or a byte no value may hold. */
+static int split_field(const char *p, size_t n, size_t *colon, const char **v, size_t *vn)
 {
-    size_t colon = 0;
-    while (colon < n && p[colon] != ':') {
-        if (!tchar((uint8_t)p[colon]))
-            return -1; /* includes whitespace before the colon, and folding */
-        colon++;
+    size_t c = 0;
+    while (c < n && p[c] != ':') {
+        if (!tchar((uint8_t)p[c]))
+            return -1;
+        c++;
     }
-    if (colon == 0 || colon == n)
+    if (c == 0 || c == n)
         return -1;
-    for (size_t i = colon + 1; i < n; i++)
+    for (size_t i = c + 1; i < n; i++)
         if (!value_char((uint8_t)p[i]))
             return -1;
-    size_t vs = colon + 1, ve = n;
+    size_t vs = c + 1, ve = n;
     while (vs < ve && (p[vs] == ' ' || p[vs] == '\t'))
         vs++;
     while (ve > vs && (p[ve - 1] == ' ' || p[ve - 1] == '\t'))
         ve--;
-    const char *v = p + vs;
-    size_t vn = ve - vs;
+    *colon = c;
+    *v = p + vs;
+    *vn = ve - vs;
+    return 0;
+}
+
+/* One header field line (without its CRLF); 0, or -1 if the request must be refused. */
+static int parse_field(const char *p, size_t n, int minor, struct sniff_http *out, struct fields *f)
+{
+    size_t colon, vn;
+    const char *v;
+    if (split_field(p, n, &colon, &v, &vn) < 0)
+        return -1;
 
     static const char *const framing[] = {"host", "content-length", "transfer-encoding"};
     for (size_t k = 0; k < sizeof(framing) / sizeof(framing[0]); k++)
@@ -601,24 +614,10 @@ int sniff_http(const uint8_t *buf, size_t len, struct sniff_http *out)
 static int answer_field(const char *p, size_t n, struct sniff_answer *out, int *has_length,
                         int *has_te)
 {
-    size_t colon = 0;
-    while (colon < n && p[colon] != ':') {
-        if (!tchar((uint8_t)p[colon]))
-            return -1;
-        colon++;
-    }
-    if (colon == 0 || colon == n)
+    size_t colon, vn;
+    const char *v;
+    if (split_field(p, n, &colon, &v, &vn) < 0)
         return -1;
-    for (size_t i = colon + 1; i < n; i++)
-        if (!value_char((uint8_t)p[i]))
-            return -1;
-    size_t vs = colon + 1, ve = n;
-    while (vs < ve && (p[vs] == ' ' || p[vs] == '\t'))
-        vs++;
-    while (ve > vs && (p[ve - 1] == ' ' || p[ve - 1] == '\t'))
-        ve--;
-    const char *v = p + vs;
-    size_t vn = ve - vs;
     if (same_ci(p, colon, "content-length")) {
         if (vn == 0 || vn > SNIFF_HTTP_LENGTH_DIGITS_MAX)
             return -1;
