@@ -141,6 +141,19 @@ struct conn {
     int cl_shut, up_shut;     /* we sent ours to it */
 };
 
+/* The handshake rate:
+ * A bucket per sandbox address, kept apart from struct peer (which goes with a sandbox's last
+ * connection: one connection at a time would refill it each time). An open-addressed table;
+ * a slot whose bucket has refilled whole is as good as free and is taken over. */
+#define HS_SLOTS 1024
+#define HS_PROBES 16
+
+struct hs_bucket {
+    uint32_t addr; /* IPv4, network order; 0: never used */
+    double tokens;
+    uint64_t at_ms;
+};
+
 struct proxy {
     struct event_base *base;
     struct evconnlistener *listener;
@@ -154,7 +167,55 @@ struct proxy {
     struct peer *peers; /* every address with a connection open */
     unsigned npeers;
     struct proxy_stats stats;
+    struct hs_bucket hs[HS_SLOTS]; /* handshake buckets, by sandbox address */
 };
+
+/* ---- the handshake rate (see handshake_admit) ---- */
+
+static double hs_rate(const struct proxy *p)
+{
+    return p->cfg.handshakes_per_s > 0 ? p->cfg.handshakes_per_s : PROXY_HANDSHAKES_PER_S;
+}
+
+static double hs_burst(const struct proxy *p)
+{
+    return p->cfg.handshake_burst > 0 ? p->cfg.handshake_burst : PROXY_HANDSHAKE_BURST;
+}
+
+/* The bucket's tokens at now_ms. */
+static double hs_refilled(const struct proxy *p, const struct hs_bucket *b, uint64_t now_ms)
+{
+    double t = b->tokens + (double)(now_ms - b->at_ms) * hs_rate(p) / 1000.0;
+    return t < hs_burst(p) ? t : hs_burst(p);
+}
+
+/* Takes one handshake from the bucket of peer's address; 0 when it is empty (or, with every
+ * slot it may use busy, when there is no bucket for it: refused rather than unlimited). */
+static int handshake_admit(struct proxy *p, const struct sockaddr *peer)
+{
+    if (peer->sa_family != AF_INET)
+        return 1; /* sandboxes reach the proxy over IPv4 only */
+    uint32_t a = ((const struct sockaddr_in *)peer)->sin_addr.s_addr;
+    uint64_t now = now_ms_monotonic();
+    struct hs_bucket *b = NULL;
+    for (unsigned i = 0, h = (ntohl(a) * 2654435761u) % HS_SLOTS; i < HS_PROBES && !b; i++) {
+        struct hs_bucket *s = &p->hs[(h + i) % HS_SLOTS];
+        if (s->addr == a) {
+            b = s;
+        } else if (!s->addr || hs_refilled(p, s, now) >= hs_burst(p)) {
+            *s = (struct hs_bucket){.addr = a, .tokens = hs_burst(p), .at_ms = now};
+            b = s;
+        }
+    }
+    if (!b)
+        return 0;
+    b->tokens = hs_refilled(p, b, now);
+    b->at_ms = now;
+    if (b->tokens < 1)
+        return 0;
+    b->tokens -= 1;
+    return 1;
+}
 
 static void timer_ms(struct conn *c, uint64_t ms)
 {
@@ -1212,6 +1273,10 @@ static void decide(struct conn *c, const char *name, int port)
         return;
     }
     if (c->kind == KIND_TLS && p->cfg.mitm && !c->mitm) {
+        if (!handshake_admit(p, (struct sockaddr *)&c->peer)) {
+            refuse(c, c->host, port, "handshake_rate", 0);
+            return;
+        }
         mitm_accept(c);
         return;
     }

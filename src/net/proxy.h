@@ -136,7 +136,18 @@ struct proxy_config {
     /* Intercept TLS (borrowed: must outlive the proxy); NULL: relay TLS byte for byte. The
        sandbox's handshake must finish within first_bytes_ms, the upstream's within connect_ms. */
     struct tlsmitm *mitm;
+    /* Intercepted handshakes one sandbox may start: a bucket of handshake_burst, refilled at
+       handshakes_per_s (0: PROXY_HANDSHAKES_PER_S, PROXY_HANDSHAKE_BURST). Each costs the
+       daemon a signature; past it a connection is refused (handshake_rate). */
+    double handshakes_per_s;
+    int handshake_burst;
 };
+
+/* An intercepted handshake costs the daemon about a millisecond of CPU (a signature): at 50 a
+ * second one sandbox that replays ClientHellos holds a few percent of a core, and a burst of
+ * 200 covers a build that opens its connections at once. */
+#define PROXY_HANDSHAKES_PER_S 50
+#define PROXY_HANDSHAKE_BURST 200
 
 /** Counters since proxy_new, for the network log and the tests. */
 struct proxy_stats {

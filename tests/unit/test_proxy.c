@@ -1423,6 +1423,9 @@ static void idle_and_close_peer(void)
 
 static struct proxy *mproxy;
 static struct sockaddr_in mproxy_addr;
+/* Intercepting too, with a bucket of 3 handshakes that refills once in 1,000 s. */
+static struct proxy *rproxy;
+static struct sockaddr_in rproxy_addr;
 static struct tlsmitm *mitm, *upstream_ca, *rogue_ca;
 static struct tls_upstream up_ok, up_wrong, up_rogue;
 static X509 *mitm_ca;
@@ -1469,9 +1472,12 @@ static const unsigned char alpn_h11[] = "\x08http/1.1", alpn_h2[] = "\x02h2";
 
 /* A sandbox's TLS client on a new connection to the intercepting proxy: SNI sni, ALPN alpn
  * (wire format). Returns the SSL after its handshake, or NULL (*fd then closed and -1). */
-static SSL *tls_dial(const char *sni, const unsigned char *alpn, size_t alpn_len, int *fd)
+/* A TLS connection to the proxy at `at` from address src (NULL: 127.0.0.1) for sni; NULL
+ * (and *fd -1) if the handshake did not complete. */
+static SSL *tls_dial_from(const struct sockaddr_in *at, const char *src, const char *sni,
+                          const unsigned char *alpn, size_t alpn_len, int *fd)
 {
-    *fd = dial_at(&mproxy_addr, NULL);
+    *fd = dial_at(at, src);
     SSL *ssl = SSL_new(sandbox_ctx);
     SSL_set_tlsext_host_name(ssl, sni);
     SSL_set1_host(ssl, sni);
@@ -1485,6 +1491,11 @@ static SSL *tls_dial(const char *sni, const unsigned char *alpn, size_t alpn_len
         return NULL;
     }
     return ssl;
+}
+
+static SSL *tls_dial(const char *sni, const unsigned char *alpn, size_t alpn_len, int *fd)
+{
+    return tls_dial_from(&mproxy_addr, NULL, sni, alpn, alpn_len, fd);
 }
 
 static void tls_close(SSL *ssl, int fd)
@@ -1728,6 +1739,31 @@ static void mitm_refusals(void)
 
 /* 4 MiB up (a POST body) and 4 MiB down (GET /big) through one intercepted connection, the
  * client not reading at first so that every buffer on the way fills. */
+/* A sandbox that replays ClientHellos gets its burst, then its connections are closed
+ * unanswered; a neighbour's bucket is its own. */
+static void mitm_rate(void)
+{
+    set_orig(up_ok.port);
+    int fd, answered = 0;
+    for (int i = 0; i < 3; i++) {
+        SSL *ssl =
+            tls_dial_from(&rproxy_addr, NULL, "allowed.test", alpn_h11, sizeof(alpn_h11) - 1, &fd);
+        answered += ssl != NULL;
+        tls_close(ssl, fd);
+    }
+    ok(answered == 3, "handshake rate: a burst of 3 is answered (%d)", answered);
+    SSL *ssl =
+        tls_dial_from(&rproxy_addr, NULL, "allowed.test", alpn_h11, sizeof(alpn_h11) - 1, &fd);
+    ok(ssl == NULL, "handshake rate: the 4th is closed unanswered");
+    tls_close(ssl, fd);
+    ok(denied_has("sb-1|allowed.test|%d|handshake_rate;", up_ok.port),
+       "handshake rate: the denial says handshake_rate");
+    ssl = tls_dial_from(&rproxy_addr, "127.0.0.3", "allowed.test", alpn_h11, sizeof(alpn_h11) - 1,
+                        &fd);
+    ok(ssl != NULL, "handshake rate: a neighbour's handshake is answered");
+    tls_close(ssl, fd);
+}
+
 static void mitm_big(void)
 {
     set_orig(up_ok.port);
@@ -1904,6 +1940,18 @@ int main(void)
     mhooks.rewrite_head = hook_rewrite;
     mproxy = proxy_new(base, mfd, lk, &mcfg, &mhooks, NULL, &err);
     ok(mproxy != NULL, "proxy_new with an interception context %s", err.msg);
+    int rfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    rproxy_addr = (struct sockaddr_in){.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
+    alen = sizeof(rproxy_addr);
+    ok(bind(rfd, (struct sockaddr *)&rproxy_addr, sizeof(rproxy_addr)) == 0 &&
+           listen(rfd, 128) == 0 && getsockname(rfd, (struct sockaddr *)&rproxy_addr, &alen) == 0,
+       "the rate-limited proxy's listening socket");
+    rproxy_addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    struct proxy_config rcfg = mcfg;
+    rcfg.handshakes_per_s = 0.001;
+    rcfg.handshake_burst = 3;
+    rproxy = proxy_new(base, rfd, lk, &rcfg, &mhooks, NULL, &err);
+    ok(rproxy != NULL, "proxy_new with a handshake rate %s", err.msg);
 
     struct event *tick = event_new(base, -1, EV_PERSIST, keepalive_tick, NULL);
     event_add(tick, &(struct timeval){1, 0});
@@ -1922,6 +1970,7 @@ int main(void)
     mitm_secrets();
     mitm_refusals();
     mitm_big();
+    mitm_rate();
 
     struct proxy_stats s = stats();
     ok(s.accepted > 0 && s.denied > 0 && s.requests > 0 && s.active_max <= PER_PEER + 8,
@@ -1933,6 +1982,7 @@ int main(void)
     pthread_join(loop, NULL);
     proxy_free(proxy);
     proxy_free(mproxy);
+    proxy_free(rproxy);
     lookup_free(lk);
     for (int i = 0; i < SERVER_CONNS; i++)
         if (server_conns[i])
