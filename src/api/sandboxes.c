@@ -104,22 +104,23 @@ static json_t *form_piece(const char *p, size_t n)
 }
 
 /* metadata=K=V&K2=V2 (the form E2B's API takes, itself percent-encoded in the query; a key or
- * value holding '&' or '=' is percent-encoded once more) into {K: V, ...}. NULL with err set if
- * malformed. */
-static json_t *parse_metadata_filter(const char *q, struct wr_err *err)
+ * value holding '&' or '=' is percent-encoded once more; a pair without '=' is a key with an
+ * empty value) into {K: V, ...}. NULL when no sandbox can match it: a key that is empty, or a
+ * key or value that is not UTF-8 once decoded, holds a NUL or is not well percent-encoded
+ * (metadata holds UTF-8 strings only). Bounded by the query's own length. */
+static json_t *parse_metadata_filter(const char *q)
 {
     json_t *md = json_object();
     while (*q) {
         size_t len = strcspn(q, "&");
         const char *eq = memchr(q, '=', len);
-        json_t *k = eq ? form_piece(q, (size_t)(eq - q)) : NULL;
-        json_t *v = eq ? form_piece(eq + 1, len - (size_t)(eq + 1 - q)) : NULL;
-        if (!k || !v || !json_string_length(k) || json_object_size(md) >= 64) {
+        size_t klen = eq ? (size_t)(eq - q) : len;
+        json_t *k = form_piece(q, klen);
+        json_t *v = eq ? form_piece(eq + 1, len - klen - 1) : json_string("");
+        if (!k || !v || !json_string_length(k)) {
             json_decref(k);
             json_decref(v);
             json_decref(md);
-            wr_err_kind(err, WR_E_INVALID, 0,
-                        "metadata: want KEY=VALUE pairs joined by '&' (URL-encoded), at most 64");
             return NULL;
         }
         json_object_set_new(md, json_string_value(k), v);
@@ -132,17 +133,15 @@ static json_t *parse_metadata_filter(const char *q, struct wr_err *err)
 void api_sandboxes_list(struct daemon *d, struct http_req *req, struct route_match *m)
 {
     struct wr_err err = {0};
-    struct sandbox_filter f = {.metadata = NULL, .state = -1};
+    struct sandbox_filter f = {.metadata = NULL, .state = -1, .none = 0};
     const char *md = http_req_query(req, "metadata"), *state = http_req_query(req, "state");
     if (state && (f.state = sandbox_state_parse(state)) < 0) {
         wr_err_kind(&err, WR_E_INVALID, 0, "state: not a sandbox state (running, stopped, ...)");
         api_reply_err(req, &err);
         return;
     }
-    if (md && !(f.metadata = parse_metadata_filter(md, &err))) {
-        api_reply_err(req, &err);
-        return;
-    }
+    if (md && !(f.metadata = parse_metadata_filter(md)))
+        f.none = 1;
     svc_sandbox_list(d, &f, api_sink_new(req));
     json_decref(f.metadata);
 }

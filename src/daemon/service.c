@@ -201,6 +201,8 @@ static int filter_passes(const struct sandbox_filter *f, const struct sandbox *s
 {
     if (!f)
         return 1;
+    if (f->none)
+        return 0;
     if (f->state >= 0 && (int)sb->state != f->state)
         return 0;
     const char *k;
@@ -397,7 +399,7 @@ static int grant_refused(struct daemon *d, json_t *keys, struct sink *s)
         if (!kid)
             continue; /* secrets.c names the bad entry */
         if (!k || k->revoked_at) {
-            sink_failf(s, WR_E_INVALID, 0, "keys[%zu]: no key %.40s in use", i, kid);
+            sink_failf(s, WR_E_NOT_FOUND, 0, "keys[%zu]: no key %.40s in use", i, kid);
             return 1;
         }
         if (strcmp(k->owner_id, k->id)) {

@@ -44,6 +44,7 @@ void svc_sandbox_create(struct daemon *d, const struct sandbox_opts *o, struct s
 struct sandbox_filter {
     json_t *metadata; /* borrowed: every key of it must be in a sandbox's metadata, same value */
     int state;        /* an enum sb_state, or -1 for any */
+    int none;         /* no sandbox can match (a metadata filter no metadata can hold) */
 };
 
 /** Answers {"sandboxes": [...]}, oldest first: those f (NULL: every one) lets through. */
