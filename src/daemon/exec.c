@@ -173,6 +173,13 @@ static void on_whole_output(struct exec_op *op, int which, const uint8_t *b, siz
  * knows at once that what follows is not all the command wrote (the exit line says it too). */
 static void stream_truncated(struct exec_op *op, int which)
 {
+    /* The start of a character split at the cap is never completed: it goes now, as it is (a
+     * chunk that is not UTF-8 goes as base64), so that the stream holds exactly the cap's
+     * bytes and none of them follows this line. */
+    struct outbuf *ob = &op->out[which];
+    if (ob->holdlen)
+        stream_chunk(op, which, ob->hold, ob->holdlen);
+    ob->holdlen = 0;
     sink_record(op->sink,
                 json_pack("{s:s, s:s, s:I}", "type", "truncated", "stream",
                           which ? "stderr" : "stdout", "max_output_bytes", (json_int_t)op->cap));
@@ -206,11 +213,8 @@ static void on_stream_output(struct exec_op *op, int which, const uint8_t *b, si
     if (whole)
         stream_chunk(op, which, buf, whole);
     free(buf);
-    if (cut) {
-        /* The held-back start of a character split at the cap would never be completed. */
-        ob->holdlen = 0;
+    if (cut)
         stream_truncated(op, which);
-    }
     stream_topup(op);
 }
 

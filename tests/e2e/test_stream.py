@@ -86,6 +86,13 @@ def test_stream_output_cap(client, sandbox):
     assert [events[i] for i in cuts] == [
         {"type": "truncated", "stream": "stdout", "max_output_bytes": 1000}], events
     assert all(e["type"] != "stdout" for e in events[cuts[0]:]), events
+    # a cut inside a character: the stream still holds exactly the cap's bytes, all before it
+    with client.stream(sandbox, {"command": "yes é | head -c 300000",
+                                 "max_output_bytes": 1000}) as s:
+        events = s.read_all()
+    cut = [i for i, e in enumerate(events) if e["type"] == "truncated"]
+    assert len(cut) == 1 and all(e["type"] != "stdout" for e in events[cut[0]:]), events
+    assert collect(events, "stdout") == ("é\n" * 400).encode()[:1000]
 
 
 def test_stream_may_ask_for_more_than_a_whole_answer(client, sandbox):
