@@ -86,7 +86,7 @@ void api_serve_usage(FILE *out)
             "\n"
             "Admission: a create (or a start of a stopped sandbox) is admitted by what the\n"
             "host has and what sandboxes use, not by their limits: the host's available\n"
-            "memory (less 1/16 of it) must hold 64 MiB for it and for each running sandbox\n"
+            "memory (less 1/16 of it) must hold 32 MiB for it and for each running sandbox\n"
             "not yet measured above that, with no memory stall (/proc/pressure/memory), and\n"
             "the state directory's free space (less --disk-reserve-mib) 128 MiB for it and\n"
             "each running one to write; stopped sandboxes count what their files hold. Past\n"

@@ -83,19 +83,19 @@ int main(void)
     reset();
     for (int i = 0; i < 20; i++)
         add(SB_CREATING, 0);
-    ok(admit(&roomy, &err) == 0, "a burst: 20 starting ones count 64 MiB each (%s)", err.msg);
+    ok(admit(&roomy, &err) == 0, "a burst: 20 starting ones count 32 MiB each (%s)", err.msg);
 
-    /* 100 MiB to spare over the host's 1/16 (1500 MiB): one unmeasured sandbox holds 64 of it,
-     * and the new one needs 64 more. */
+    /* 50 MiB to spare over the host's 1/16 (1500 MiB): one unmeasured sandbox holds 32 of it,
+     * and the new one needs 32 more. */
     struct admission_host tight = {
-        .mem_available_mib = 1600, .pressure_full = 0, .disk_free_mib = 70000};
+        .mem_available_mib = 1550, .pressure_full = 0, .disk_free_mib = 70000};
     reset();
     struct sandbox *a = add(SB_RUNNING, 0);
     int rc = admit(&tight, &err);
-    ok(refused(rc, &err, "not enough memory: the host has 1600 MiB available, 1500 MiB of it kept"),
+    ok(refused(rc, &err, "not enough memory: the host has 1550 MiB available, 1500 MiB of it kept"),
        "short of memory: refused, saying so (%s)", err.msg);
-    ok(strstr(err.msg, "1 running sandboxes are counted at 64 MiB each at least (64 MiB not yet "
-                       "in use); this one needs 64 MiB") != NULL,
+    ok(strstr(err.msg, "1 running sandboxes are counted at 32 MiB each at least (32 MiB not yet "
+                       "in use); this one needs 32 MiB") != NULL,
        "the message counts the reserves (%s)", err.msg);
     a->memory_used_mib = 80; /* the meter's reading: its use is in MemAvailable already */
     ok(admit(&tight, &err) == 0, "once measured above its reserve, it holds none back (%s)",
