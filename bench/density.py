@@ -4,13 +4,23 @@
 long it took and what it cost the host (issue 24: admission counted limits, and refused the
 ninth such create on a 24 GiB host).
 
-A daemon of its own (`--pool 0`; `--max-running` raised only when N is over its default 100) on
+A daemon of its own (`--pool 0`; `--max-running` and `--max-loop-devices` raised only when N is
+over the defaults' 100 and 256) on
 a fresh state directory under /var/tmp that links a built image's directory. Reports the
 creates' and execs' times, any refusal (a 503 `capacity` answer is counted, not fatal), the
 host's MemAvailable before and with all N running, the sum of the sandboxes' cgroup memory
 (`GET …/stats`), and the state directory's disk use. Writes bench/results/density.json.
 
-    python3 bench/density.py [--n 100] [--wave 20] [--images /var/lib/withruntime/images]
+With `--memory-mib M` (`--disk-mib D`) the sandboxes ask for M (D) MiB instead of 4096 (10240):
+the issue's second target is 500 idle sandboxes of 512 MiB. With `--with-loop K` it also runs the README's pattern K times,
+one after another, through the Python SDK: `with Sandbox.create(timeout_seconds=900,
+on_lease_end="stop") as sbx: sbx.exec(...)`, each leaving a stopped sandbox behind (as users'
+code does; they are kept 7 days), and counts refusals (before issue 24 the 16th was refused:
+stopped sandboxes' disks counted their whole quota).
+
+    python3 bench/density.py [--n 100] [--wave 20] [--memory-mib 4096] [--disk-mib 10240]
+                             [--with-loop 0]
+                             [--images /var/lib/withruntime/images]
 """
 
 import argparse
@@ -57,8 +67,9 @@ class DensityDaemon:
     def __enter__(self):
         argv = [self.args.bin, "serve", "--state-dir", self.state, "--listen", "none", "--socket",
                 self.sock, "--agent", self.args.agent, "--pool", "0"]
-        if self.args.n > 100:
-            argv += ["--max-running", str(self.args.n)]
+        if self.args.n > 100:  # the defaults hold 100 running, 256 loop devices
+            argv += ["--max-running", str(self.args.n),
+                     "--max-loop-devices", str(self.args.n + 64)]
         with open(os.path.join(self.state, "daemon.log"), "wb") as log:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT)
@@ -87,16 +98,43 @@ class DensityDaemon:
         return status, doc
 
 
+def with_loop(d, k):
+    """The README's `with Sandbox.create(...)` block k times in a row on daemon d; returns
+    {runs, refused, first_refusal, s}. The stopped sandboxes are deleted afterwards."""
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    from withruntime import Client, Sandbox, WithruntimeError  # noqa: E402
+
+    client = Client(f"unix:{d.sock}")
+    refused, first, t0 = 0, None, time.perf_counter()
+    for i in range(k):
+        try:
+            with Sandbox.create(timeout_seconds=900, on_lease_end="stop", client=client) as sbx:
+                sbx.exec("python3 -c 'print(6 * 7)'")
+        except WithruntimeError as e:
+            refused += 1
+            first = first or f"run {i + 1}: {e}"
+    took = time.perf_counter() - t0
+    for sbx in Sandbox.list(client=client):
+        sbx.delete()
+    client.close()
+    return {"runs": k, "refused": refused, "first_refusal": first, "s": round(took, 1)}
+
+
 def measure(args, images):
     """Creates args.n default-shape sandboxes args.wave at a time, then execs in each; returns
-    {config, results} (bench/run.py's `density`). args: bin, agent, n, wave."""
+    {config, results} (bench/run.py's `density`). args: bin, agent, n, wave, and optionally
+    memory_mib and with_loop."""
+    shape = dict(SHAPE, memory_mib=getattr(args, "memory_mib", None) or SHAPE["memory_mib"],
+                 disk_mib=getattr(args, "disk_mib", None) or SHAPE["disk_mib"])
+    loop_k = getattr(args, "with_loop", 0) or 0
     before = mem_available_mib()
     with DensityDaemon(args, images) as d:
+        loop = with_loop(d, loop_k) if loop_k else None
         made, refusals, create_s = [], [], []
 
         def one(_i):
             t0 = time.perf_counter()
-            status, doc = d.call("POST", "/v1/sandboxes", SHAPE)
+            status, doc = d.call("POST", "/v1/sandboxes", shape)
             return status, doc, time.perf_counter() - t0
 
         t_all = time.perf_counter()
@@ -135,8 +173,9 @@ def measure(args, images):
             d.call("DELETE", f"/v1/sandboxes/{sid}")
     n = len(made)
     return {
-        "config": {"n": args.n, "wave": args.wave, "shape": SHAPE},
+        "config": {"n": args.n, "wave": args.wave, "shape": shape, "with_loop": loop_k},
         "results": {
+            "with_loop": loop,
             "created": n,
             "refused": len(refusals),
             "refusals": refusals[:5],
@@ -159,10 +198,12 @@ def markdown(r):
     if not r:
         return []
     x, c = r["results"], r["config"]
+    shape = c.get("shape") or SHAPE
+    loop = x.get("with_loop")
     return [
         "",
-        f"| {c['n']} default-shape sandboxes (2 vCPU, 4096 MiB, 10 GiB), {c['wave']} at a time "
-        "| this run |",
+        f"| {c['n']} sandboxes of {shape['cpus']} vCPU, {shape['memory_mib']} MiB, "
+        f"{shape['disk_mib'] // 1024} GiB, {c['wave']} at a time | this run |",
         "|---|---|",
         f"| created / refused (503 capacity) / exec failed | {x['created']} / {x['refused']} / "
         f"{x['exec_failed']} |",
@@ -172,7 +213,9 @@ def markdown(r):
         f"| host memory per sandbox (MemAvailable drop), MiB; its cgroup's, MiB | "
         f"{x['host_mem_used_mib_per_sandbox']}; {x['cgroup_memory_mib_per_sandbox']} |",
         f"| state directory disk per sandbox, MiB | {x['state_disk_mib_per_sandbox']} |",
-    ]
+    ] + ([f"| the README's `with Sandbox.create(...)` block {loop['runs']} times in a row "
+          f"(each leaves a stopped sandbox) | {loop['refused']} refused, {loop['s']} s |"]
+         if loop else [])
 
 
 def main():
@@ -184,6 +227,12 @@ def main():
                     help="a built images directory to link (default: the default daemon's)")
     ap.add_argument("--n", type=int, default=100, help="sandboxes in all (default 100)")
     ap.add_argument("--wave", type=int, default=20, help="creates at once (default 20)")
+    ap.add_argument("--memory-mib", type=int, default=SHAPE["memory_mib"],
+                    help="each sandbox's memory_mib (default 4096, the seed's)")
+    ap.add_argument("--disk-mib", type=int, default=SHAPE["disk_mib"],
+                    help="each sandbox's disk_mib (default 10240, the seed's)")
+    ap.add_argument("--with-loop", type=int, default=0,
+                    help="also run the README's with-block pattern this many times (default 0)")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     args = ap.parse_args()
     if os.geteuid() != 0:
