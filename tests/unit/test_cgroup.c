@@ -9,6 +9,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -97,14 +98,36 @@ static int leftovers(char *first, size_t firstlen)
  * Forks a child that waits for a byte on a pipe, then burns ~50 ms of CPU, touches 8 MiB
  * and sleeps. The caller moves it into the cgroups, then writes the byte.
  */
+/* The write end of a pipe the last child started writes a byte to once it has spent its CPU
+ * and touched its memory; its read end is child_done (wait_child_done). */
+static int child_done = -1;
+
+/* Waits (at most 10 s) for the child's word that its CPU and memory are spent. */
+static int wait_child_done(void)
+{
+    struct pollfd pf = {.fd = child_done, .events = POLLIN};
+    char c;
+    int r = child_done >= 0 && poll(&pf, 1, 10000) == 1 && read(child_done, &c, 1) == 1 ? 0 : -1;
+    if (child_done >= 0)
+        close(child_done);
+    child_done = -1;
+    return r;
+}
+
 static pid_t start_child(int *go)
 {
-    int p[2];
+    int p[2], d[2];
     if (pipe(p) < 0)
         return -1;
+    if (pipe(d) < 0) {
+        close(p[0]);
+        close(p[1]);
+        return -1;
+    }
     pid_t pid = fork();
     if (pid == 0) {
         close(p[1]);
+        close(d[0]);
         char c;
         if (read(p[0], &c, 1) != 1)
             _exit(1);
@@ -119,14 +142,20 @@ static pid_t start_child(int *go)
         char *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (m != MAP_FAILED)
             memset(m, 1, len);
+        (void)!write(d[1], "d", 1);
         for (;;)
             pause();
     }
     close(p[0]);
+    close(d[1]);
     if (pid < 0) {
         close(p[1]);
+        close(d[0]);
         return -1;
     }
+    if (child_done >= 0)
+        close(child_done);
+    child_done = d[0];
     children[nchildren++] = pid;
     *go = p[1];
     return pid;
@@ -243,7 +272,7 @@ int main(void)
         (void)!write(go, "x", 1);
         close(go);
     }
-    usleep(300000);
+    ok(wait_child_done() == 0, "the child spent its CPU and touched its memory");
     ok(cgroup_usage(id, &u, clr(&err)) == 1, "usage reads the counters");
     ok(u.pids == 1, "usage counts 1 process (%llu)", (unsigned long long)u.pids);
     ok(u.cpu_usec >= 10000, "usage counts its CPU time (%llu us)", (unsigned long long)u.cpu_usec);
