@@ -8,8 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store/store.h"
-
 #include "common/log.h"
 #include "common/util.h"
 #include "daemon/agentconn.h"
@@ -18,6 +16,7 @@
 #include "daemon/meter.h"
 #include "daemon/sandbox.h"
 #include "daemon/work.h"
+#include "store/store.h"
 
 int idle_due(uint64_t freeze_after_ms, uint64_t idle_ms, unsigned active, int running_commands)
 {
@@ -193,11 +192,18 @@ static int by_last_use(const void *a, const void *b)
 
 size_t idle_pick_lru(struct daemon *d, int frozen_too, struct sandbox **out, size_t max)
 {
+    /* Insertion into out, kept in order and cut at max: the max least recently used of all. */
     size_t n = 0;
-    for (struct sandbox *sb = d->sandboxes; sb && n < max; sb = sb->next)
-        if (quiet(sb) && (frozen_too || !sb->frozen))
-            out[n++] = sb;
-    qsort(out, n, sizeof(*out), by_last_use);
+    for (struct sandbox *sb = d->sandboxes; sb && max > 0; sb = sb->next) {
+        if (!quiet(sb) || (sb->frozen && !frozen_too))
+            continue;
+        if (n == max && by_last_use(&sb, &out[n - 1]) >= 0)
+            continue;
+        size_t i = n < max ? n++ : n - 1;
+        for (; i > 0 && by_last_use(&sb, &out[i - 1]) < 0; i--)
+            out[i] = out[i - 1];
+        out[i] = sb;
+    }
     return n;
 }
 

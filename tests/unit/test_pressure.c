@@ -189,7 +189,14 @@ static void test_freeze_under_pressure(const char *dir)
     ok(n == 3 && pick[0] == &sbs[3] && pick[1] == &sbs[0] && pick[2] == &sbs[4],
        "the idle ones, least recently used first: 3, 0, 4 (got %zu: %s %s %s)", n,
        n > 0 ? pick[0]->id : "", n > 1 ? pick[1]->id : "", n > 2 ? pick[2]->id : "");
-    ok(idle_pick_lru(&d, 0, pick, 2) == 2, "at most max of them");
+    n = idle_pick_lru(&d, 0, pick, 2);
+    ok(n == 2 && pick[0] == &sbs[3] && pick[1] == &sbs[0],
+       "at most max of them: the max least recently used of all (3, 0)");
+    sbs[4].frozen = 1;
+    n = idle_pick_lru(&d, 1, pick, 5);
+    ok(n == 3 && pick[2] == &sbs[4], "frozen ones too when asked (the seam pause will use)");
+    ok(idle_pick_lru(&d, 0, pick, 5) == 2, "else not");
+    sbs[4].frozen = 0;
 
     struct admission_host roomy = {.mem_available_mib = 8000, .pressure_some = 0};
     struct admission_host short_ = {.mem_available_mib = 500, .pressure_some = 0};
