@@ -18,7 +18,7 @@
 #define PRESSURE_EVERY_MS 1000
 /* The margin over admission's kept share (1/N of host memory) below which the host is under
  * pressure: admission refuses creates once sandboxes would eat into the kept share, and the
- * kernel starts reclaiming only far lower (its watermarks are well under 1 % of memory), so
+ * kernel starts reclaiming only far lower (its watermarks: 66-99 MiB of a 24 GiB host), so
  * freezing here comes first. Freezing costs an idle sandbox a few ms at its next request, so
  * acting early is cheap. */
 #define PRESSURE_MARGIN_DIV 16
