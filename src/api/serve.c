@@ -119,6 +119,8 @@ void api_serve_usage(FILE *out)
             "uses no CPU (gVisor's systrap otherwise polls, ~2 %% of a core each) and is thawed\n"
             "by its next request in a few ms. Its lease runs on; frozen time is billed memory\n"
             "and no CPU floor. GET /v1/sandboxes/{id} says \"frozen\": true meanwhile.\n"
+            "While the host is short of memory, idle sandboxes are frozen at once instead\n"
+            "(event reason memory_pressure); 0 turns that off too.\n"
             "\n"
             "--session-grace SECONDS: an interactive session (POST /v1/sandboxes/{id}/sessions)\n"
             "whose client went away is killed after this long (default 60; 1..86400); a client\n"

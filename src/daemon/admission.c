@@ -47,9 +47,6 @@
  * 32, not more: with 64 a 24 GiB host stopped at ~340 idle sandboxes (issue 24 asks for 500 of
  * 512 MiB); what grows past its reserve is in MemAvailable, read at each create. */
 #define MEMORY_RESERVE_MIB 32
-/* Of the host's memory, the share never promised to sandboxes: the daemon, runsc's processes
- * outside the sandboxes' cgroups, the kernel and the page cache the host runs on. */
-#define HOST_MEMORY_KEEP_DIV 16
 /* No create while all tasks stalled on memory for this share of the last 10 s (PSI "full"):
  * the host is reclaiming hard, and one more sandbox would push it to the OOM killer. */
 #define PRESSURE_FULL_MAX 10.0
@@ -124,20 +121,23 @@ static long long mem_available_mib(void)
     return kib / 1024;
 }
 
-/* Reads the "full avg10" share from /proc/pressure/memory. -1 where the kernel has no PSI. */
-static double memory_pressure_full(void)
+/* Reads the "some avg10" and "full avg10" shares from /proc/pressure/memory. -1 where the
+ * kernel has no PSI. */
+static void memory_pressure(double *some, double *full)
 {
     char buf[512];
+    *some = *full = -1;
     cleanup_close int fd = open("/proc/pressure/memory", O_RDONLY | O_CLOEXEC);
     ssize_t n = fd < 0 ? -1 : read(fd, buf, sizeof(buf) - 1);
     if (n <= 0)
-        return -1;
+        return;
     buf[n] = '\0';
-    const char *p = strstr(buf, "full avg10=");
-    double v;
-    if (!p || sscanf(p, "full avg10=%lf", &v) != 1)
-        return -1;
-    return v;
+    const char *p = strstr(buf, "some avg10=");
+    if (!p || sscanf(p, "some avg10=%lf", some) != 1)
+        *some = -1;
+    p = strstr(buf, "full avg10=");
+    if (!p || sscanf(p, "full avg10=%lf", full) != 1)
+        *full = -1;
 }
 
 /* What the files directly in dir hold on the host, in bytes (blocks, not apparent size: a
@@ -196,12 +196,18 @@ static int check_counts(struct daemon *d, const struct tally *t, int is_new, str
     return 0;
 }
 
-void admission_read_host(const char *state_dir, struct admission_host *out)
+void admission_read_memory(struct admission_host *out)
 {
     out->mem_available_mib = mem_available_mib();
+    memory_pressure(&out->pressure_some, &out->pressure_full);
+    out->disk_free_mib = -1;
+}
+
+void admission_read_host(const char *state_dir, struct admission_host *out)
+{
+    admission_read_memory(out);
     if (out->mem_available_mib < 0)
         log_warn(NULL, "admission.meminfo", "error=\"no MemAvailable in /proc/meminfo\"");
-    out->pressure_full = memory_pressure_full();
     if (disk_free_mib(state_dir, &out->disk_free_mib) < 0) {
         log_warn(NULL, "admission.statvfs", "error=\"%s\"", strerror(errno));
         out->disk_free_mib = -1;
@@ -238,7 +244,7 @@ static int check_memory(struct daemon *d, const struct sandbox *sb, const struct
     long long avail = h->mem_available_mib;
     if (avail < 0)
         return 0;
-    long long keep = host / HOST_MEMORY_KEEP_DIV;
+    long long keep = host / ADMISSION_HOST_KEEP_DIV;
     long long need = min_ll(sb->memory_mib, MEMORY_RESERVE_MIB);
     if (t->memory_owed + need > avail - keep)
         return wr_err_kind(err, WR_E_CAPACITY, EAGAIN,

@@ -14,15 +14,24 @@
 struct daemon;
 struct sandbox;
 
+/* Of the host's memory, the share (1/N) never promised to sandboxes: the daemon, runsc's
+ * processes outside the sandboxes' cgroups, the kernel and the page cache the host runs on. */
+#define ADMISSION_HOST_KEEP_DIV 16
+
 /** What admission reads of the host when asked. */
 struct admission_host {
     long long mem_available_mib; /* /proc/meminfo's MemAvailable; -1: unknown */
     double pressure_full;        /* /proc/pressure/memory's "full avg10", percent; -1: no PSI */
+    double pressure_some;        /* its "some avg10" (daemon/pressure.h), percent; -1: no PSI */
     long long disk_free_mib;     /* the state directory's filesystem, as df's Avail; -1: unknown */
 };
 
 /** Reads the host's numbers now (two small /proc files and one statvfs). */
 void admission_read_host(const char *state_dir, struct admission_host *out);
+
+/** Reads only the memory numbers (the two /proc files; disk_free_mib is left -1): what the
+ * pressure check (daemon/pressure.h) reads each second. */
+void admission_read_memory(struct admission_host *out);
 
 /**
  * Returns 0 if sb may start now, else -1 with err (WR_E_CAPACITY) naming what is short and

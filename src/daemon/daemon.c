@@ -29,6 +29,7 @@
 #include "daemon/metrics.h"
 #include "daemon/netlog.h"
 #include "daemon/pool.h"
+#include "daemon/pressure.h"
 #include "daemon/sandbox.h"
 #include "daemon/secrets.h"
 #include "daemon/session.h"
@@ -475,6 +476,7 @@ void daemon_tick(struct daemon *d)
         sandbox_check_leases(d);
         sandbox_check_retention(d);
         meter_tick(d);
+        pressure_tick(d);
         if (d->cfg.pool_size > 0)
             pool_tick(d);
     }

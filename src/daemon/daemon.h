@@ -94,6 +94,8 @@ struct daemon {
     int pool_refilling;        /* a pool entry is being created (daemon/pool.h) */
     uint64_t pool_retry_ms;    /* monotonic: no refill before this */
     struct audit_queue *audit; /* audit entries not yet written (daemon/admin.c) */
+    int memory_pressure;       /* the host is under memory pressure (daemon/pressure.h) */
+    uint64_t pressure_read_ms; /* monotonic: when the pressure check last read the host */
 };
 
 /**

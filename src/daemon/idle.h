@@ -13,6 +13,10 @@
  *     with no frame sent to it since the question: a leftover or background process, or an
  *     agent that cannot tell, keeps it awake.
  *
+ * Under memory pressure (daemon/pressure.h) the idle period is not waited for: every sandbox
+ * idle by the rest of the rule is frozen at once (idle_freeze_now), and that freeze is an
+ * event of the sandbox's.
+ *
  * Thawing is transparent: agentconn calls idle_on_send before every frame it sends, and a
  * frozen sandbox's frame waits in the channel while a worker thaws it (a few ms). Stop and
  * destroy need no thaw from here: the driver thaws before it kills. A stop or destroy asked
@@ -26,8 +30,10 @@
 #ifndef WR_DAEMON_IDLE_H
 #define WR_DAEMON_IDLE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
+struct daemon;
 struct sandbox;
 
 /** The default of `serve --freeze-after`, ms. */
@@ -42,6 +48,24 @@ int idle_due(uint64_t freeze_after_ms, uint64_t idle_ms, unsigned active, int ru
 
 /** Checks sb against the rules above and starts a freeze when they hold. From the tick. */
 void idle_tick(struct sandbox *sb, uint64_t now_ms);
+
+/**
+ * The running sandboxes that are idle by what the daemon knows (nothing in flight: no driver
+ * operation, request, background command or PING), least recently used first, at most max of
+ * them into out; frozen ones too if frozen_too. Whether a process besides the agent runs is
+ * the agent's to say (idle_freeze_now asks). The seam for anything that reclaims idle
+ * sandboxes' memory under pressure (daemon/pressure.h; later, pausing them to disk).
+ */
+size_t idle_pick_lru(struct daemon *d, int frozen_too, struct sandbox **out, size_t max);
+
+/**
+ * Freezes sb now, without waiting for its idle period, if it is idle: asks its agent for the
+ * process count (as idle_tick does) and freezes it if none runs besides the agent and nothing
+ * was sent meanwhile; the freeze is then an event of sb's with reason `why` (a static string).
+ * Returns 1 if the question went out, 0 if sb may not be frozen now (not idle by idle_pick_lru's
+ * rule, already frozen or asked, or freezing is off: --freeze-after 0 or a driver that cannot).
+ */
+int idle_freeze_now(struct sandbox *sb, const char *why);
 
 /** Hooked to sb's agent connection (agentconn_on_send): notes use, thaws a frozen sandbox. */
 void idle_on_send(void *sb, uint16_t type);

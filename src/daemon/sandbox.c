@@ -49,6 +49,7 @@ const char *const sandbox_reason_names[] = {"user",
                                             "pruned",
                                             "cost_cap",
                                             "daily_limit",
+                                            "memory_pressure",
                                             NULL};
 
 const char *sandbox_state_name(enum sb_state s)

@@ -101,6 +101,8 @@ struct sandbox {
     uint64_t idle_since_ms; /* monotonic: when it was last in use (a frame sent, a request open) */
     uint32_t probe_id;      /* the PING asking its agent for the process count; 0: none */
     uint64_t probe_since;   /* idle_since_ms when that was asked */
+    const char *freeze_why; /* why that probe may freeze it before its idle period is up (a
+                               static string: "memory_pressure"); NULL: the idle period */
     struct sandbox_job *parked; /* a stop or destroy waiting for the freezer (sandbox.c) */
     struct sandbox *next;
 };

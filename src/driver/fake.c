@@ -29,6 +29,11 @@
  * any step undoes the earlier ones in reverse. The fault point fake.agent.no_sys_admin (checked
  * at spawn) starts the agent without CAP_SYS_ADMIN, which it must refuse (agent/pidns.c). Limits
  * (cpus, memory, pids, disk) are not enforced: this is not isolation, only its shape.
+ *
+ * Freeze stops the init with SIGSTOP (one of the two signals an ancestor namespace can force on
+ * a namespace's init) and thaw continues it: the daemon freezes only a sandbox whose agent runs
+ * alone, so that is every process of it. Enough for tests of what the daemon does around a
+ * freeze (daemon/idle.h, daemon/pressure.h) without gVisor's cgroups.
  */
 #include "driver/fake.h"
 
@@ -707,6 +712,35 @@ static int fk_stats(const struct driver_spec *spec, struct driver_stats *out, st
     return 0;
 }
 
+/* How long a SIGSTOP may take to show in /proc (a few ms; longer on a loaded host). */
+#define FREEZE_WAIT_MS 2000
+
+static int fk_freeze(const struct driver_spec *spec, int frozen, struct wr_err *err)
+{
+    struct fk_paths p;
+    pid_t pid;
+    if (fill_paths(spec, &p, err) < 0 || fault_hit(frozen ? "fake.freeze" : "fake.thaw", err) < 0)
+        return -1;
+    int alive = init_alive(&p, &pid, err);
+    if (alive <= 0)
+        return alive < 0 ? -1 : wr_err_set(err, ESRCH, "the agent of %s is not running", spec->id);
+    if (kill(pid, frozen ? SIGSTOP : SIGCONT) < 0)
+        return wr_err_sys(err, errno, "signalling the agent (pid %d)", (int)pid);
+    if (!frozen)
+        return 0;
+    uint64_t until = now_ms_monotonic() + FREEZE_WAIT_MS;
+    char state = 0;
+    while (proc_stat(pid, &state, NULL, NULL) == 0 && state != 'T' && now_ms_monotonic() < until) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    if (state == 'T')
+        return 0;
+    kill(pid, SIGCONT); /* a freeze that cannot complete leaves it thawed (driver.h) */
+    return wr_err_set(err, EBUSY, "the agent (pid %d) did not stop in %d ms", (int)pid,
+                      FREEZE_WAIT_MS);
+}
+
 const struct driver_ops driver_fake = {
     .name = "fake",
     .configure = fk_configure,
@@ -716,4 +750,5 @@ const struct driver_ops driver_fake = {
     .destroy = fk_destroy,
     .is_running = fk_is_running,
     .stats = fk_stats,
+    .freeze = fk_freeze,
 };

@@ -33,11 +33,11 @@ class LimitedDaemon(FakeDaemon):
         self.flags = list(flags)
         self.driver = driver
 
+    def driver_args(self):
+        return super().driver_args() if self.driver == "fake" else ["--driver", self.driver]
+
     def serve_argv(self):
-        argv = super().serve_argv()
-        if self.driver != "fake":
-            argv = argv[:-2] + ["--driver", self.driver]
-        return argv + self.flags
+        return super().serve_argv() + self.flags
 
     def assert_alive(self):
         assert self.proc.poll() is None, f"the daemon died:\n{self.log_tail()}"

@@ -29,8 +29,8 @@ class GvisorDaemon(FakeDaemon):
         self.agent = os.path.join(self.tmp, "withruntime-agent")
         shutil.copy(WR_AGENT, self.agent)
 
-    def serve_argv(self):
-        return [a for a in super().serve_argv() if a not in ("--driver", "fake")]
+    def driver_args(self):
+        return []  # gvisor, the default
 
     def assert_alive(self):
         assert self.proc.poll() is None, f"the daemon died:\n{self.log_tail()}"

@@ -66,8 +66,13 @@ class FakeDaemon(Daemon):
         os.rename(tmp, self.faults_path)
         time.sleep(0.02)  # the mtime check has nanosecond resolution, but be safe on coarse fs
 
+    def driver_args(self):
+        """The fake driver, with freezing off: it can freeze (SIGSTOP) since the memory pressure
+        tests (test_pressure.py) needed it, and these daemons' tests are about other things."""
+        return ["--driver", "fake", "--freeze-after", "0"]
+
     def serve_argv(self):
-        return super().serve_argv() + ["--driver", "fake"] + self.extra_args
+        return super().serve_argv() + self.driver_args() + self.extra_args
 
     def serve_env(self):
         env = dict(os.environ, WR_FAULTS_FILE=self.faults_path)
