@@ -5,7 +5,10 @@
  * upstream said about a name's A records (its addresses, "no address" or NXDOMAIN), never a
  * decision about a sandbox: the resolver checks the asking sandbox's policy before it looks
  * here, and filters the addresses (addr_dialable) each time it answers from here, so one cache
- * serves every sandbox of a gateway. Refusals, SERVFAIL and timeouts are not cached.
+ * serves every sandbox of a gateway. Refusals, SERVFAIL and timeouts are not cached. What sharing
+ * does let a sandbox learn is whether a name its policy allows was asked recently by anyone (a
+ * fast answer): the upstream resolver's own cache, shared by every sandbox and the host, and the
+ * proxy's lookup cache tell the same already, a little less precisely.
  *
  * Entries live for the upstream's TTL, capped at DNSCACHE_TTL_MAX and floored at
  * DNSCACHE_TTL_MIN (so that a TTL of 0 still shares one answer among a burst); a negative answer
