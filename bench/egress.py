@@ -15,6 +15,12 @@ measures what that costs, against a fake internet in network namespaces of its o
   * connection set-up: N small HTTPS GETs (a new curl and connection each), curl's
     time_namelookup / time_connect / time_appconnect / time_total, p50 / p90, in the sandbox
     (by name, through the sandbox's resolver and the proxy) and direct (--resolve);
+  * name lookups: the sandbox's resolver asked for example.test's A record N times from inside
+    the sandbox (a python client over UDP, one query at a time, and getaddrinfo, the libc path
+    curl takes), p50 / p90 / p99; beside it in the same run, the floor of the path (AAAA queries
+    for the same name, which the resolver answers empty without asking upstream: gVisor's
+    netstack, the veth and the daemon's event loop) and the baseline (the same client in the
+    daemon's network namespace asking the fake upstream directly, without our resolver);
   * create -> first exec `true` -> delete, one at a time, interleaved between a daemon with
     `--egress off` and one with `--egress on` (a sandbox with the default policy, and one
     allowed example.test), both in the fake internet's host namespace, each on a temporary
@@ -59,6 +65,47 @@ SETUP_KEYS = ("namelookup", "connect", "appconnect", "starttransfer", "total")
 # What the sandbox's curl trusts: the one CA of the certificates it is shown, as the direct curl
 # has it. The proxy terminates TLS, so inside that is the daemon's CA (STATE_DIR/ca/ca.pem).
 SANDBOX_CA = "/tmp/daemon-ca.pem"
+
+# The lookup client, the same code inside the sandbox (image's python3, under gVisor) and in the
+# daemon's namespace (the host's python3): argv server, name, n; one UDP socket, one query at a
+# time, a fresh id each; kinds interleaved so that drift hits them alike. "a": the A record (what
+# goes upstream on a miss), "aaaa": answered by our resolver without asking anyone (the floor
+# of the path inside), "gai": getaddrinfo(AF_UNSPEC, SOCK_STREAM) (libc: A and AAAA at once),
+# only where /etc/resolv.conf names that server. Prints {"kind": [ms, ...]} and the rcodes seen.
+LOOKUP_CLIENT = r"""
+import json, os, random, socket, struct, sys, time
+server, name, n, kinds = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4].split(",")
+qn = b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0"
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(5)
+s.connect((server, 53))
+def ask(qtype):
+    qid = random.getrandbits(16)
+    msg = struct.pack("!HHHHHH", qid, 0x0100, 1, 0, 0, 0) + qn + struct.pack("!HH", qtype, 1)
+    t0 = time.perf_counter()
+    s.send(msg)
+    while True:
+        r = s.recv(2048)
+        if len(r) >= 12 and struct.unpack("!H", r[:2])[0] == qid:
+            break
+    return time.perf_counter() - t0, r[3] & 15, struct.unpack("!H", r[6:8])[0]
+def gai():
+    t0 = time.perf_counter()
+    socket.getaddrinfo(name, 443, socket.AF_UNSPEC, socket.SOCK_STREAM)
+    return time.perf_counter() - t0, 0, 1
+run = {"a": lambda: ask(1), "aaaa": lambda: ask(28), "gai": gai}
+for k in kinds:
+    run[k]()  # warm: the first of each is not counted
+out = {k: [] for k in kinds}
+rcodes = {k: {} for k in kinds}
+for i in range(n):
+    for k in kinds:
+        dt, rc, an = run[k]()
+        out[k].append(round(dt * 1000, 4))
+        key = f"{rc}/{an}"
+        rcodes[k][key] = rcodes[k].get(key, 0) + 1
+print(json.dumps({"ms": out, "rcode_answers": rcodes}))
+"""
 
 
 # ---------------------------------------------------------------- the API over a Unix socket
@@ -378,6 +425,45 @@ def measure_setup(args, d, curl, sid):
     return out
 
 
+def lookup_stats(ms):
+    return {"n": len(ms), "p50_ms": round(base.percentile(ms, 50), 3),
+            "p90_ms": round(base.percentile(ms, 90), 3),
+            "p99_ms": round(base.percentile(ms, 99), 3),
+            "mean_ms": round(statistics.fmean(ms), 3), "max_ms": round(max(ms), 3)}
+
+
+def measure_lookup(args, d, net, sid):
+    """N lookups of HOST from inside the sandbox through its resolver (A: what a cache serves;
+    AAAA: answered by the resolver alone, the floor; getaddrinfo), against the same client in
+    the daemon's namespace asking the fake upstream directly (A; getaddrinfo with the fake
+    resolver in /etc/resolv.conf). The fake DNS gives TTL 5 s."""
+    n = args.lookup_n
+    log(f"name lookups: {n} of each kind in the sandbox, {n} direct")
+    quoted = LOOKUP_CLIENT.replace("'", "'\\''")
+    ns = on_ns = d.exec(sid, "sed -n 's/^nameserver //p' /etc/resolv.conf")["stdout"].split()[0]
+    r = d.exec(sid, f"python3 -c '{quoted}' {ns} {HOST} {n} a,aaaa,gai", timeout=120)
+    if r["exit_code"] != 0:
+        raise RuntimeError(f"sandbox lookup client: {str(r)[:500]}")
+    inside = json.loads(r["stdout"])
+    p = net.run_with_fake_resolver(["python3", "-c", LOOKUP_CLIENT, fakenet.DNS_ADDR, HOST,
+                                    str(n), "a,gai"], timeout=120)
+    if p.returncode != 0:
+        raise RuntimeError(f"direct lookup client: {p.stderr[-500:]}")
+    direct = json.loads(p.stdout)
+    out = {"name": HOST, "upstream_ttl_s": 5, "resolver": on_ns,
+           "sandbox_a": lookup_stats(inside["ms"]["a"]),
+           "sandbox_aaaa_floor": lookup_stats(inside["ms"]["aaaa"]),
+           "sandbox_getaddrinfo": lookup_stats(inside["ms"]["gai"]),
+           "direct_a": lookup_stats(direct["ms"]["a"]),
+           "direct_getaddrinfo": lookup_stats(direct["ms"]["gai"]),
+           "rcode_answers": {"sandbox": inside["rcode_answers"],
+                             "direct": direct["rcode_answers"]},
+           "samples_ms": {"sandbox": inside["ms"], "direct": direct["ms"]}}
+    if inside["rcode_answers"]["a"] != {"0/1": n} or direct["rcode_answers"]["a"] != {"0/1": n}:
+        raise RuntimeError(f"lookups did not all answer one address: {out['rcode_answers']}")
+    return out
+
+
 def measure_create(args, on, off):
     n = args.create_n
     variants = {"egress_off": (off, {}),
@@ -425,7 +511,7 @@ def chart(res, path):
         log("matplotlib is not installed (pip install -r bench/requirements.txt); no chart")
         return False
     r = res["results"]
-    fig, axes = plt.subplots(1, 3, figsize=(16, 5.2))
+    fig, axes = plt.subplots(1, 4, figsize=(21, 5.2))
 
     ax = axes[0]
     dl = r["download"]
@@ -484,6 +570,26 @@ def chart(res, path):
                  "each, interleaved)", fontsize=9)
     ax.legend(fontsize=7)
 
+    ax = axes[3]
+    lk = r["lookup"]
+    kinds = [("direct_a", "A, direct\n(upstream)", "#6a9f4a"),
+             ("sandbox_aaaa_floor", "AAAA inside\n(resolver alone)", "#a8cf8e"),
+             ("sandbox_a", "A inside\n(resolver)", "#3b6fb6"),
+             ("direct_getaddrinfo", "getaddrinfo\ndirect", "#c9a227"),
+             ("sandbox_getaddrinfo", "getaddrinfo\ninside", "#9db7db")]
+    for j, q in enumerate(("p50_ms", "p99_ms")):
+        for k, (key, lab, col) in enumerate(kinds):
+            x = j * (len(kinds) + 1) + k
+            v = lk[key][q]
+            ax.bar(x, v, 0.8, color=col, label=lab.replace("\n", " ") if j == 0 else None)
+            ax.text(x, v, f"{v:.2f}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks([(len(kinds) - 1) / 2, len(kinds) + 1 + (len(kinds) - 1) / 2])
+    ax.set_xticklabels(["p50", "p99"])
+    ax.set_ylabel("ms")
+    ax.set_title(f"name lookup of {lk['name']} (n={lk['sandbox_a']['n']} each, "
+                 f"upstream TTL {lk['upstream_ttl_s']} s)", fontsize=9)
+    ax.legend(fontsize=7)
+
     m = res["machine"]
     fig.suptitle(f"withruntime egress bench — {m['nproc']} CPUs, {m['ram_gib']} GiB, kernel "
                  f"{m['kernel']}, {m['runsc']}, {res['started_at']}, "
@@ -507,6 +613,8 @@ def main():
     ap.add_argument("--mib", type=int, default=256, help="download size (default 256)")
     ap.add_argument("--reps", type=int, default=5, help="downloads of each kind (default 5)")
     ap.add_argument("--setup-n", type=int, default=30, help="small GETs each way (default 30)")
+    ap.add_argument("--lookup-n", type=int, default=300,
+                    help="name lookups of each kind, inside and direct (default 300)")
     ap.add_argument("--create-n", type=int, default=20,
                     help="create/exec/delete cycles per variant (default 20)")
     ap.add_argument("--memory-mib", type=int, default=1024)
@@ -553,6 +661,7 @@ def main():
         results = {
             "download": measure_downloads(args, on, curl, sid),
             "setup": measure_setup(args, on, curl, sid),
+            "lookup": measure_lookup(args, on, net, sid),
         }
         on.delete(sid)
         results["create"] = measure_create(args, on, off)
@@ -562,6 +671,7 @@ def main():
             "commit": base.git_commit(),
             "machine": base.machine_info("systrap"),
             "config": {"download_mib": args.mib, "reps": args.reps, "setup_n": args.setup_n,
+                       "lookup_n": args.lookup_n,
                        "create_n": args.create_n, "memory_mib": args.memory_mib,
                        "host": HOST, "policy": ALLOW, "rootfs": rootfs, "curl": version,
                        "direct_path": "nsenter --net=<host ns> + chroot into the image "

@@ -17,6 +17,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
+#include "net/dnscache.h"
 #include "net/lookup.h"
 #include "net/netns.h"
 #include "net/proxy.h"
@@ -42,6 +43,10 @@ struct gateway {
     int gw_ns; /* the gateway namespace */
     struct sockaddr_in upstream;
     struct lookup *lookup;
+    /* The resolvers' answers, shared by every slot (net/dnscache.h says why that is safe). Kept
+     * apart from the proxy's own cache in lookup: that one is what the proxy dials, and nothing
+     * a sandbox's lookups do (a flood of names, answers kept longer) may evict or change it. */
+    struct dnscache *dns_cache;
     struct tlsmitm *mitm;
     struct proxy *proxy;
     struct gw_slot *slots; /* GATEWAY_SLOTS of them */
@@ -271,6 +276,11 @@ struct gateway *gateway_open(struct event_base *base, const struct gateway_confi
     g->lookup = lookup_new(base, (struct sockaddr *)&g->upstream, sizeof(g->upstream), err);
     if (!g->lookup)
         goto fail;
+    g->dns_cache = dnscache_new(GATEWAY_SLOTS);
+    if (!g->dns_cache) {
+        wr_err_set(err, ENOMEM, "the resolvers' cache");
+        goto fail;
+    }
     int lfd = make_listener(g, err);
     if (lfd < 0)
         goto fail;
@@ -315,6 +325,7 @@ void gateway_close(struct gateway *g)
     proxy_free(g->proxy);
     tlsmitm_free(g->mitm);
     lookup_free(g->lookup);
+    dnscache_free(g->dns_cache);
     if (g->gw_ns >= 0)
         close(g->gw_ns);
     free(g->slots);
@@ -357,7 +368,10 @@ int gateway_slot_activate(struct gateway *g, int slot, int dns_fd, struct wr_err
                                 .denied = dns_denied};
     s->resolver = resolver_new(g->base, dns_fd, (struct sockaddr *)&g->upstream,
                                sizeof(g->upstream), &g->cfg.extra_public, &rh, s, err);
-    return s->resolver ? 0 : -1;
+    if (!s->resolver)
+        return -1;
+    resolver_set_cache(s->resolver, g->dns_cache, (unsigned)slot);
+    return 0;
 }
 
 void gateway_slot_release(struct gateway *g, int slot)
@@ -371,6 +385,7 @@ void gateway_slot_release(struct gateway *g, int slot)
     }
     struct sockaddr_in peer = {.sin_family = AF_INET, .sin_addr = slot_addr(slot, 2)};
     proxy_close_peer(g->proxy, (struct sockaddr *)&peer, sizeof(peer));
+    dnscache_disown(g->dns_cache, (unsigned)slot);
     s->used = 0;
     s->id[0] = '\0';
     g->used--;

@@ -20,7 +20,9 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include "common/util.h"
 #include "net/addr.h"
+#include "net/dnscache.h"
 #include "net/dnsmsg.h"
 #include "net/netpolicy.h"
 
@@ -58,6 +60,8 @@ struct resolver {
     struct resolver_hooks hooks;
     void *ctx;
     struct resolver_stats stats;
+    struct dnscache *cache; /* borrowed; NULL: every allowed A question goes upstream */
+    unsigned cache_owner;
     uint8_t in[DNS_EDNS_UDP];   /* a client's query; larger ones are dropped */
     uint8_t out[DNS_EDNS_UDP];  /* a reply to a client, or our query upstream */
     uint8_t upin[UPSTREAM_BUF]; /* an upstream's reply */
@@ -172,6 +176,47 @@ static void upstream_start(struct resolver *r, const struct dns_query *q,
     timer_add_ms(p->timer, RESOLVER_RETRY_MS);
 }
 
+/* What the proxy would dial: the same predicate, with the same hook for the host's addresses. */
+static int dns_addr_dialable(const struct resolver *r, const struct dns_addr *a)
+{
+    if (a->family != AF_INET)
+        return 0;
+    struct sockaddr_in sin;
+    memset(&sin, 0, sizeof(sin));
+    sin.sin_family = AF_INET;
+    memcpy(&sin.sin_addr, a->addr, 4);
+    return addr_dialable((struct sockaddr *)&sin, sizeof(sin), &r->extra, r->hooks.is_local,
+                         r->ctx);
+}
+
+/* Answers an allowed A question q with what the upstream said (now, or earlier from the cache):
+ * rcode, addrs[0..n) and the TTL left. */
+static void answer(struct resolver *r, const struct dns_query *q, const struct sockaddr *client,
+                   socklen_t len, int rcode, const struct dns_addr *addrs, size_t n, uint32_t ttl)
+{
+    if (rcode == DNS_RCODE_NOERROR) {
+        struct dns_addr keep[ADDRS_MAX];
+        size_t k = 0;
+        for (size_t i = 0; i < n && k < ADDRS_MAX; i++)
+            if (dns_addr_dialable(r, &addrs[i]))
+                keep[k++] = addrs[i];
+        if (n > 0 && k == 0) {
+            /* Every address is one the proxy would refuse (private, a cloud's, the host's own):
+             * REFUSED, not NXDOMAIN. The name exists; our policy withholds it, and the sandbox's
+             * network log says so. An NXDOMAIN would be a lie that a stub caches as negative. */
+            refuse(r, q, client, len, "private_address");
+        } else {
+            uint32_t t = ttl < RESOLVER_TTL_MAX ? ttl : RESOLVER_TTL_MAX;
+            reply(r, client, len, dnsmsg_reply_addrs(q, keep, k, t, r->out, sizeof(r->out)));
+        }
+    } else if (rcode == DNS_RCODE_NXDOMAIN) {
+        reply_rcode(r, q, client, len, DNS_RCODE_NXDOMAIN);
+    } else {
+        /* Other rcodes, a malformed answer, or TC (we do not fall back to TCP). */
+        reply_rcode(r, q, client, len, DNS_RCODE_SERVFAIL);
+    }
+}
+
 static void handle_query(struct resolver *r, size_t n, const struct sockaddr *client, socklen_t len)
 {
     struct dns_query q;
@@ -198,6 +243,13 @@ static void handle_query(struct resolver *r, size_t n, const struct sockaddr *cl
     if (q.qtype != DNS_TYPE_A) {
         r->stats.nodata++;
         reply(r, client, len, dnsmsg_reply_addrs(&q, NULL, 0, 0, r->out, sizeof(r->out)));
+        return;
+    }
+    struct dnscache_answer ca;
+    if (r->cache && dnscache_get(r->cache, q.name, now_ms_monotonic(), &ca)) {
+        r->stats.cache_hits++;
+        int rcode = ca.kind == DNSCACHE_NXDOMAIN ? DNS_RCODE_NXDOMAIN : DNS_RCODE_NOERROR;
+        answer(r, &q, client, len, rcode, ca.addrs, ca.n, ca.ttl);
         return;
     }
     upstream_start(r, &q, client, len);
@@ -229,47 +281,32 @@ static void on_client(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-/* What the proxy would dial: the same predicate, with the same hook for the host's addresses. */
-static int dns_addr_dialable(const struct resolver *r, const struct dns_addr *a)
-{
-    if (a->family != AF_INET)
-        return 0;
-    struct sockaddr_in sin;
-    memset(&sin, 0, sizeof(sin));
-    sin.sin_family = AF_INET;
-    memcpy(&sin.sin_addr, a->addr, 4);
-    return addr_dialable((struct sockaddr *)&sin, sizeof(sin), &r->extra, r->hooks.is_local,
-                         r->ctx);
-}
-
-/* The upstream answered p's query with rcode (or a dns_answer_error other than NOT_OURS). */
+/* The upstream answered p's query with rcode (or a dns_answer_error other than NOT_OURS): the
+ * answer goes into the cache (before the filter: the filter is applied to each answer given),
+ * then to the client. */
 static void upstream_done(struct pending *p, int rcode, const struct dns_addr *addrs, size_t n,
                           uint32_t ttl)
 {
     struct resolver *r = p->r;
-    const struct sockaddr *client = (struct sockaddr *)&p->client;
-    if (rcode == DNS_RCODE_NOERROR) {
-        struct dns_addr keep[ADDRS_MAX];
+    if (r->cache && rcode == DNS_RCODE_NOERROR) {
+        /* The dialable addresses first, so that the few the cache keeps of a long answer are
+         * ones a sandbox may be given; all of them if none is (a refusal again, from cache). */
+        struct dns_addr sorted[ADDRS_MAX];
+        int ok[ADDRS_MAX];
         size_t k = 0;
         for (size_t i = 0; i < n; i++)
-            if (dns_addr_dialable(r, &addrs[i]))
-                keep[k++] = addrs[i];
-        if (n > 0 && k == 0) {
-            /* Every address is one the proxy would refuse (private, a cloud's, the host's own):
-             * REFUSED, not NXDOMAIN. The name exists; our policy withholds it, and the sandbox's
-             * network log says so. An NXDOMAIN would be a lie that a stub caches as negative. */
-            refuse(r, &p->q, client, p->client_len, "private_address");
-        } else {
-            uint32_t t = ttl < RESOLVER_TTL_MAX ? ttl : RESOLVER_TTL_MAX;
-            reply(r, client, p->client_len,
-                  dnsmsg_reply_addrs(&p->q, keep, k, t, r->out, sizeof(r->out)));
-        }
-    } else if (rcode == DNS_RCODE_NXDOMAIN) {
-        reply_rcode(r, &p->q, client, p->client_len, DNS_RCODE_NXDOMAIN);
-    } else {
-        /* Other rcodes, a malformed answer, or TC (we do not fall back to TCP). */
-        reply_rcode(r, &p->q, client, p->client_len, DNS_RCODE_SERVFAIL);
+            ok[i] = dns_addr_dialable(r, &addrs[i]);
+        for (int dialable = 1; dialable >= 0; dialable--)
+            for (size_t i = 0; i < n; i++)
+                if (ok[i] == dialable)
+                    sorted[k++] = addrs[i];
+        dnscache_put(r->cache, r->cache_owner, p->q.name, n ? DNSCACHE_ADDRS : DNSCACHE_NODATA,
+                     sorted, k, ttl, now_ms_monotonic());
+    } else if (r->cache && rcode == DNS_RCODE_NXDOMAIN) {
+        dnscache_put(r->cache, r->cache_owner, p->q.name, DNSCACHE_NXDOMAIN, NULL, 0, ttl,
+                     now_ms_monotonic());
     }
+    answer(r, &p->q, (struct sockaddr *)&p->client, p->client_len, rcode, addrs, n, ttl);
     slot_release(p);
 }
 
@@ -373,6 +410,12 @@ void resolver_free(struct resolver *r)
     if (r->up_fd >= 0)
         close(r->up_fd);
     free(r);
+}
+
+void resolver_set_cache(struct resolver *r, struct dnscache *cache, unsigned owner)
+{
+    r->cache = cache;
+    r->cache_owner = owner;
 }
 
 void resolver_stats(const struct resolver *r, struct resolver_stats *out)

@@ -7,6 +7,12 @@
  * past the proxy; AAAA too, since sandboxes have no IPv6), and hands out only addresses the
  * egress proxy would dial (addr_dialable: public, and not the host's own).
  *
+ * An allowed A question is answered from a cache of the upstream's answers when one is set
+ * (resolver_set_cache; net/dnscache.h: TTLs honoured and counting down, NXDOMAIN kept briefly,
+ * bounded), shared by the resolvers of a gateway. The policy is checked before the cache is
+ * looked at, and the addresses filtered each time, so a cached answer never reaches a sandbox
+ * whose policy refuses the name, and a refusal is never cached.
+ *
  * One resolver runs on one event_base and is used from that base's thread only. Memory is fixed
  * at resolver_new: a table of RESOLVER_PENDING_MAX upstream queries with their timers, and the
  * datagram buffers; a query costs a slot in that table and nothing else.
@@ -21,6 +27,7 @@
 
 #include "common/err.h"
 #include "net/addr.h"
+#include "net/dnscache.h"
 
 /* Upstream queries in flight per resolver; one more gets SERVFAIL at once. A sandbox's resolver
  * needs a handful; the bound keeps one looping sandbox from holding unbounded state. */
@@ -29,8 +36,8 @@
 #define RESOLVER_RETRY_MS 1000
 /* And given up (SERVFAIL to the client) this long after the first send. */
 #define RESOLVER_TIMEOUT_MS 2000
-/* The TTL we hand out is the upstream's smallest, capped here, so that a policy change or a
- * changed address reaches a sandbox's stub cache quickly. */
+/* The TTL we hand out is the upstream's smallest (what is left of it, from the cache), capped
+ * here, so that a policy change or a changed address reaches a sandbox's stub cache quickly. */
 #define RESOLVER_TTL_MAX 60
 
 /** What the resolver asks of whoever owns it; called on the loop's thread. */
@@ -69,6 +76,7 @@ struct resolver_stats {
     uint64_t foreign;           /* not answered: from a client the resolver does not serve */
     uint64_t refused;           /* answered REFUSED (the denied hook was called) */
     uint64_t nodata;            /* answered empty without asking upstream (not A) */
+    uint64_t cache_hits;        /* allowed A questions answered from the cache */
     uint64_t upstream_sent;     /* datagrams sent upstream, retries included */
     uint64_t upstream_retries;  /* of which second tries */
     uint64_t upstream_timeouts; /* queries given up for want of an answer */
@@ -97,6 +105,14 @@ struct resolver *resolver_new(struct event_base *base, int udp_fd, const struct 
  * answering them. Call on the loop's thread (or with the loop stopped). NULL is a no-op.
  */
 void resolver_free(struct resolver *r);
+
+/**
+ * Answers r's allowed A questions from cache when it has the name, and stores the upstream's
+ * answers there (addresses, "no address", NXDOMAIN; never SERVFAIL, a timeout or a refusal),
+ * as owner's (a dnscache owner: the sandbox's slot). cache is borrowed: it must outlive r, or be
+ * unset first (NULL). Call on the loop's thread.
+ */
+void resolver_set_cache(struct resolver *r, struct dnscache *cache, unsigned owner);
 
 /** Copies r's counters into out. Call on the loop's thread (or with the loop stopped). */
 void resolver_stats(const struct resolver *r, struct resolver_stats *out);

@@ -20,7 +20,8 @@ config["dns_log"] and every HTTP request to config["http_log"] (JSON lines) befo
 answered, so a client that has its answer can read the log line.
 
 Control: one JSON object per line on stdin, one answer line on stdout:
-  {"op": "set_dns", "name": N, "addr": A}   A: an IPv4 address, or null to remove N
+  {"op": "set_dns", "name": N, "addr": A, "ttl": T}   A: an IPv4 address, or null to remove N;
+                                                   T: the answer's TTL in seconds (default 5)
 The first line on stdout is "ready" once every socket listens. EOF on stdin (the test process
 went away) ends the server.
 """
@@ -65,6 +66,7 @@ class State:
         self.cfg = cfg
         self.lock = threading.Lock()
         self.table = {k.lower().rstrip("."): v for k, v in cfg["dns_table"].items()}
+        self.ttls = {}  # name -> TTL, for names set with one; DNS_TTL otherwise
         self.dns_log = Log(cfg["dns_log"])
         self.http_log = Log(cfg["http_log"])
         wheel = cfg["wheel"]
@@ -74,22 +76,29 @@ class State:
         self.wheel_sha256 = hashlib.sha256(self.wheel_bytes).hexdigest()
 
     def lookup(self, name):
+        """(address or None, TTL)"""
         with self.lock:
-            return self.table.get(name)
+            return self.table.get(name), self.ttls.get(name, DNS_TTL)
 
-    def set_dns(self, name, addr):
+    def set_dns(self, name, addr, ttl=None):
         name = name.lower().rstrip(".")
+        if ttl is not None and not (isinstance(ttl, int) and 0 <= ttl < 2**31):
+            raise ValueError(f"bad ttl {ttl!r}")
         with self.lock:
+            self.ttls.pop(name, None)
             if addr is None:
                 self.table.pop(name, None)
             else:
                 socket.inet_aton(addr)
                 self.table[name] = addr
+                if ttl is not None:
+                    self.ttls[name] = ttl
 
 
 # ---------------------------------------------------------------- DNS
 
 QTYPE_A = 1
+DNS_TTL = 5  # seconds, for every answer unless set_dns gave another
 
 
 def parse_query(msg):
@@ -127,14 +136,14 @@ def dns_answer(state, msg, proto, peer):
     name = qname.lower().rstrip(".")
     state.dns_log.write({"name": name, "type": qtype, "proto": proto, "client": peer,
                          "time": time.time()})
-    addr = state.lookup(name)
+    addr, ttl = state.lookup(name)
     rflags = 0x8000 | (flags & 0x7900) | 0x0400 | 0x0080  # QR, opcode+RD kept, AA, RA
     answers = b""
     ancount = 0
     if addr is None:
         rflags |= 3  # NXDOMAIN
     elif qtype == QTYPE_A and qclass == 1:
-        answers = struct.pack("!HHHIH", 0xC00C, QTYPE_A, 1, 5, 4) + socket.inet_aton(addr)
+        answers = struct.pack("!HHHIH", 0xC00C, QTYPE_A, 1, ttl, 4) + socket.inet_aton(addr)
         ancount = 1
     header = struct.pack("!HHHHHH", qid, rflags, 1, ancount, 0, 0)
     return header + msg[12:end] + answers
@@ -425,7 +434,7 @@ def control(state):
         try:
             req = json.loads(line)
             if req.get("op") == "set_dns":
-                state.set_dns(req["name"], req.get("addr"))
+                state.set_dns(req["name"], req.get("addr"), req.get("ttl"))
                 ans = "ok"
             else:
                 ans = "error: unknown op"

@@ -464,12 +464,15 @@ class FakeNet:
                 buf += b
         return buf.decode().strip()
 
-    def set_dns(self, name, addr):
-        """The fake DNS answers addr for name from now on (addr None: NXDOMAIN). In effect
-        when this returns."""
+    def set_dns(self, name, addr, ttl=None):
+        """The fake DNS answers addr for name from now on (addr None: NXDOMAIN), with a TTL of
+        ttl seconds (default 5, as for every name). In effect when this returns."""
         if self.proc is None:
             raise RuntimeError("FakeNet is not started")
-        req = json.dumps({"op": "set_dns", "name": name, "addr": addr}) + "\n"
+        op = {"op": "set_dns", "name": name, "addr": addr}
+        if ttl is not None:
+            op["ttl"] = ttl
+        req = json.dumps(op) + "\n"
         with self._ctl_lock:
             self.proc.stdin.write(req.encode())
             self.proc.stdin.flush()

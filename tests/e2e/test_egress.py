@@ -459,6 +459,21 @@ def test_the_daemons_own_api_is_out_of_reach(egress, net, sb):
                                               for e in denied(egress, sid, name)}, name
 
 
+def test_a_repeated_lookup_is_answered_from_the_cache_and_only_where_allowed(egress, net, sb):
+    # the resolvers share a cache: within the answer's TTL (an hour here: the cache keeps it 300 s)
+    # a second lookup does not reach the upstream, and a sandbox whose policy refuses the name
+    # is refused though the answer is cached
+    name = "cached.test"
+    net.set_dns(name, net.addr("example.test"), ttl=3600)
+    a = sb(network={"internet": True, "allow": [name]})["id"]
+    b = sb(network=ALLOW_PYPI)["id"]
+    assert lookup(egress, a, name) == [net.addr("example.test")]
+    assert lookup(egress, a, name) == [net.addr("example.test")]
+    assert lookup(egress, b, name) == []
+    assert net.dns_queries().count(name) == 1, net.dns_queries()
+    assert ("dns", "not_allowed") in {(e["via"], e["reason"]) for e in denied(egress, b, name)}
+
+
 FOREIGN_DNS = r'''
 import socket, struct, sys
 name = b"".join(bytes([len(p)]) + p.encode() for p in sys.argv[2].split(".")) + b"\0"

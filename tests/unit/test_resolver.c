@@ -6,6 +6,11 @@
  * HTTPS/TXT/AAAA records, no address the proxy would not dial (private, a cloud's, the host's),
  * SERVFAIL for a silent upstream after its retry, NXDOMAIN passed on, garbage ignored, another
  * resolver's client neither answered nor logged, and the pending table's bound under a burst.
+ * Then with the cache two resolvers share (net/dnscache.h): a repeated lookup, an NXDOMAIN and a
+ * refusal for private addresses answered without the upstream (the refusal logged each time),
+ * the policy checked before the cache (a client whose policy refuses a cached name is refused),
+ * SERVFAIL not cached, and a flood of random allowed names that keeps to its owner's share and
+ * leaves the neighbour's cached names alone.
  */
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -24,6 +29,7 @@
 #include <unistd.h>
 
 #include "net/addr.h"
+#include "net/dnscache.h"
 #include "net/dnsmsg.h"
 #include "net/netpolicy.h"
 #include "net/resolver.h"
@@ -36,12 +42,18 @@
 #define BURST_SOCKETS 6 /* 50 queries each, well within a socket's receive buffer */
 /* An address of "this host" (the is_local hook says so), in the test's extra public range. */
 #define HOST_ADDR "198.18.0.66"
+/* Every name under this the fake upstream answers (198.18.0.13): a flood's random names. */
+#define FLOOD_SUFFIX ".flood.pythonhosted.org"
 
 static struct event_base *base;
 static struct resolver *resolver;
+static struct resolver *neighbour; /* a second resolver, sharing the cache */
+static struct dnscache *cache;
 static json_t *policy;
+static json_t *narrow;    /* the policy of narrow_port's client: gone.test only */
 static int stranger_port; /* this client is no sandbox: the policy hook does not know it */
-static int foreign_port;  /* this one is another resolver's client: client_ok turns it away */
+static int narrow_port;
+static int foreign_port; /* this one is another resolver's client: client_ok turns it away */
 
 /* The fake upstream's counters, written on the loop thread. */
 static atomic_int up_received, up_slow;
@@ -141,9 +153,14 @@ static void fake_upstream(evutil_socket_t fd, short what, void *arg)
             put_a(out, &off, NULL, "198.18.0.12", 300);
             put_a(out, &off, NULL, "168.63.129.16", 300);
             an = 3;
+        } else if (a && strlen(q.name) > strlen(FLOOD_SUFFIX) &&
+                   strcmp(q.name + strlen(q.name) - strlen(FLOOD_SUFFIX), FLOOD_SUFFIX) == 0) {
+            put_a(out, &off, NULL, "198.18.0.13", 300);
+            an = 1;
         } else if (strcmp(q.name, "gone.test") == 0) {
             rcode = DNS_RCODE_NXDOMAIN;
-        } else if (strcmp(q.name, "pypi.org") != 0 && strcmp(q.name, "files.pythonhosted.org") &&
+        } else if (an == 0 && strcmp(q.name, "pypi.org") != 0 &&
+                   strcmp(q.name, "files.pythonhosted.org") &&
                    strcmp(q.name, "evil-private.test") != 0 && strcmp(q.name, "host.test") != 0 &&
                    strcmp(q.name, "mixed.test") != 0) {
             rcode = DNS_RCODE_SERVFAIL;
@@ -167,6 +184,8 @@ static json_t *hook_policy(void *ctx, const struct sockaddr *client, socklen_t l
     const struct sockaddr_in *sin = (const void *)client;
     if (client->sa_family == AF_INET && ntohs(sin->sin_port) == stranger_port)
         return NULL;
+    if (client->sa_family == AF_INET && ntohs(sin->sin_port) == narrow_port)
+        return narrow;
     return policy;
 }
 
@@ -191,6 +210,16 @@ static void hook_denied(void *ctx, const struct sockaddr *client, socklen_t len,
     size_t used = strlen(denied_log);
     snprintf(denied_log + used, sizeof(denied_log) - used, "%s/%u/%s;", name, qtype, reason);
     pthread_mutex_unlock(&denied_mu);
+}
+
+static int denied_count(const char *entry)
+{
+    pthread_mutex_lock(&denied_mu);
+    int n = 0;
+    for (const char *p = denied_log; (p = strstr(p, entry)) != NULL; p += strlen(entry))
+        n++;
+    pthread_mutex_unlock(&denied_mu);
+    return n;
 }
 
 static int denied_has(const char *entry)
@@ -256,15 +285,15 @@ static int udp_socket_on(struct sockaddr_in *sa)
     return fd;
 }
 
-static struct sockaddr_in resolver_addr;
+static struct sockaddr_in resolver_addr, neighbour_addr;
 
-static int client_socket(int *port)
+static int client_socket_to(int *port, const struct sockaddr_in *to)
 {
     struct sockaddr_in me;
     int fd = udp_socket_on(&me);
     struct timeval tv = {REPLY_WAIT_MS / 1000, 0};
     if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0 ||
-        connect(fd, (struct sockaddr *)&resolver_addr, sizeof(resolver_addr)) < 0) {
+        connect(fd, (const struct sockaddr *)to, sizeof(*to)) < 0) {
         if (fd >= 0)
             close(fd);
         return -1;
@@ -272,6 +301,11 @@ static int client_socket(int *port)
     if (port)
         *port = ntohs(me.sin_port);
     return fd;
+}
+
+static int client_socket(int *port)
+{
+    return client_socket_to(port, &resolver_addr);
 }
 
 static uint16_t next_id = 0x1000;
@@ -545,6 +579,128 @@ static void burst(void)
        (int)up_slow);
 }
 
+struct cache_req {
+    struct dnscache_stats s;
+    unsigned owner1;
+    int set;
+    atomic_int done;
+};
+
+static void on_loop_cache(evutil_socket_t fd, short what, void *arg)
+{
+    struct cache_req *req = arg;
+    if (req->set)
+        resolver_set_cache(resolver, cache, 1);
+    dnscache_stats(cache, &req->s);
+    req->owner1 = dnscache_owner_entries(cache, 1);
+    req->done = 1;
+}
+
+/* Runs on the loop's thread (the cache and resolver_set_cache are used from there only): sets
+ * the main resolver's cache if set, and reads the cache's counters. */
+static struct cache_req cache_on_loop(int set)
+{
+    struct cache_req req = {.set = set, .done = 0};
+    struct timeval now = {0, 0};
+    event_base_once(base, -1, EV_TIMEOUT, on_loop_cache, &req, &now);
+    for (int i = 0; i < REPLY_WAIT_MS && !req.done; i++)
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+    return req;
+}
+
+static void cached(int fd)
+{
+    struct answer a;
+    int nfd = client_socket_to(NULL, &neighbour_addr);
+    ok(nfd >= 0, "a client of the neighbour resolver (owner 2 of the cache)");
+    lookup(nfd, "files.pythonhosted.org", DNS_TYPE_A, 0, &a);
+    ok(a.rcode == DNS_RCODE_NOERROR && is_v4(&a, 0, "198.18.0.11"),
+       "the neighbour's files.pythonhosted.org is answered (and cached as its own)");
+
+    cache_on_loop(1);
+    struct resolver_stats s0 = stats();
+    int up0 = up_received;
+    lookup(fd, "pypi.org", DNS_TYPE_A, 0, &a);
+    ok(a.rcode == DNS_RCODE_NOERROR && is_v4(&a, 0, "198.18.0.10") && up_received == up0 + 1,
+       "with the cache, the first pypi.org goes upstream");
+    for (int i = 0; i < 3; i++)
+        lookup(fd, "pypi.org", DNS_TYPE_A, i == 1, &a);
+    ok(a.rcode == DNS_RCODE_NOERROR && a.n == 1 && is_v4(&a, 0, "198.18.0.10") &&
+           up_received == up0 + 1,
+       "the next three are answered from the cache, the upstream not asked (%d)",
+       up_received - up0);
+    ok(a.ttl > 0 && a.ttl <= RESOLVER_TTL_MAX, "with a TTL still capped at %d (%u)",
+       RESOLVER_TTL_MAX, a.ttl);
+    lookup(fd, "files.pythonhosted.org", DNS_TYPE_A, 0, &a);
+    ok(a.rcode == DNS_RCODE_NOERROR && is_v4(&a, 0, "198.18.0.11") && up_received == up0 + 1,
+       "the neighbour's cached files.pythonhosted.org serves this resolver too");
+    ok(a.ttl > 0 && a.ttl <= 30, "with what is left of its TTL of 30 (%u)", a.ttl);
+    struct resolver_stats s1 = stats();
+    ok(s1.cache_hits == s0.cache_hits + 4 && s1.upstream_sent == s0.upstream_sent + 1,
+       "the resolver counted 4 cache hits and 1 query sent");
+
+    up0 = up_received;
+    lookup(fd, "gone.test", DNS_TYPE_A, 0, &a);
+    lookup(fd, "gone.test", DNS_TYPE_A, 0, &a);
+    ok(a.rcode == DNS_RCODE_NXDOMAIN && up_received == up0 + 1,
+       "an NXDOMAIN is cached too: the second gone.test is NXDOMAIN without the upstream (%d)",
+       up_received - up0);
+
+    int logged = denied_count("host.test/1/private_address;");
+    up0 = up_received;
+    lookup(fd, "host.test", DNS_TYPE_A, 0, &a);
+    lookup(fd, "host.test", DNS_TYPE_A, 0, &a);
+    ok(a.rcode == DNS_RCODE_REFUSED && a.n == 0 && up_received == up0 + 1,
+       "host.test (only the host's address) is REFUSED again from the cache, no address given");
+    ok(denied_count("host.test/1/private_address;") == logged + 2,
+       "and each refusal is logged (%d)", denied_count("host.test/1/private_address;") - logged);
+
+    /* The policy comes first: a client whose policy allows only gone.test asks for the cached
+     * pypi.org. */
+    int nc = client_socket(&narrow_port);
+    up0 = up_received;
+    struct cache_req c0 = cache_on_loop(0);
+    lookup(nc, "pypi.org", DNS_TYPE_A, 0, &a);
+    ok(a.rcode == DNS_RCODE_REFUSED && ancount(&a) == 0,
+       "a client whose policy refuses pypi.org is REFUSED though it is cached (rcode %d)", a.rcode);
+    ok(denied_has("pypi.org/1/not_allowed;"), "and its log says not_allowed");
+    lookup(nc, "gone.test", DNS_TYPE_A, 0, &a);
+    ok(a.rcode == DNS_RCODE_NXDOMAIN, "while the name it may ask is answered from the cache");
+    struct cache_req c1 = cache_on_loop(0);
+    ok(up_received == up0 && c1.s.stored == c0.s.stored,
+       "neither reached the upstream nor stored anything");
+    close(nc);
+    narrow_port = 0;
+
+    up0 = up_received;
+    lookup(fd, "nothing.pythonhosted.org", DNS_TYPE_A, 0, &a);
+    lookup(fd, "nothing.pythonhosted.org", DNS_TYPE_A, 0, &a);
+    ok(a.rcode == DNS_RCODE_SERVFAIL && up_received == up0 + 2,
+       "a SERVFAIL is not cached: both asked the upstream (%d)", up_received - up0);
+
+    /* A hostile sandbox: random names under an allowed wildcard, more than its share. */
+    int flood = DNSCACHE_OWNER_MAX + 200, answered = 0;
+    for (int i = 0; i < flood; i++) {
+        char name[64];
+        snprintf(name, sizeof(name), "r%d-%u.flood.pythonhosted.org", i, (unsigned)rand());
+        lookup(fd, name, DNS_TYPE_A, 0, &a);
+        answered += a.rcode == DNS_RCODE_NOERROR && is_v4(&a, 0, "198.18.0.13");
+    }
+    ok(answered == flood, "%d random names under *.pythonhosted.org all answered (%d)", flood,
+       answered);
+    struct cache_req c2 = cache_on_loop(0);
+    ok(c2.owner1 == DNSCACHE_OWNER_MAX && c2.s.entries <= DNSCACHE_MAX,
+       "the flood holds its share of the cache and no more (%u of %d; %u in all)", c2.owner1,
+       DNSCACHE_OWNER_MAX, c2.s.entries);
+    ok(c2.s.bytes == c0.s.bytes, "in the memory the cache took at the start (%zu bytes)",
+       c2.s.bytes);
+    up0 = up_received;
+    lookup(nfd, "files.pythonhosted.org", DNS_TYPE_A, 0, &a);
+    ok(a.rcode == DNS_RCODE_NOERROR && up_received == up0,
+       "the neighbour's name is still cached after the flood");
+    close(nfd);
+}
+
 int main(void)
 {
     evthread_use_pthreads();
@@ -556,11 +712,17 @@ int main(void)
     policy = netpolicy_parse(given, &err);
     json_decref(given);
     ok(policy != NULL, "the test's policy parses %s", err.msg);
+    given = json_pack("{s:b, s:[s]}", "internet", 1, "allow", "gone.test");
+    narrow = netpolicy_parse(given, &err);
+    json_decref(given);
+    cache = dnscache_new(4);
+    ok(narrow != NULL && cache != NULL, "a narrower policy, and a cache for 4 owners");
 
     struct sockaddr_in up_addr;
     int up_fd = udp_socket_on(&up_addr);
     int res_fd = udp_socket_on(&resolver_addr);
-    ok(up_fd >= 0 && res_fd >= 0, "two UDP sockets on 127.0.0.1");
+    int nb_fd = udp_socket_on(&neighbour_addr);
+    ok(up_fd >= 0 && res_fd >= 0 && nb_fd >= 0, "three UDP sockets on 127.0.0.1");
     struct event *up_ev = event_new(base, up_fd, EV_READ | EV_PERSIST, fake_upstream, NULL);
     event_add(up_ev, NULL);
 
@@ -573,6 +735,10 @@ int main(void)
     resolver = resolver_new(base, res_fd, (struct sockaddr *)&up_addr, sizeof(up_addr), &extra,
                             &hooks, NULL, &err);
     ok(resolver != NULL, "resolver_new %s", err.msg);
+    neighbour = resolver_new(base, nb_fd, (struct sockaddr *)&up_addr, sizeof(up_addr), &extra,
+                             &hooks, NULL, &err);
+    ok(neighbour != NULL, "a neighbour resolver %s", err.msg);
+    resolver_set_cache(neighbour, cache, 2);
     struct resolver_hooks none = {0};
     ok(resolver_new(base, -1, (struct sockaddr *)&up_addr, sizeof(up_addr), NULL, &none, NULL,
                     &err) == NULL,
@@ -591,11 +757,15 @@ int main(void)
     garbage(fd);
     silence(fd);
     burst();
+    cached(fd);
     close(fd);
 
     event_base_loopbreak(base);
     pthread_join(loop, NULL);
     resolver_free(resolver);
+    resolver_free(neighbour);
+    dnscache_free(cache);
+    json_decref(narrow);
     event_free(ka);
     event_free(up_ev);
     close(up_fd);
