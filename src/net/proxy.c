@@ -197,15 +197,20 @@ static int handshake_admit(struct proxy *p, const struct sockaddr *peer)
         return 1; /* sandboxes reach the proxy over IPv4 only */
     uint32_t a = ((const struct sockaddr_in *)peer)->sin_addr.s_addr;
     uint64_t now = now_ms_monotonic();
-    struct hs_bucket *b = NULL;
-    for (unsigned i = 0, h = (ntohl(a) * 2654435761u) % HS_SLOTS; i < HS_PROBES && !b; i++) {
+    unsigned h = (ntohl(a) * 2654435761u) % HS_SLOTS;
+    struct hs_bucket *b = NULL, *spare = NULL;
+    /* Its own bucket wherever it is along the probes: a spare slot before it must not hand the
+     * sandbox a full bucket while its spent one sits further on. */
+    for (unsigned i = 0; i < HS_PROBES && !b; i++) {
         struct hs_bucket *s = &p->hs[(h + i) % HS_SLOTS];
-        if (s->addr == a) {
+        if (s->addr == a)
             b = s;
-        } else if (!s->addr || hs_refilled(p, s, now) >= hs_burst(p)) {
-            *s = (struct hs_bucket){.addr = a, .tokens = hs_burst(p), .at_ms = now};
-            b = s;
-        }
+        else if (!spare && (!s->addr || hs_refilled(p, s, now) >= hs_burst(p)))
+            spare = s;
+    }
+    if (!b && spare) {
+        *spare = (struct hs_bucket){.addr = a, .tokens = hs_burst(p), .at_ms = now};
+        b = spare;
     }
     if (!b)
         return 0;
