@@ -416,6 +416,22 @@ struct fields {
     int chunked;
 };
 
+/* A Content-Length value (vn bytes at v): 1..SNIFF_HTTP_LENGTH_DIGITS_MAX digits, nothing else.
+ * 0 with *out set, or -1. */
+static int parse_length(const char *v, size_t vn, uint64_t *out)
+{
+    if (vn == 0 || vn > SNIFF_HTTP_LENGTH_DIGITS_MAX)
+        return -1;
+    uint64_t len = 0;
+    for (size_t i = 0; i < vn; i++) {
+        if (v[i] < '0' || v[i] > '9')
+            return -1;
+        len = len * 10 + (uint64_t)(v[i] - '0');
+    }
+    *out = len;
+    return 0;
+}
+
 /* Splits a field line (n bytes, no CRLF) into its name's length (*colon) and its value without
  * the white space around it (*v, *vn). -1 if it is no field: a name that is not a token (white
  * space before the colon, folding), no colon, an empty name, or a byte no value may hold. */
@@ -462,14 +478,9 @@ static int parse_field(const char *p, size_t n, int minor, struct sniff_http *ou
         out->host_hdr.p = v;
         out->host_hdr.len = vn;
     } else if (same_ci(p, colon, "content-length")) {
-        if (vn == 0 || vn > SNIFF_HTTP_LENGTH_DIGITS_MAX || f->chunked)
+        uint64_t len;
+        if (f->chunked || parse_length(v, vn, &len) < 0)
             return -1;
-        uint64_t len = 0;
-        for (size_t i = 0; i < vn; i++) {
-            if (v[i] < '0' || v[i] > '9')
-                return -1;
-            len = len * 10 + (uint64_t)(v[i] - '0');
-        }
         if (f->has_length && len != f->length)
             return -1;
         f->has_length = 1;
@@ -619,14 +630,9 @@ static int answer_field(const char *p, size_t n, struct sniff_answer *out, int *
     if (split_field(p, n, &colon, &v, &vn) < 0)
         return -1;
     if (same_ci(p, colon, "content-length")) {
-        if (vn == 0 || vn > SNIFF_HTTP_LENGTH_DIGITS_MAX)
+        uint64_t len;
+        if (parse_length(v, vn, &len) < 0)
             return -1;
-        uint64_t len = 0;
-        for (size_t i = 0; i < vn; i++) {
-            if (v[i] < '0' || v[i] > '9')
-                return -1;
-            len = len * 10 + (uint64_t)(v[i] - '0');
-        }
         if (*has_length && len != out->content_length)
             return -1;
         *has_length = 1;
