@@ -26,17 +26,15 @@ stopped sandboxes' disks counted their whole quota).
 import argparse
 import datetime
 import os
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
+import pool  # noqa: E402  (bench/pool.py: its daemon)
 import run as base  # noqa: E402  (bench/run.py: stats, percentiles, machine, Unix calls)
 
 SHAPE = {"cpus": 2, "memory_mib": 4096, "disk_mib": 10240}
@@ -55,39 +53,20 @@ def du_mib(path):
     return int(r.stdout.split()[0]) if r.returncode == 0 and r.stdout else None
 
 
-class DensityDaemon:
+class DensityDaemon(pool.PoolDaemon):
+    """bench/pool.py's daemon with no pool and the default admission limits (raised only past
+    what they hold), answering (status, JSON) so that refusals are counted."""
+
+    stop_timeout = 300
+
     def __init__(self, args, images):
-        self.args = args
-        self.state = tempfile.mkdtemp(prefix="wr-bench-density-", dir="/var/tmp")
-        os.makedirs(os.path.join(self.state, "sandboxes"))
-        os.symlink(images, os.path.join(self.state, "images"))
-        self.sock = os.path.join(self.state, "withruntime.sock")
-        self.proc = None
+        super().__init__(args, images, 0, name="density")
 
-    def __enter__(self):
-        argv = [self.args.bin, "serve", "--state-dir", self.state, "--listen", "none", "--socket",
-                self.sock, "--agent", self.args.agent, "--pool", "0"]
+    def serve_args(self):
         if self.args.n > 100:  # the defaults hold 100 running, 256 loop devices
-            argv += ["--max-running", str(self.args.n),
-                     "--max-loop-devices", str(self.args.n + 64)]
-        with open(os.path.join(self.state, "daemon.log"), "wb") as log:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                self.call("GET", "/v1/health", timeout=2)
-                return self
-            except (OSError, RuntimeError):
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"bench: the daemon did not start; {self.state}/daemon.log")
-                time.sleep(0.1)
-
-    def __exit__(self, *exc):
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(timeout=300)
-        base.remove_state_dir(self.state)
+            return ["--max-running", str(self.args.n),
+                    "--max-loop-devices", str(self.args.n + 64)]
+        return []
 
     def call(self, method, path, body=None, timeout=300):
         """(status, decoded JSON) of one call on the Unix socket, as root (the admin); a GET

@@ -32,9 +32,15 @@ from egress import UnixApi  # noqa: E402
 
 
 class PoolDaemon:
-    def __init__(self, args, images, pool):
+    """`withruntime serve` on a fresh state directory under /var/tmp that links a built
+    image's directory, on its Unix socket only, with a warm pool of `pool` (bench/density.py
+    uses it too)."""
+
+    stop_timeout = 120  # seconds for SIGTERM to end it, its sandboxes with it
+
+    def __init__(self, args, images, pool, name="pool"):
         self.args, self.pool = args, pool
-        self.state = tempfile.mkdtemp(prefix=f"wr-bench-pool{pool}-", dir="/var/tmp")
+        self.state = tempfile.mkdtemp(prefix=f"wr-bench-{name}{pool}-", dir="/var/tmp")
         os.makedirs(os.path.join(self.state, "sandboxes"))
         os.symlink(images, os.path.join(self.state, "images"))
         self.sock = os.path.join(self.state, "withruntime.sock")
@@ -46,7 +52,7 @@ class PoolDaemon:
         self.proc = subprocess.Popen(
             [self.args.bin, "serve", "--state-dir", self.state, "--listen", "none", "--socket",
              self.sock, "--agent", self.args.agent, "--pool", str(self.pool),
-             "--max-running", "200"],
+             *self.serve_args()],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         deadline = time.monotonic() + 60
@@ -62,8 +68,12 @@ class PoolDaemon:
     def __exit__(self, *exc):
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(timeout=120)
+            self.proc.wait(timeout=self.stop_timeout)
         base.remove_state_dir(self.state)
+
+    def serve_args(self):
+        """More `serve` options."""
+        return ["--max-running", "200"]
 
     def wait_ready(self, n):
         deadline = time.monotonic() + 300
