@@ -38,6 +38,7 @@ Notes for a test that runs the daemon in host_ns:
 """
 
 import base64
+import contextlib
 import hashlib
 import io
 import ipaddress
@@ -48,6 +49,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import zipfile
@@ -553,3 +555,15 @@ while True:
         time.sleep(0.1)
 print("ok")
 """
+
+
+@contextlib.contextmanager
+def started():
+    """A FakeNet in a fresh temporary directory, started, and stopped when the block ends (a
+    module fixture's body: `with fakenet.started() as n: yield n`)."""
+    n = FakeNet(tempfile.mkdtemp(prefix="wr-fakenet-"))
+    try:
+        n.start()
+        yield n
+    finally:
+        n.stop()

@@ -57,12 +57,8 @@ class EgressDaemon(conftest.Daemon):
 
 @pytest.fixture(scope="module")
 def net():
-    n = fakenet.FakeNet(tempfile.mkdtemp(prefix="wr-fakenet-"))
-    try:
-        n.start()
+    with fakenet.started() as n:
         yield n
-    finally:
-        n.stop()
 
 
 @pytest.fixture(scope="module")

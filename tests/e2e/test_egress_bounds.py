@@ -18,7 +18,6 @@ import random
 import re
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
@@ -53,12 +52,8 @@ class BoundedDaemon(EgressDaemon):
 
 @pytest.fixture(scope="module")
 def net():
-    n = fakenet.FakeNet(tempfile.mkdtemp(prefix="wr-fakenet-"))
-    try:
-        n.start()
+    with fakenet.started() as n:
         yield n
-    finally:
-        n.stop()
 
 
 @pytest.fixture(scope="module")
