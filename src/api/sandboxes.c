@@ -75,14 +75,6 @@ bad:
     api_reply_err(req, &err);
 }
 
-static int hex_val(char c)
-{
-    return c >= '0' && c <= '9'   ? c - '0'
-           : c >= 'a' && c <= 'f' ? c - 'a' + 10
-           : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                  : -1;
-}
-
 /* The n bytes at p, percent-decoded ('+' is a space, as in a form); NULL if malformed, holding
  * a NUL, or not UTF-8 (json_stringn refuses it). */
 static json_t *form_piece(const char *p, size_t n)
@@ -94,7 +86,8 @@ static json_t *form_piece(const char *p, size_t n)
             out[o++] = p[i] == '+' ? ' ' : p[i];
             continue;
         }
-        int hi = i + 2 < n ? hex_val(p[i + 1]) : -1, lo = i + 2 < n ? hex_val(p[i + 2]) : -1;
+        int hi = i + 2 < n ? hex_digit((unsigned char)p[i + 1]) : -1,
+            lo = i + 2 < n ? hex_digit((unsigned char)p[i + 2]) : -1;
         if (hi < 0 || lo < 0 || (hi | lo) == 0)
             return NULL;
         out[o++] = (char)(hi * 16 + lo);
