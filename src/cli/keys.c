@@ -15,13 +15,6 @@
 #include "common/ids.h"
 #include "common/util.h"
 
-/* Micro-dollars as "$12.500000". */
-static void format_usd(long long micros, char *out, size_t len)
-{
-    snprintf(out, len, "%s$%lld.%06lld", micros < 0 ? "-" : "", llabs(micros) / 1000000,
-             llabs(micros) % 1000000);
-}
-
 /* "12.5" dollars as micro-dollars, without floating point; "none" is -1. -2 if malformed. */
 static long long parse_usd(const char *s)
 {
@@ -235,8 +228,8 @@ int cli_keys_list(struct cli_ctx *c, int argc, char **argv)
                                                                : "read-write");
         char lim[32] = "-", spent[32], msb[16] = "-";
         if (json_is_integer(limit))
-            format_usd(json_integer_value(limit), lim, sizeof(lim));
-        format_usd(json_integer_value(json_object_get(k, "spent_today_micros")), spent,
+            usd_format(json_integer_value(limit), lim, sizeof(lim));
+        usd_format(json_integer_value(json_object_get(k, "spent_today_micros")), spent,
                    sizeof(spent));
         if (json_is_integer(maxsb))
             snprintf(msb, sizeof(msb), "%lld", (long long)json_integer_value(maxsb));
@@ -404,7 +397,7 @@ int cli_cmd_usage(struct cli_ctx *c, int argc, char **argv)
     json_array_foreach(json_object_get(res, "rows"), i, row)
     {
         char cost[32];
-        format_usd(json_integer_value(json_object_get(row, "cost_micros")), cost, sizeof(cost));
+        usd_format(json_integer_value(json_object_get(row, "cost_micros")), cost, sizeof(cost));
         long long cpu = json_integer_value(json_object_get(row, "cpu_usec"));
         long long mem = json_integer_value(json_object_get(row, "memory_mib_ms"));
         /* GiB-hours with four decimals, in integers: mib_ms / (1024 * 3.6e6) */
@@ -415,7 +408,7 @@ int cli_cmd_usage(struct cli_ctx *c, int argc, char **argv)
     }
     json_decref(names);
     char total[32];
-    format_usd(json_integer_value(json_object_get(res, "total_micros")), total, sizeof(total));
+    usd_format(json_integer_value(json_object_get(res, "total_micros")), total, sizeof(total));
     printf("%-25s  %14s%s\n", "TOTAL", total,
            json_is_true(json_object_get(res, "truncated")) ? "  (the first 10000 groups only)"
                                                            : "");

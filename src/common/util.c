@@ -113,6 +113,13 @@ void format_rfc3339(int64_t t, char *out, size_t outlen)
     strftime(out, outlen, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
 
+const char *usd_format(long long micros, char *out, size_t len)
+{
+    snprintf(out, len, "%s$%lld.%06lld", micros < 0 ? "-" : "", llabs(micros) / 1000000,
+             llabs(micros) % 1000000);
+    return out;
+}
+
 int hex_digit(int c)
 {
     if (c >= '0' && c <= '9')

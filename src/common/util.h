@@ -105,4 +105,7 @@ static inline uint64_t get_be64(const uint8_t *p)
 /** The value of a hexadecimal digit (either case), or -1 if c is not one. */
 int hex_digit(int c);
 
+/** Micro-dollars as dollars, "$0.002000" ("-$..." below zero), into out[len]; returns out. */
+const char *usd_format(long long micros, char *out, size_t len);
+
 #endif

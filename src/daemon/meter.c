@@ -201,15 +201,6 @@ static enum room renew(struct sandbox *sb, int64_t day, int running)
     return ROOM_OK;
 }
 
-/* Micro-dollars as "$0.002000": people read dollars, and a limit is set in them
- * (keys set --daily-limit-usd). */
-static const char *usd(long long micros, char *out, size_t len)
-{
-    snprintf(out, len, "%s$%lld.%06lld", micros < 0 ? "-" : "", llabs(micros) / 1000000,
-             llabs(micros) % 1000000);
-    return out;
-}
-
 static int room_err(const struct sandbox *sb, enum room r, struct wr_err *err)
 {
     if (r == ROOM_CAP)
@@ -219,14 +210,15 @@ static int room_err(const struct sandbox *sb, enum room r, struct wr_err *err)
                            "once a new sandbox is made)",
                            sb->id, (long long)sb->cost_micros, (long long)sb->max_cost_micros);
     struct api_key *k = budget_of(sb->d, sb->key_id);
+    /* In dollars: people read them, and a limit is set in them (keys set --daily-limit-usd). */
     char limit[32], spent[32], held[32];
     return wr_err_kind(err, WR_E_COST_LIMIT, 0,
                        "key %s has reached its daily limit of %s (spent %s today, UTC; %s held "
                        "by its running sandboxes); only the admin can raise it: withruntime "
                        "keys set %s --daily-limit-usd X",
-                       sb->key_id, usd(k ? (long long)k->daily_limit_micros : 0, limit, 32),
-                       usd(k ? (long long)k->spent_micros : 0, spent, 32),
-                       usd(k ? (long long)k->reserved_micros : 0, held, 32), sb->key_id);
+                       sb->key_id, usd_format(k ? (long long)k->daily_limit_micros : 0, limit, 32),
+                       usd_format(k ? (long long)k->spent_micros : 0, spent, 32),
+                       usd_format(k ? (long long)k->reserved_micros : 0, held, 32), sb->key_id);
 }
 
 int meter_admit(struct sandbox *sb, struct wr_err *err)
