@@ -111,4 +111,11 @@ char *secrets_rewrite_head(const struct secrets *s, json_t *placeholders, const 
                            const char *host, int port, const char *head, size_t len,
                            size_t *outlen);
 
+/**
+ * What the egress process needs to apply a sandbox's secrets (net/inject.h): for each secret in
+ * placeholders that owner may use now, {"placeholder", "value", "policy", "headers"}, as a new
+ * array. It holds the values: wipe what it is serialised into.
+ */
+json_t *secrets_injections_json(const struct secrets *s, json_t *placeholders, const char *owner);
+
 #endif
