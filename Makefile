@@ -31,7 +31,10 @@ AGENT_SRC := $(wildcard src/agent/*.c)
 # them (the C compiler's own assembler; no other tool).
 WEB_FILES := $(wildcard web/*)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(BUILD)/src/api/web_assets.o
-AGENT_OBJ := $(AGENT_SRC:%.c=$(BUILD)/agent-obj/%.o) $(COMMON_SRC:%.c=$(BUILD)/agent-obj/%.o)
+# The agent leaves out common/confine.c: it is for the daemon's children, and its getpwnam_r
+# would tie the static agent to the host's NSS libraries (the linker warns).
+AGENT_COMMON_SRC := $(filter-out src/common/confine.c,$(COMMON_SRC))
+AGENT_OBJ := $(AGENT_SRC:%.c=$(BUILD)/agent-obj/%.o) $(AGENT_COMMON_SRC:%.c=$(BUILD)/agent-obj/%.o)
 
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
