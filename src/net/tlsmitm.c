@@ -24,6 +24,8 @@
 
 #include "common/util.h"
 
+#define TLSMITM_CN_MAX 64
+
 /* ALPN in wire format: the only protocol spoken through the proxy's interception. */
 static const unsigned char alpn_http11[] = "\x08http/1.1";
 #define ALPN_HTTP11_LEN (sizeof(alpn_http11) - 1)
@@ -193,7 +195,7 @@ static time_t asn1_to_time(const ASN1_TIME *t)
 
 /* subjectAltName DNS:host, built as a value: a host with a ',' cannot add a name of its own, as
  * it could through X509V3_EXT_conf's text. */
-static int add_san_dns(X509 *cert, const char *host)
+static int add_san_dns(X509 *cert, const char *host, int critical)
 {
     GENERAL_NAMES *names = GENERAL_NAMES_new();
     GENERAL_NAME *name = GENERAL_NAME_new();
@@ -203,7 +205,8 @@ static int add_san_dns(X509 *cert, const char *host)
         GENERAL_NAME_set0_value(name, GEN_DNS, steal_pointer(&dns));
         if (sk_GENERAL_NAME_push(names, name) > 0) {
             name = NULL;
-            r = X509_add1_ext_i2d(cert, NID_subject_alt_name, names, 0, X509V3_ADD_DEFAULT) == 1
+            r = X509_add1_ext_i2d(cert, NID_subject_alt_name, names, critical,
+                                  X509V3_ADD_DEFAULT) == 1
                     ? 0
                     : -1;
         }
@@ -229,15 +232,19 @@ X509 *tlsmitm_mint(X509 *ca, EVP_PKEY *ca_key, EVP_PKEY *leaf_pub, const char *h
     X509 *cert = X509_new();
     if (!cert)
         return NULL;
+    /* A CN holds at most 64 characters (X.520's ub-common-name): a longer name goes only in the
+     * SAN, under an empty subject, and the SAN is then critical (RFC 5280, 4.2.1.6). */
+    int cn = strlen(host) <= TLSMITM_CN_MAX;
     X509_NAME *name = X509_get_subject_name(cert);
     if (!X509_set_version(cert, X509_VERSION_3) || random_serial(cert) < 0 ||
         !X509_time_adj(X509_getm_notBefore(cert), -TLSMITM_LEAF_BACKDATE_S, &now) ||
-        !X509_time_adj(X509_getm_notAfter(cert), 0, &end) || set_name_cn(name, host) < 0 ||
+        !X509_time_adj(X509_getm_notAfter(cert), 0, &end) || (cn && set_name_cn(name, host) < 0) ||
         !X509_set_issuer_name(cert, X509_get_subject_name(ca)) ||
         !X509_set_pubkey(cert, leaf_pub) ||
         add_ext(cert, ca, NID_basic_constraints, "critical,CA:FALSE") < 0 ||
         add_ext(cert, ca, NID_key_usage, "critical,digitalSignature") < 0 ||
-        add_ext(cert, ca, NID_ext_key_usage, "serverAuth") < 0 || add_san_dns(cert, host) < 0 ||
+        add_ext(cert, ca, NID_ext_key_usage, "serverAuth") < 0 ||
+        add_san_dns(cert, host, !cn) < 0 ||
         add_ext(cert, ca, NID_authority_key_identifier, "keyid:always") < 0 ||
         !X509_sign(cert, ca_key, EVP_sha256())) {
         X509_free(cert);

@@ -89,7 +89,8 @@ struct tlsmitm *tlsmitm_new_signed(const char *ca_cert_pem, tlsmitm_sign_fn sign
 
 /**
  * Mints host's leaf for leaf_pub, signed with ca_key: X.509 v3, a random 128-bit serial, CN and
- * one subjectAltName DNS:host, basicConstraints CA:FALSE and keyUsage digitalSignature (both
+ * one subjectAltName DNS:host (for a host over 64 bytes, the most a CN holds, no CN and the SAN
+ * critical), basicConstraints CA:FALSE and keyUsage digitalSignature (both
  * critical), extendedKeyUsage serverAuth, the CA's authorityKeyIdentifier; valid from
  * TLSMITM_LEAF_BACKDATE_S ago for TLSMITM_LEAF_DAYS, or until the CA expires if sooner. host is
  * not checked beyond 1 to 253 bytes (the SAN is built as a value, never parsed from text); the

@@ -213,6 +213,33 @@ static int verifies(X509 *caf, X509 *leaf, const char *host)
     return v == 1;
 }
 
+/* Names longer than a CN can hold (64) are in the SAN only, which is then critical. */
+static void long_names(void)
+{
+    struct wr_err err = {0};
+    struct tlsmitm *m = tlsmitm_new(path("ca.pem"), path("ca.key"), NULL, &err);
+    char host[254];
+    memset(host, 'a', 253);
+    for (int i = 63; i < 253; i += 64)
+        host[i] = '.';
+    host[253] = '\0';
+    X509 *leaf = tlsmitm_leaf(m, host, &err);
+    ok(leaf && verifies(tlsmitm_ca_cert(m), leaf, host),
+       "a 253-byte name gets a leaf that verifies for it %s", err.msg);
+    ok(leaf && X509_NAME_entry_count(X509_get_subject_name(leaf)) == 0 &&
+           critical(leaf, NID_subject_alt_name),
+       "with an empty subject and a critical SAN");
+    host[64] = '\0';
+    host[63] = 'a';
+    leaf = tlsmitm_leaf(m, host, &err);
+    char cn[128] = "";
+    if (leaf)
+        X509_NAME_get_text_by_NID(X509_get_subject_name(leaf), NID_commonName, cn, sizeof(cn));
+    ok(leaf && strcmp(cn, host) == 0 && !critical(leaf, NID_subject_alt_name),
+       "a 64-byte label still gets its CN, and a SAN not critical");
+    tlsmitm_free(m);
+}
+
 /* ---- without the CA key ---- */
 
 static X509 *ca_x;
@@ -357,6 +384,7 @@ int main(void)
     }
     ca();
     leaves();
+    long_names();
     errors();
     signed_elsewhere();
     const char *names[] = {"ca.pem", "ca.key", "b.pem", "b.key"};
