@@ -1,8 +1,9 @@
 /*
  * TLS interception for the egress proxy: the CA, leaf minting and its cache, the two SSL_CTXs.
- * See tlsmitm.h. The cache is an array searched linearly: TLSMITM_CACHE_MAX short string
- * compares per new connection cost far less than the handshake that follows, and need no
- * second structure to keep consistent.
+ * See tlsmitm.h. tlsmitm_new is tlsmitm_new_signed with a sign function of its own (sign_here,
+ * over the key it loaded), so both take one path through the cache and the checks. The cache is an
+ * array searched linearly: TLSMITM_CACHE_MAX short string compares per new connection cost far less
+ * than the handshake that follows, and need no second structure to keep consistent.
  */
 #include "net/tlsmitm.h"
 
@@ -23,6 +24,8 @@
 
 #include "common/util.h"
 
+#define TLSMITM_CN_MAX 64
+
 /* ALPN in wire format: the only protocol spoken through the proxy's interception. */
 static const unsigned char alpn_http11[] = "\x08http/1.1";
 #define ALPN_HTTP11_LEN (sizeof(alpn_http11) - 1)
@@ -36,9 +39,12 @@ struct leaf {
 
 struct tlsmitm {
     X509 *ca;
-    EVP_PKEY *ca_key;
+    EVP_PKEY *ca_key; /* tlsmitm_new's, for sign_here; NULL in a tlsmitm_new_signed */
     time_t ca_not_after;
-    EVP_PKEY *leaf_key;
+    tlsmitm_sign_fn sign;
+    void *sign_ctx;
+    EVP_PKEY *leaf_key; /* the private key, for the server SSLs */
+    EVP_PKEY *leaf_pub; /* its public half only, for the sign function */
     SSL_CTX *server, *client;
     struct leaf cache[TLSMITM_CACHE_MAX];
     unsigned ncache;
@@ -187,34 +193,99 @@ static time_t asn1_to_time(const ASN1_TIME *t)
     return timegm(&tm);
 }
 
-static X509 *mint(struct tlsmitm *m, const char *host, time_t *not_after)
+/* subjectAltName DNS:host, built as a value: a host with a ',' cannot add a name of its own, as
+ * it could through X509V3_EXT_conf's text. */
+static int add_san_dns(X509 *cert, const char *host, int critical)
 {
-    X509 *cert = X509_new();
-    if (!cert)
+    GENERAL_NAMES *names = GENERAL_NAMES_new();
+    GENERAL_NAME *name = GENERAL_NAME_new();
+    ASN1_IA5STRING *dns = ASN1_IA5STRING_new();
+    int r = -1;
+    if (names && name && dns && ASN1_STRING_set(dns, host, -1)) {
+        GENERAL_NAME_set0_value(name, GEN_DNS, steal_pointer(&dns));
+        if (sk_GENERAL_NAME_push(names, name) > 0) {
+            name = NULL;
+            r = X509_add1_ext_i2d(cert, NID_subject_alt_name, names, critical,
+                                  X509V3_ADD_DEFAULT) == 1
+                    ? 0
+                    : -1;
+        }
+    }
+    ASN1_IA5STRING_free(dns);
+    GENERAL_NAME_free(name);
+    GENERAL_NAMES_free(names);
+    return r;
+}
+
+X509 *tlsmitm_mint(X509 *ca, EVP_PKEY *ca_key, EVP_PKEY *leaf_pub, const char *host,
+                   time_t *not_after)
+{
+    if (!ca || !ca_key || !leaf_pub || !host || !*host || strlen(host) > 253 || !not_after)
         return NULL;
     time_t now = time(NULL);
     time_t end = now + (time_t)TLSMITM_LEAF_DAYS * 24 * 3600;
-    if (end > m->ca_not_after)
-        end = m->ca_not_after;
-    char san[300];
-    snprintf(san, sizeof(san), "DNS:%s", host);
+    time_t ca_end = asn1_to_time(X509_get0_notAfter(ca));
+    if (end > ca_end)
+        end = ca_end;
+    if (end <= now)
+        return NULL; /* the CA has expired */
+    X509 *cert = X509_new();
+    if (!cert)
+        return NULL;
+    /* A CN holds at most 64 characters (X.520's ub-common-name): a longer name goes only in the
+     * SAN, under an empty subject, and the SAN is then critical (RFC 5280, 4.2.1.6). */
+    int cn = strlen(host) <= TLSMITM_CN_MAX;
     X509_NAME *name = X509_get_subject_name(cert);
     if (!X509_set_version(cert, X509_VERSION_3) || random_serial(cert) < 0 ||
         !X509_time_adj(X509_getm_notBefore(cert), -TLSMITM_LEAF_BACKDATE_S, &now) ||
-        !X509_time_adj(X509_getm_notAfter(cert), 0, &end) || set_name_cn(name, host) < 0 ||
-        !X509_set_issuer_name(cert, X509_get_subject_name(m->ca)) ||
-        !X509_set_pubkey(cert, m->leaf_key) ||
-        add_ext(cert, m->ca, NID_basic_constraints, "critical,CA:FALSE") < 0 ||
-        add_ext(cert, m->ca, NID_key_usage, "critical,digitalSignature") < 0 ||
-        add_ext(cert, m->ca, NID_ext_key_usage, "serverAuth") < 0 ||
-        add_ext(cert, m->ca, NID_subject_alt_name, san) < 0 ||
-        add_ext(cert, m->ca, NID_authority_key_identifier, "keyid:always") < 0 ||
-        !X509_sign(cert, m->ca_key, EVP_sha256())) {
+        !X509_time_adj(X509_getm_notAfter(cert), 0, &end) || (cn && set_name_cn(name, host) < 0) ||
+        !X509_set_issuer_name(cert, X509_get_subject_name(ca)) ||
+        !X509_set_pubkey(cert, leaf_pub) ||
+        add_ext(cert, ca, NID_basic_constraints, "critical,CA:FALSE") < 0 ||
+        add_ext(cert, ca, NID_key_usage, "critical,digitalSignature") < 0 ||
+        add_ext(cert, ca, NID_ext_key_usage, "serverAuth") < 0 ||
+        add_san_dns(cert, host, !cn) < 0 ||
+        add_ext(cert, ca, NID_authority_key_identifier, "keyid:always") < 0 ||
+        !X509_sign(cert, ca_key, EVP_sha256())) {
         X509_free(cert);
         return NULL;
     }
     *not_after = end;
     return cert;
+}
+
+/* tlsmitm_new's sign function: the CA key is in this process. */
+static X509 *sign_here(void *ctx, const char *host, EVP_PKEY *leaf_pub, time_t *not_after,
+                       struct wr_err *err)
+{
+    struct tlsmitm *m = ctx;
+    X509 *cert = tlsmitm_mint(m->ca, m->ca_key, leaf_pub, host, not_after);
+    if (!cert)
+        ssl_err(err, EIO, "tlsmitm: minting a certificate");
+    return cert;
+}
+
+/* Whether cert is a leaf tlsmitm_mint would make for host and m's leaf key, with not_after: what a
+ * sign function answers comes from another process, and goes to sandboxes only if it is. */
+static int leaf_ok(struct tlsmitm *m, X509 *cert, const char *host, time_t not_after,
+                   struct wr_err *err)
+{
+    const char *bad = NULL;
+    if (X509_check_host(cert, host, strlen(host), X509_CHECK_FLAG_NO_WILDCARDS, NULL) != 1)
+        bad = "does not name the host";
+    else if (EVP_PKEY_eq(X509_get0_pubkey(cert), m->leaf_pub) != 1)
+        bad = "is not for the leaf key";
+    else if (X509_check_issued(m->ca, cert) != X509_V_OK ||
+             X509_verify(cert, X509_get0_pubkey(m->ca)) != 1)
+        bad = "is not signed by the CA";
+    else if (X509_check_ca(cert) != 0)
+        bad = "is a CA";
+    else if (not_after != asn1_to_time(X509_get0_notAfter(cert)) || not_after <= time(NULL))
+        bad = "has a notAfter other than the one given, or in the past";
+    ERR_clear_error();
+    if (bad)
+        return wr_err_set(err, EPROTO, "tlsmitm: the certificate signed for %s %s", host, bad);
+    return 0;
 }
 
 X509 *tlsmitm_leaf(struct tlsmitm *m, const char *host, struct wr_err *err)
@@ -237,10 +308,12 @@ X509 *tlsmitm_leaf(struct tlsmitm *m, const char *host, struct wr_err *err)
         slot = l; /* about to expire: replaced below */
         break;
     }
-    time_t not_after;
-    X509 *cert = mint(m, host, &not_after);
-    if (!cert) {
-        ssl_err(err, EIO, "tlsmitm: minting a certificate");
+    time_t not_after = 0;
+    X509 *cert = m->sign(m->sign_ctx, host, m->leaf_pub, &not_after, err);
+    if (!cert)
+        return NULL;
+    if (leaf_ok(m, cert, host, not_after, err) < 0) {
+        X509_free(cert);
         return NULL;
     }
     char *copy = strdup(host);
@@ -363,6 +436,48 @@ static void *read_pem(const char *path, int is_key, struct wr_err *err)
     return v;
 }
 
+/* Makes the leaf key and its public half. */
+static int leaf_keys(struct tlsmitm *m, struct wr_err *err)
+{
+    unsigned char *der = NULL;
+    if (!(m->leaf_key = p256_key()))
+        return ssl_err(err, ENOMEM, "tlsmitm: leaf key");
+    int n = i2d_PUBKEY(m->leaf_key, &der);
+    const unsigned char *p = der;
+    if (n > 0)
+        m->leaf_pub = d2i_PUBKEY(NULL, &p, n);
+    OPENSSL_free(der);
+    return m->leaf_pub ? 0 : ssl_err(err, ENOMEM, "tlsmitm: leaf key");
+}
+
+/* The rest of a constructor once m->ca and m->sign are set: checks the CA (named ca_name in
+ * errors), makes the leaf key and both contexts. Frees m on failure. */
+static struct tlsmitm *finish(struct tlsmitm *m, const char *ca_name, const char *extra,
+                              struct wr_err *err)
+{
+    if (X509_check_ca(m->ca) != 1) {
+        wr_err_set(err, EINVAL, "tlsmitm: %s is not a CA certificate", ca_name);
+        goto fail;
+    }
+    m->ca_not_after = asn1_to_time(X509_get0_notAfter(m->ca));
+    if (m->ca_not_after <= time(NULL)) {
+        wr_err_set(err, EINVAL, "tlsmitm: the CA certificate (%s) has expired", ca_name);
+        goto fail;
+    }
+    if (leaf_keys(m, err) < 0)
+        goto fail;
+    if (!(m->server = server_ctx())) {
+        ssl_err(err, ENOMEM, "tlsmitm: server context");
+        goto fail;
+    }
+    if (!(m->client = client_ctx(extra, err)))
+        goto fail;
+    return m;
+fail:
+    tlsmitm_free(m);
+    return NULL;
+}
+
 struct tlsmitm *tlsmitm_new(const char *ca_cert_path, const char *ca_key_path,
                             const char *upstream_extra_ca_path, struct wr_err *err)
 {
@@ -375,35 +490,43 @@ struct tlsmitm *tlsmitm_new(const char *ca_cert_path, const char *ca_key_path,
         wr_err_sys(err, ENOMEM, "tlsmitm");
         return NULL;
     }
+    m->sign = sign_here;
+    m->sign_ctx = m;
     if (!(m->ca = read_pem(ca_cert_path, 0, err)) || !(m->ca_key = read_pem(ca_key_path, 1, err)))
         goto fail;
     if (X509_check_private_key(m->ca, m->ca_key) != 1) {
         ssl_err(err, EINVAL, "tlsmitm: the CA key does not match its certificate");
         goto fail;
     }
-    if (X509_check_ca(m->ca) != 1) {
-        wr_err_set(err, EINVAL, "tlsmitm: %s is not a CA certificate", ca_cert_path);
-        goto fail;
-    }
-    m->ca_not_after = asn1_to_time(X509_get0_notAfter(m->ca));
-    if (m->ca_not_after <= time(NULL)) {
-        wr_err_set(err, EINVAL, "tlsmitm: the CA certificate %s has expired", ca_cert_path);
-        goto fail;
-    }
-    if (!(m->leaf_key = p256_key())) {
-        ssl_err(err, ENOMEM, "tlsmitm: leaf key");
-        goto fail;
-    }
-    if (!(m->server = server_ctx())) {
-        ssl_err(err, ENOMEM, "tlsmitm: server context");
-        goto fail;
-    }
-    if (!(m->client = client_ctx(upstream_extra_ca_path, err)))
-        goto fail;
-    return m;
+    return finish(m, ca_cert_path, upstream_extra_ca_path, err);
 fail:
     tlsmitm_free(m);
     return NULL;
+}
+
+struct tlsmitm *tlsmitm_new_signed(const char *ca_cert_pem, tlsmitm_sign_fn sign, void *ctx,
+                                   const char *upstream_extra_ca_path, struct wr_err *err)
+{
+    if (!ca_cert_pem || !sign) {
+        wr_err_set(err, EINVAL, "tlsmitm: bad arguments");
+        return NULL;
+    }
+    struct tlsmitm *m = calloc(1, sizeof(*m));
+    if (!m) {
+        wr_err_sys(err, ENOMEM, "tlsmitm");
+        return NULL;
+    }
+    m->sign = sign;
+    m->sign_ctx = ctx;
+    BIO *bio = BIO_new_mem_buf(ca_cert_pem, -1);
+    m->ca = bio ? PEM_read_bio_X509(bio, NULL, NULL, NULL) : NULL;
+    BIO_free(bio);
+    if (!m->ca) {
+        ssl_err(err, EINVAL, "tlsmitm: the CA certificate (PEM)");
+        tlsmitm_free(m);
+        return NULL;
+    }
+    return finish(m, "the certificate given as PEM", upstream_extra_ca_path, err);
 }
 
 void tlsmitm_free(struct tlsmitm *m)
@@ -417,6 +540,7 @@ void tlsmitm_free(struct tlsmitm *m)
     SSL_CTX_free(m->server);
     SSL_CTX_free(m->client);
     EVP_PKEY_free(m->leaf_key);
+    EVP_PKEY_free(m->leaf_pub);
     EVP_PKEY_free(m->ca_key);
     X509_free(m->ca);
     free(m);
@@ -425,6 +549,11 @@ void tlsmitm_free(struct tlsmitm *m)
 X509 *tlsmitm_ca_cert(const struct tlsmitm *m)
 {
     return m->ca;
+}
+
+EVP_PKEY *tlsmitm_leaf_key(const struct tlsmitm *m)
+{
+    return m->leaf_pub;
 }
 
 void tlsmitm_stats(const struct tlsmitm *m, struct tlsmitm_stats *out)

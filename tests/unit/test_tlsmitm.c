@@ -1,10 +1,13 @@
 /*
  * net/tlsmitm.h: the CA files as the daemon will find them (modes, constraints), the leaves as a
  * sandbox's TLS client will judge them (name, purpose, issuer, validity), the cache, and the
- * errors tlsmitm_new reports for files that are missing or do not belong together.
+ * errors tlsmitm_new reports for files that are missing or do not belong together; then a
+ * tlsmitm without the CA key (tlsmitm_new_signed) and what it does with what its sign function
+ * answers, right or wrong.
  */
 #include <errno.h>
 #include <openssl/bn.h>
+#include <openssl/core_names.h>
 #include <openssl/pem.h>
 #include <openssl/x509v3.h>
 #include <stdio.h>
@@ -196,6 +199,162 @@ static void leaves(void)
     tlsmitm_free(m);
 }
 
+static int verifies(X509 *caf, X509 *leaf, const char *host)
+{
+    X509_STORE *store = X509_STORE_new();
+    X509_STORE_add_cert(store, caf);
+    X509_STORE_CTX *vctx = X509_STORE_CTX_new();
+    X509_STORE_CTX_init(vctx, store, leaf, NULL);
+    X509_STORE_CTX_set_purpose(vctx, X509_PURPOSE_SSL_SERVER);
+    X509_VERIFY_PARAM_set1_host(X509_STORE_CTX_get0_param(vctx), host, 0);
+    int v = X509_verify_cert(vctx);
+    X509_STORE_CTX_free(vctx);
+    X509_STORE_free(store);
+    return v == 1;
+}
+
+/* Names longer than a CN can hold (64) are in the SAN only, which is then critical. */
+static void long_names(void)
+{
+    struct wr_err err = {0};
+    struct tlsmitm *m = tlsmitm_new(path("ca.pem"), path("ca.key"), NULL, &err);
+    char host[254];
+    memset(host, 'a', 253);
+    for (int i = 63; i < 253; i += 64)
+        host[i] = '.';
+    host[253] = '\0';
+    X509 *leaf = tlsmitm_leaf(m, host, &err);
+    ok(leaf && verifies(tlsmitm_ca_cert(m), leaf, host),
+       "a 253-byte name gets a leaf that verifies for it %s", err.msg);
+    ok(leaf && X509_NAME_entry_count(X509_get_subject_name(leaf)) == 0 &&
+           critical(leaf, NID_subject_alt_name),
+       "with an empty subject and a critical SAN");
+    host[64] = '\0';
+    host[63] = 'a';
+    leaf = tlsmitm_leaf(m, host, &err);
+    char cn[128] = "";
+    if (leaf)
+        X509_NAME_get_text_by_NID(X509_get_subject_name(leaf), NID_commonName, cn, sizeof(cn));
+    ok(leaf && strcmp(cn, host) == 0 && !critical(leaf, NID_subject_alt_name),
+       "a 64-byte label still gets its CN, and a SAN not critical");
+    tlsmitm_free(m);
+}
+
+/* ---- without the CA key ---- */
+
+static X509 *ca_x;
+static EVP_PKEY *ca_k, *b_k;
+
+enum fake { FAKE_RIGHT, FAKE_OTHER_HOST, FAKE_OTHER_KEY, FAKE_OTHER_CA, FAKE_WRONG_END, FAKE_FAIL };
+
+/* A sign function that answers as *mode says, and counts its calls. */
+static int fake_calls;
+static X509 *fake_sign(void *ctx, const char *host, EVP_PKEY *leaf_pub, time_t *not_after,
+                       struct wr_err *err)
+{
+    enum fake mode = *(enum fake *)ctx;
+    fake_calls++;
+    if (mode == FAKE_FAIL) {
+        wr_err_set(err, EIO, "fake: cannot");
+        return NULL;
+    }
+    EVP_PKEY *other = mode == FAKE_OTHER_KEY ? EVP_EC_gen("P-256") : NULL;
+    X509 *x = tlsmitm_mint(ca_x, mode == FAKE_OTHER_CA ? b_k : ca_k, other ? other : leaf_pub,
+                           mode == FAKE_OTHER_HOST ? "other.test" : host, not_after);
+    EVP_PKEY_free(other);
+    if (mode == FAKE_WRONG_END)
+        *not_after += 3600;
+    return x;
+}
+
+static void signed_elsewhere(void)
+{
+    struct wr_err err = {0};
+    FILE *f = fopen(path("ca.key"), "r");
+    ca_k = PEM_read_PrivateKey(f, NULL, NULL, NULL);
+    fclose(f);
+    f = fopen(path("b.key"), "r");
+    b_k = PEM_read_PrivateKey(f, NULL, NULL, NULL);
+    fclose(f);
+    ca_x = load_cert(path("ca.pem"));
+    char pem[8192] = "";
+    f = fopen(path("ca.pem"), "r");
+    fread(pem, 1, sizeof(pem) - 1, f);
+    fclose(f);
+
+    enum fake mode = FAKE_RIGHT;
+    ok(tlsmitm_new_signed("not PEM", fake_sign, &mode, NULL, &err) == NULL && err.code == EINVAL,
+       "tlsmitm_new_signed with no certificate in the PEM: refused (%s)", err.msg);
+    ok(tlsmitm_new_signed(pem, NULL, NULL, NULL, &err) == NULL && err.code == EINVAL,
+       "without a sign function: refused");
+    struct tlsmitm *m = tlsmitm_new_signed(pem, fake_sign, &mode, NULL, &err);
+    ok(m != NULL, "tlsmitm_new_signed %s", err.msg);
+    EVP_PKEY *pub = tlsmitm_leaf_key(m);
+    BIGNUM *priv = NULL;
+    ok(pub && EVP_PKEY_is_a(pub, "EC") &&
+           !EVP_PKEY_get_bn_param(pub, OSSL_PKEY_PARAM_PRIV_KEY, &priv),
+       "tlsmitm_leaf_key: an EC key without its private half");
+    BN_free(priv);
+
+    /* A leaf's PEM is not a CA's. */
+    X509 *leaf = tlsmitm_leaf(m, "allowed.test", &err);
+    ok(leaf && verifies(ca_x, leaf, "allowed.test") &&
+           EVP_PKEY_eq(X509_get0_pubkey(leaf), pub) == 1,
+       "a leaf through the sign function verifies and carries the leaf key %s", err.msg);
+    BIO *bio = BIO_new(BIO_s_mem());
+    PEM_write_bio_X509(bio, leaf);
+    char leaf_pem[8192] = "";
+    BIO_read(bio, leaf_pem, sizeof(leaf_pem) - 1);
+    BIO_free(bio);
+    ok(tlsmitm_new_signed(leaf_pem, fake_sign, &mode, NULL, &err) == NULL &&
+           strstr(err.msg, "not a CA"),
+       "a PEM that is not a CA's: refused (%s)", err.msg);
+
+    /* What the sign function answers is checked, and a failure is not cached. */
+    struct {
+        enum fake mode;
+        const char *what, *why;
+    } wrong[] = {
+        {FAKE_OTHER_HOST, "a certificate for another host", "does not name the host"},
+        {FAKE_OTHER_KEY, "a certificate for another key", "not for the leaf key"},
+        {FAKE_OTHER_CA, "a certificate signed by another key", "not signed by the CA"},
+        {FAKE_WRONG_END, "a not_after other than the certificate's", "notAfter"},
+        {FAKE_FAIL, "a failure", "fake: cannot"},
+    };
+    for (size_t i = 0; i < sizeof(wrong) / sizeof(wrong[0]); i++) {
+        struct tlsmitm_stats before, after;
+        tlsmitm_stats(m, &before);
+        mode = wrong[i].mode;
+        int calls = fake_calls;
+        ok(tlsmitm_leaf(m, "new.test", &err) == NULL && strstr(err.msg, wrong[i].why),
+           "%s: refused (%s)", wrong[i].what, err.msg);
+        tlsmitm_stats(m, &after);
+        ok(after.cached == before.cached && after.minted == before.minted &&
+               tlsmitm_leaf(m, "new.test", &err) == NULL && fake_calls == calls + 2,
+           "%s: not cached, the next ask signs again", wrong[i].what);
+    }
+    mode = FAKE_RIGHT;
+    ok(tlsmitm_leaf(m, "new.test", &err) != NULL, "then a right answer is taken %s", err.msg);
+    ok(tlsmitm_leaf(m, "allowed.test", &err) == leaf, "and the earlier leaf is still cached");
+    tlsmitm_free(m);
+
+    /* tlsmitm_mint builds the SAN as a value: a ',' in a name adds no name. */
+    time_t na;
+    EVP_PKEY *k = EVP_EC_gen("P-256");
+    X509 *x = tlsmitm_mint(ca_x, ca_k, k, "a.test,DNS:evil.test", &na);
+    ok(x && X509_check_host(x, "evil.test", 0, 0, NULL) != 1 &&
+           X509_check_host(x, "a.test", 0, 0, NULL) != 1,
+       "tlsmitm_mint of \"a.test,DNS:evil.test\" names neither a.test nor evil.test");
+    X509_free(x);
+    ok(tlsmitm_mint(ca_x, ca_k, k, "", &na) == NULL &&
+           tlsmitm_mint(ca_x, NULL, k, "a", &na) == NULL,
+       "tlsmitm_mint without a host or a key: NULL");
+    EVP_PKEY_free(k);
+    X509_free(ca_x);
+    EVP_PKEY_free(ca_k);
+    EVP_PKEY_free(b_k);
+}
+
 static void errors(void)
 {
     struct wr_err err = {0};
@@ -225,7 +384,9 @@ int main(void)
     }
     ca();
     leaves();
+    long_names();
     errors();
+    signed_elsewhere();
     const char *names[] = {"ca.pem", "ca.key", "b.pem", "b.key"};
     for (size_t i = 0; i < 4; i++)
         unlink(path(names[i]));
