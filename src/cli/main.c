@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "net/netproc.h"
 
 /* Sets the state directory, made absolute: an autostarted daemon runs from "/". */
 static int set_state_dir(struct cli_ctx *c, const char *dir)
@@ -34,6 +35,11 @@ static int set_state_dir(struct cli_ctx *c, const char *dir)
 int main(int argc, char **argv)
 {
     static struct cli_ctx c;
+    /* The daemon's own helper processes (net/netproc.h), started by it alone: not commands. */
+    if (argc >= 2 && strcmp(argv[1], "__net") == 0)
+        return netproc_main(argc - 1, argv + 1);
+    if (argc >= 2 && strcmp(argv[1], "__signer") == 0)
+        return signerproc_main(argc - 1, argv + 1);
     const char *env = getenv("WITHRUNTIME_STATE_DIR");
     int r = set_state_dir(&c, env && env[0] ? env : CLI_DEFAULT_STATE_DIR);
     if (r != 0)

@@ -200,6 +200,8 @@ static const struct allowed allowed[] = {
     ALLOW(close, P_BOTH),
     ALLOW(setsockopt, P_NET),
     ALLOW(getsockopt, P_NET),
+    /* the signer checks that its one socket keeps message boundaries */
+    ALLOW_IF(getsockopt, P_SIGNER, IN, 2, SO_TYPE),
     ALLOW(getsockname, P_NET),
     ALLOW(getpeername, P_NET),
     ALLOW(shutdown, P_BOTH),

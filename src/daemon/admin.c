@@ -13,6 +13,7 @@
 #include "daemon/daemon.h"
 #include "daemon/keys.h"
 #include "daemon/service.h"
+#include "net/gateway.h"
 #include "store/store.h"
 
 static int admin_only(struct sink *s)
@@ -126,6 +127,8 @@ void svc_key_revoke(struct daemon *d, const char *id, struct sink *s)
     }
     json_t *out = key_to_json(k);
     json_object_set_new(out, "also_revoked", w.ids);
+    /* its sandboxes (and its --of keys') lose their secrets before the answer */
+    gateway_refresh(d->gw);
     sink_reply(s, SINK_OK, out);
 }
 

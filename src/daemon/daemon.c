@@ -97,10 +97,24 @@ int daemon_config_check(const struct daemon_config *cfg, struct wr_err *err)
 
 /* ---- the gateway's questions about sandboxes ---- */
 
-static json_t *gw_policy(void *ctx, const char *id)
+/* What sandbox id may reach: its policy, and its secrets that its owner may use now. A revoked
+ * key's sandboxes get none: its grants went with it. */
+static json_t *gw_slot_state(void *ctx, const char *id)
 {
-    struct sandbox *sb = sandbox_find(ctx, id);
-    return sb && !sb->unlinked ? sb->network : NULL;
+    struct daemon *d = ctx;
+    struct sandbox *sb = sandbox_find(d, id);
+    if (!sb || sb->unlinked)
+        return NULL;
+    json_t *o = json_pack("{s:O?}", "policy", sb->network);
+    if (!json_object_size(sb->secrets))
+        return o;
+    if (sb->key_id[0]) {
+        const struct api_key *k = keys_find(d->keys, sb->key_id);
+        if (!k || k->revoked_at)
+            return o;
+    }
+    json_object_set_new(o, "inject", secrets_injections_json(d->secrets, sb->secrets, sb->key_id));
+    return o;
 }
 
 static void gw_denied(void *ctx, const char *id, const char *via, const char *host, int port,
@@ -199,23 +213,6 @@ static void gw_allowed(void *ctx, const char *id, const char *host, int port)
         log_info(sb->id, "network.allowed", "host=\"%.256s\" port=%d", host ? host : "", port);
 }
 
-/* A request head to host:port on an intercepted TLS connection: the sandbox's secrets go in,
- * those its owner may use now. A revoked key's sandboxes get none: its grants went with it. */
-static char *gw_rewrite_head(void *ctx, const char *id, const char *host, int port,
-                             const char *head, size_t len, size_t *outlen)
-{
-    struct daemon *d = ctx;
-    struct sandbox *sb = sandbox_find(d, id);
-    if (!sb || !json_object_size(sb->secrets))
-        return NULL;
-    if (sb->key_id[0]) {
-        const struct api_key *k = keys_find(d->keys, sb->key_id);
-        if (!k || k->revoked_at)
-            return NULL;
-    }
-    return secrets_rewrite_head(d->secrets, sb->secrets, sb->key_id, host, port, head, len, outlen);
-}
-
 /* Opens sandbox networking as cfg->egress says. Returns 0, or -1 with err set ("on" only). */
 static int open_gateway(struct daemon *d, struct wr_err *err)
 {
@@ -232,12 +229,9 @@ static int open_gateway(struct daemon *d, struct wr_err *err)
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
         gc.proxy_max_conns = proxy_conns_for_fds((unsigned long long)rl.rlim_cur);
-    if (addr_ranges_parse(cfg->public_ranges, &gc.extra_public, err) < 0)
-        return wr_err_prefix(err, "--public-ranges");
-    struct gateway_hooks hooks = {.policy = gw_policy,
-                                  .denied = gw_denied,
-                                  .allowed = gw_allowed,
-                                  .rewrite_head = gw_rewrite_head};
+    snprintf(gc.public_ranges, sizeof(gc.public_ranges), "%s", cfg->public_ranges);
+    struct gateway_hooks hooks = {
+        .slot_state = gw_slot_state, .denied = gw_denied, .allowed = gw_allowed};
     struct wr_err e = {0};
     char cert[PATH_MAX], key[PATH_MAX];
     if (ensure_ca(d, cert, key, sizeof(cert), &e) == 0) {

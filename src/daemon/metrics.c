@@ -278,6 +278,9 @@ void metrics_render(struct daemon *d, struct evbuffer *out)
     sample(out, "withruntime_proxy_bytes_total", "direction=\"down\"", gs.proxy_bytes_down);
     one(out, "withruntime_proxy_connections_total", "counter",
         "Connections the egress proxy accepted (refused ones included).", gs.proxy_connections);
+    one(out, "withruntime_egress_restarts_total", "counter",
+        "Times the egress process (proxy, resolvers) and its signer were started again.",
+        gs.egress_restarts);
     head(out, "withruntime_egress_denials_total", "counter",
          "What sandboxes were refused on the network, by path (proxy, dns) and reason.");
     for (int v = 0; v < 2; v++)

@@ -23,6 +23,7 @@
 #include "daemon/secrets.h"
 #include "driver/driver.h"
 #include "image/image.h"
+#include "net/gateway.h"
 #include "store/store.h"
 
 #ifndef WR_VERSION
@@ -422,6 +423,8 @@ void svc_secret_set(struct daemon *d, const char *name, const char *value, size_
         sink_fail(s, &err);
         return;
     }
+    /* the egress process applies what sandboxes may use now: before the answer */
+    gateway_refresh(d->gw);
     sink_reply(s, SINK_OK, secrets_get_json(d->secrets, name));
 }
 
@@ -435,6 +438,8 @@ void svc_secret_update(struct daemon *d, const char *name, const struct secret_f
         sink_fail(s, &err);
         return;
     }
+    /* the egress process applies what sandboxes may use now: before the answer */
+    gateway_refresh(d->gw);
     sink_reply(s, SINK_OK, secrets_get_json(d->secrets, name));
 }
 
@@ -445,6 +450,8 @@ void svc_secret_delete(struct daemon *d, const char *name, struct sink *s)
         sink_fail(s, &err);
         return;
     }
+    /* the egress process applies what sandboxes may use now: before the answer */
+    gateway_refresh(d->gw);
     sink_reply(s, SINK_OK, json_pack("{s:s, s:b}", "name", name, "deleted", 1));
 }
 
@@ -504,7 +511,10 @@ void svc_sandbox_stats(struct daemon *d, const char *id, struct sink *s)
 
 void svc_health(struct daemon *d, struct sink *s)
 {
-    json_t *net = d->gw ? json_pack("{s:b}", "enabled", 1)
+    struct gateway_stats gs;
+    gateway_stats(d->gw, &gs);
+    json_t *net = d->gw ? json_pack("{s:b, s:{s:b, s:i}}", "enabled", 1, "egress", "up",
+                                    gs.egress_pid > 0, "restarts", (int)gs.egress_restarts)
                         : json_pack("{s:b, s:s}", "enabled", 0, "reason", d->gw_error);
     int pooled = 0, ready = 0;
     for (struct sandbox *sb = d->sandboxes; sb; sb = sb->next)

@@ -9,11 +9,20 @@
  *                port 53 of the sandbox's own gateway address (its resolver), and drops the rest:
  *                no forwarding at all, no IPv6, no ICMP, no other UDP.
  *
- * The proxy (net/proxy.h) and each sandbox's resolver (net/resolver.h) listen in the gateway
- * namespace and reach out from the daemon's own; they know a sandbox by its address, and ask
- * the daemon for its policy at every decision, so a policy change applies to the next lookup
- * and the next connection; and gateway_slot_policy_changed closes the open connections that
- * the new policy no longer allows.
+ * The proxy (net/proxy.h) and each sandbox's resolver (net/resolver.h) run in the egress
+ * process (net/netproc.h), unprivileged and under a seccomp filter, with the CA key in a signer
+ * process of its own: the daemon's root process never parses a sandbox's network bytes. The
+ * daemon makes the namespace, the proxy's listening socket in it and each slot's DNS socket,
+ * and hands them over (net/netipc.h); they listen in the gateway namespace and reach out from
+ * the host's. They know a sandbox by its address. The daemon sends a slot's state (its policy,
+ * the secrets it may use now: gateway_hooks.slot_state) when the slot starts and whenever it
+ * changes (gateway_slot_policy_changed, gateway_refresh), before it answers the call that
+ * changed it, and the egress process reads what is waiting before each decision: a change
+ * applies to the next lookup and connection, and the open connections it no longer allows are
+ * closed. If the egress process or its signer dies or stops reading, both are stopped and
+ * started again (after 0.1 s, doubling up to 5 s while they keep failing) with every slot's
+ * state and socket; meanwhile connections wait in the listener's backlog: egress is down, never
+ * open.
  *
  * Threads: gateway_open, gateway_close and the gateway_slot_* calls run on the loop's thread;
  * gateway_plumb and gateway_unplumb block (netlink) and run on workers.
@@ -25,6 +34,7 @@
 #include <jansson.h>
 #include <netinet/in.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #include "common/err.h"
 #include "net/addr.h"
@@ -37,8 +47,11 @@ struct gateway_config {
     /* Where the resolvers and the proxy send their own queries: "a.b.c.d" or "a.b.c.d:port";
        "" = the first IPv4 nameserver of the host's /etc/resolv.conf. */
     char dns_upstream[64];
-    /* Ranges that count as public besides the globally routable ones (tests; off by default). */
-    struct addr_ranges extra_public;
+    /* Ranges that count as public besides the globally routable ones (tests; "" by default):
+       comma-separated CIDRs (addr_ranges_parse). */
+    char public_ranges[1024];
+    /* Who the egress and signer processes run as ("": NETPROC_USER). */
+    char user[64];
     /* The daemon's CA, which signs what the proxy shows sandboxes when it terminates their TLS;
        and certificates the proxy trusts upstream besides the system's (NULL: none). */
     const char *ca_cert, *ca_key, *upstream_extra_ca;
@@ -48,17 +61,17 @@ struct gateway_config {
 };
 
 struct gateway_hooks {
-    /** The policy of sandbox id (normalised), borrowed for the call; NULL if there is none. */
-    json_t *(*policy)(void *ctx, const char *id);
+    /**
+     * What sandbox id may reach, as a new object: {"policy": its normalised egress policy,
+     * "inject": the secrets it may use now (daemon/secrets.h, secrets_injections_json)}; NULL
+     * if there is no such sandbox (its connections are refused).
+     */
+    json_t *(*slot_state)(void *ctx, const char *id);
     /** A denied lookup (via "dns") or connection (via "proxy"). */
     void (*denied)(void *ctx, const char *id, const char *via, const char *host, int port,
                    const char *reason);
     /** A connection let through to host:port (may be NULL). */
     void (*allowed)(void *ctx, const char *id, const char *host, int port);
-    /** A request head to host:port on sandbox id's intercepted TLS connection: a replacement
-     * (malloc'd, *outlen bytes) or NULL to send it as it is (see net/proxy.h). May be NULL. */
-    char *(*rewrite_head)(void *ctx, const char *id, const char *host, int port, const char *head,
-                          size_t len, size_t *outlen);
 };
 
 struct gateway;
@@ -97,9 +110,19 @@ int gateway_plumb(struct gateway *g, int slot, int *netns_fd, int *dns_fd, char 
 /** Worker: removes slot's veth pair (and with it the sandbox's only link). Idempotent. */
 int gateway_unplumb(struct gateway *g, int slot, struct wr_err *err);
 
-/** The policy of slot's sandbox changed: the proxy closes its open connections that the new
- * policy does not allow (proxy_recheck_peer). Negative slots are a no-op. */
+/** The policy of slot's sandbox changed: its state goes to the egress process, which closes
+ * its open connections that the new policy does not allow (proxy_recheck_peer). Negative slots
+ * are a no-op. */
 void gateway_slot_policy_changed(struct gateway *g, int slot);
+
+/** Secrets or keys changed: every running sandbox's state goes again. NULL is a no-op. */
+void gateway_refresh(struct gateway *g);
+
+/** The address of slot's sandbox (host 2) or of its end in the gateway (host 1). */
+struct in_addr gateway_slot_addr(int slot, int host);
+
+/** The slot whose sandbox address sa is (in use or not), or -1. */
+int gateway_slot_of_addr(const struct sockaddr *sa, socklen_t len);
 
 /** Counters for health and the tests. */
 struct gateway_stats {
@@ -108,6 +131,8 @@ struct gateway_stats {
     uint64_t proxy_bytes_up;   /* sandboxes to upstream, through the proxy */
     uint64_t proxy_bytes_down; /* upstream to sandboxes */
     uint64_t proxy_connections;
+    int egress_pid, signer_pid; /* 0 while they are down */
+    unsigned egress_restarts;   /* times they were started again */
 };
 void gateway_stats(const struct gateway *g, struct gateway_stats *out);
 
