@@ -249,18 +249,37 @@ static int lift_fd(int fd, int *owned)
 pid_t proc_spawn(char *const argv[], char *const env[], int fd_in, int fd_out, int fd_err,
                  struct wr_err *err)
 {
+    return proc_spawn_keep(argv, env, fd_in, fd_out, fd_err, NULL, 0, err);
+}
+
+pid_t proc_spawn_keep(char *const argv[], char *const env[], int fd_in, int fd_out, int fd_err,
+                      const int *keep, int nkeep, struct wr_err *err)
+{
     pthread_once(&cond_once, cond_init);
     if (!argv || !argv[0])
         return wr_err_set(err, EINVAL, "proc_spawn: empty argv");
+    if (nkeep < 0 || nkeep > PROC_KEEP_MAX)
+        return wr_err_set(err, EINVAL, "proc_spawn: too many descriptors to keep");
 
     int owned[3];
     int fds[3] = {lift_fd(fd_in, &owned[0]), lift_fd(fd_out, &owned[1]),
                   lift_fd(fd_err, &owned[2])};
+    /* above every target (3 + i), so no dup2 below overwrites a source still to be moved */
+    int lifted[PROC_KEEP_MAX];
+    for (int i = 0; i < nkeep; i++)
+        lifted[i] = fcntl(keep[i], F_DUPFD_CLOEXEC, 3 + PROC_KEEP_MAX);
     int ret = -1;
     posix_spawn_file_actions_t fa;
     posix_spawnattr_t attr;
     posix_spawn_file_actions_init(&fa);
     posix_spawnattr_init(&attr);
+    for (int i = 0; i < nkeep; i++) {
+        if (lifted[i] < 0) {
+            wr_err_sys(err, errno, "proc_spawn %s: duplicating fd", argv[0]);
+            goto out;
+        }
+        posix_spawn_file_actions_adddup2(&fa, lifted[i], 3 + i);
+    }
 
     for (int i = 0; i < 3; i++) {
         if ((i == 0 ? fd_in : i == 1 ? fd_out : fd_err) >= 0 && fds[i] < 0) {
@@ -272,7 +291,7 @@ pid_t proc_spawn(char *const argv[], char *const env[], int fd_in, int fd_out, i
         else
             posix_spawn_file_actions_adddup2(&fa, fds[i], i);
     }
-    posix_spawn_file_actions_addclosefrom_np(&fa, 3);
+    posix_spawn_file_actions_addclosefrom_np(&fa, 3 + nkeep);
 
     sigset_t none, all;
     sigemptyset(&none);
@@ -307,6 +326,9 @@ out:
     for (int i = 0; i < 3; i++)
         if (owned[i] >= 0)
             close(owned[i]);
+    for (int i = 0; i < nkeep; i++)
+        if (lifted[i] >= 0)
+            close(lifted[i]);
     return ret;
 }
 

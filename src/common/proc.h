@@ -27,6 +27,15 @@ void proc_reaper_stop(void);
 pid_t proc_spawn(char *const argv[], char *const env[], int fd_in, int fd_out, int fd_err,
                  struct wr_err *err);
 
+/* Descriptors proc_spawn_keep passes on at most. */
+#define PROC_KEEP_MAX 8
+
+/**
+ * proc_spawn, and keep[0..nkeep) become the child's fds 3, 4, ... (every other one closed).
+ */
+pid_t proc_spawn_keep(char *const argv[], char *const env[], int fd_in, int fd_out, int fd_err,
+                      const int *keep, int nkeep, struct wr_err *err);
+
 /**
  * Waits for a pid started by proc_spawn. timeout_ms < 0 waits forever. On timeout the process
  * is sent SIGKILL and waited for. Stores the wait status in *status.

@@ -14,13 +14,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/proc.h"
 #include "common/util.h"
 #include "net/netipc.h"
 #include "net/netns.h"
@@ -270,28 +270,14 @@ static int pidfd_of(pid_t pid)
     return (int)syscall(SYS_pidfd_open, pid, 0);
 }
 
-/* Starts `withruntime __net|__signer USER` with fds (mapped to 3, 4, ...) and nothing else. */
+/* Starts `withruntime __net|__signer USER` with fds as its 3, 4, ... and nothing else but
+ * stdio (its log lines go where the daemon's go). The common reaper (common/proc.h) collects it. */
 static pid_t spawn(const char *what, const char *user, const int *fds, int nfds, struct wr_err *err)
 {
-    char *argv[] = {"withruntime", (char *)what, (char *)user, NULL};
-    pid_t pid = fork();
-    if (pid < 0) {
-        wr_err_sys(err, errno, "starting the %s process", what);
-        return -1;
-    }
-    if (pid == 0) {
-        /* async-signal-safe calls only: the daemon has threads */
-        int moved[8];
-        for (int i = 0; i < nfds; i++)
-            moved[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 16);
-        for (int i = 0; i < nfds; i++)
-            if (moved[i] < 0 || dup2(moved[i], 3 + i) < 0)
-                _exit(127);
-        syscall(SYS_close_range, 3 + nfds, ~0U, 0);
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        execv("/proc/self/exe", argv);
-        _exit(127);
-    }
+    char *argv[] = {"/proc/self/exe", (char *)what, (char *)user, NULL};
+    pid_t pid = proc_spawn_keep(argv, NULL, -1, STDOUT_FILENO, STDERR_FILENO, fds, nfds, err);
+    if (pid < 0)
+        wr_err_prefix(err, "starting the %s process", what + 2);
     return pid;
 }
 
@@ -304,9 +290,11 @@ static void reap(pid_t *pid, int *pidfd, struct event **ev, const char *what)
     if (*pid > 0) {
         kill(*pid, SIGKILL);
         int st = 0;
-        while (waitpid(*pid, &st, 0) < 0 && errno == EINTR)
-            ;
-        if (WIFSIGNALED(st) && WTERMSIG(st) != SIGKILL)
+        struct wr_err e = {0};
+        if (proc_wait(*pid, &st, 5000, &e) < 0)
+            log_error(NULL, "egress.wait", "process=%s pid=%d error=\"%s\"", what, (int)*pid,
+                      e.msg);
+        else if (WIFSIGNALED(st) && WTERMSIG(st) != SIGKILL)
             log_error(NULL, "egress.crashed", "process=%s pid=%d signal=%d", what, (int)*pid,
                       WTERMSIG(st));
         else if (WIFEXITED(st) && WEXITSTATUS(st))
