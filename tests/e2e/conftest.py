@@ -263,8 +263,22 @@ class Daemon:
                 return leftovers, "killed after SIGTERM + 10 s"
         return leftovers, self.proc.returncode
 
-    def descendants(self):
-        """PIDs of every process below the daemon."""
+    def helpers(self):
+        """{"__net": pid, "__signer": pid}: the daemon's own helper processes, its children that
+        run the egress proxy and hold the CA key (src/net/netproc.h), while they run."""
+        out = {}
+        for pid in self._children().get(self.proc.pid, []):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            if len(argv) > 1 and argv[1] in (b"__net", b"__signer"):
+                out[argv[1].decode()] = pid
+        return out
+
+    @staticmethod
+    def _children():
         children = {}
         for d in os.listdir("/proc"):
             if not d.isdigit():
@@ -276,7 +290,15 @@ class Daemon:
                 continue
             ppid = int(stat.rsplit(b")", 1)[1].split()[1])
             children.setdefault(ppid, []).append(int(d))
-        out, todo = [], [self.proc.pid]
+        return children
+
+    def descendants(self):
+        """PIDs of every process below the daemon but its own helpers (helpers()), which live
+        as long as it does: what sandboxes and commands left."""
+        children = self._children()
+        own = set(self.helpers().values())
+        out, todo = [], [p for p in children.get(self.proc.pid, []) if p not in own]
+        out += todo
         while todo:
             p = todo.pop()
             for c in children.get(p, []):

@@ -55,19 +55,8 @@ def wait_for(what, probe, seconds=30, every=0.1):
 
 
 def helper_pids(d):
-    """{"__net": pid, "__signer": pid} of the daemon's own helper processes (children only)."""
-    out = {}
-    for pid in d.descendants():
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
-        except OSError:
-            continue
-        if ppid == d.proc.pid and len(argv) > 1 and argv[1] in (b"__net", b"__signer"):
-            out[argv[1].decode()] = pid
-    return out
+    """{"__net": pid, "__signer": pid} of the daemon's own helper processes."""
+    return d.helpers()
 
 
 def status(pid):
