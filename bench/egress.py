@@ -13,6 +13,12 @@ measures what that costs, against a fake internet in network namespaces of its o
     interleaved, medians, ratio proxy / direct; CPU seconds per GiB of the daemon (the proxy:
     with its egress process, where the proxy runs now),
     the sandbox (its cgroup), the fake server and the direct curl, to see where time goes;
+  * a second baseline for the same downloads, interleaved with them: the sandbox's curl against
+    a server in the daemon's gateway namespace (the fake server's own handler, on the sandbox's
+    slot gateway address, let through by two bench-only nft rules before the redirect to the
+    proxy), which shares the sandbox's network path (gVisor's netstack, the veth) without the
+    proxy. Ratios proxy / gateway (what the proxy costs) and gateway / direct (what that path
+    costs); CPU seconds per GiB of the sandbox and that server;
   * connection set-up: N small HTTPS GETs (a new curl and connection each), curl's
     time_namelookup / time_connect / time_appconnect / time_total, p50 / p90, in the sandbox
     (by name, through the sandbox's resolver and the proxy) and direct (--resolve);
@@ -28,15 +34,19 @@ measures what that costs, against a fake internet in network namespaces of its o
     state directory of its own that links the image of --image-state-dir.
 
 Writes bench/results/egress.json (with the commit measured) and egress.png, prints JSON on
-stdout. Cleans up (sandboxes, daemons by PID, state directories, the namespaces) on any exit.
+stdout, and the downloads' medians and ratios on stderr. Cleans up (the gateway server by PID
+and its rules, sandboxes, daemons by PID, state directories, the namespaces) on any exit.
 """
 
 import argparse
 import datetime
 import http.client
+import ipaddress
 import json
 import os
+import re
 import resource
+import select
 import shutil
 import signal
 import socket
@@ -66,6 +76,30 @@ SETUP_KEYS = ("namelookup", "connect", "appconnect", "starttransfer", "total")
 # What the sandbox's curl trusts: the one CA of the certificates it is shown, as the direct curl
 # has it. The proxy terminates TLS, so inside that is the daemon's CA (STATE_DIR/ca/ca.pem).
 SANDBOX_CA = "/tmp/daemon-ca.pem"
+GATEWAY_CA = "/tmp/gateway-ca.pem"  # the gateway server's own CA, in the sandbox
+GATEWAY_NAME = "gateway.test"  # its certificate's name; the sandbox's curl --resolve's it
+
+# The server of the gateway baseline, run in the daemon's gateway namespace by the host's
+# python: the fake internet's own HTTP handler and server classes (tests/e2e/fakeinet_server.py:
+# GET /bytes/<n> streamed a MiB at a time, with a Content-Length), so the baseline's server costs
+# what the fake server costs. argv: the directory of fakeinet_server.py, the address to bind
+# (the slot's gateway address; ports chosen by the kernel), its request log, certificate and key.
+# Prints "ready HTTP_PORT HTTPS_PORT"; EOF on stdin (the bench went away) ends it.
+GATEWAY_SERVER = r"""
+import os, sys, threading
+sys.path.insert(0, sys.argv[1])
+import fakeinet_server as f
+addr, log, cert, key = sys.argv[2:6]
+class State:
+    http_log = f.Log(log)
+plain = f.HTTPServer(State, "gateway", addr, 0)
+tls = f.HTTPServer(State, "gateway", addr, 0, f.tls_context(cert, key))
+for srv in (plain, tls):
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+print("ready", plain.server_port, tls.server_port, flush=True)
+sys.stdin.read()
+os._exit(0)
+"""
 
 # The lookup client, the same code inside the sandbox (image's python3, under gVisor) and in the
 # daemon's namespace (the host's python3): argv server, name, n; one UDP socket, one query at a
@@ -317,6 +351,167 @@ class Curl:
         return f"--cacert /tmp/ca.pem --resolve {HOST}:{port}:{self.net.addr(HOST)}"
 
 
+# ---------------------------------------------------------------- the gateway baseline
+
+def sandbox_resolver(d, sid):
+    """The nameserver of the sandbox's /etc/resolv.conf: its slot's gateway address."""
+    return d.exec(sid, "sed -n 's/^nameserver //p' /etc/resolv.conf")["stdout"].split()[0]
+
+
+class GatewayServer:
+    """A bench-only server in the daemon's gateway namespace, on the gateway address of one
+    sandbox's slot (its end of the veth, 10.200.x.(4k+1), which is also the sandbox's resolver):
+    the sandbox reaches it through gVisor's netstack and the veth as it reaches the proxy, but
+    the proxy is not in the way. Two rules let the bench's two ports through, for that sandbox's
+    interface and that address only: one at the top of chain `pre` (before the redirect to the
+    proxy) and one in chain `in` (policy drop). The namespace is held only by the daemon, by an
+    fd (src/net/gateway.c): it is entered by the daemon's /proc/<pid>/fd/<n>.
+
+    stop() deletes the rules and kills the server by PID; idempotent, safe after a start() that
+    failed halfway. The namespace goes with the daemon once the server is gone."""
+
+    def __init__(self, d, sid, workdir):
+        self.d, self.sid = d, sid
+        self.dir = os.path.join(workdir, "gateway")
+        self.addr = self.ns = self.ifname = None
+        self.ports = {}  # scheme -> port
+        self.proc = None
+        self.rules = []  # (chain, handle) of the rules added, to delete
+
+    @property
+    def pid(self):
+        return self.proc.pid  # nsenter execs the server: the same PID
+
+    def start(self):
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self):
+        self.addr = sandbox_resolver(self.d, self.sid)
+        a = ipaddress.ip_address(self.addr)
+        if a not in ipaddress.ip_network("10.200.0.0/16") or int(a) & 3 != 1:
+            raise RuntimeError(f"the sandbox's resolver {self.addr} is not a slot's gateway "
+                               "address (10.200.x.(4k+1))")
+        self.ns, self.ifname = self.find_ns()
+        os.makedirs(self.dir, exist_ok=True)
+        ca_pem, leaves = fakenet.make_certs(self.dir, [GATEWAY_NAME])
+        with open(ca_pem, "rb") as f:
+            self.d.write_file(self.sid, GATEWAY_CA, f.read())
+        cert, key = leaves[GATEWAY_NAME]
+        with open(os.path.join(self.dir, "server.stderr"), "ab") as err:
+            self.proc = subprocess.Popen(
+                ["nsenter", f"--net={self.ns}", "--", sys.executable, "-c", GATEWAY_SERVER,
+                 os.path.dirname(fakenet.SERVER), self.addr,
+                 os.path.join(self.dir, "http.jsonl"), cert, key],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                start_new_session=True)
+        line = self._read_line(15).split()
+        if len(line) != 3 or line[0] != "ready":
+            raise RuntimeError(f"gateway server did not start ({line!r}): {self._tail()}")
+        self.ports = {"http": int(line[1]), "https": int(line[2])}
+        match = (f'iifname "{self.ifname}" ip daddr {self.addr} '
+                 f'tcp dport {{ {self.ports["http"]}, {self.ports["https"]} }} accept')
+        self._rule("insert", "pre", match)  # at the top: before the redirect to the proxy
+        self._rule("add", "in", match)
+
+    def find_ns(self):
+        """(the path of the daemon's fd of its gateway namespace, the name of the sandbox's
+        interface there): the namespace where a wrs* link holds the sandbox's gateway address."""
+        pid = self.d.proc.pid
+        seen = set()
+        for fd in sorted(os.listdir(f"/proc/{pid}/fd"), key=int):
+            path = f"/proc/{pid}/fd/{fd}"
+            try:
+                link = os.readlink(path)
+            except OSError:
+                continue
+            if not link.startswith("net:[") or link in seen:
+                continue
+            seen.add(link)
+            r = subprocess.run(["nsenter", f"--net={path}", "--", "ip", "-4", "-j", "addr",
+                                "show", "to", f"{self.addr}/32"], stdin=subprocess.DEVNULL,
+                               capture_output=True, text=True, timeout=30)
+            if r.returncode != 0:
+                continue
+            for dev in json.loads(r.stdout or "[]"):
+                if dev.get("ifname", "").startswith("wrs") and any(
+                        x.get("local") == self.addr for x in dev.get("addr_info", [])):
+                    return path, dev["ifname"]
+        raise RuntimeError(f"no network namespace of the daemon (pid {pid}) has a wrs* link "
+                           f"with {self.addr}: is it the gateway's?")
+
+    def _nft(self, *words):
+        r = subprocess.run(["nsenter", f"--net={self.ns}", "--", "nft", *words],
+                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+        if r.returncode != 0:
+            raise RuntimeError(f"nft {' '.join(words)}: {r.stderr.strip()}")
+        return r.stdout
+
+    def _rule(self, verb, chain, match):
+        out = self._nft("--echo", "--handle", f"{verb} rule inet withruntime {chain} {match}")
+        m = re.search(r"# handle (\d+)", out)
+        if not m:
+            raise RuntimeError(f"nft {verb} rule in {chain}: no handle in {out!r}")
+        self.rules.append((chain, m.group(1)))
+
+    def _read_line(self, timeout):
+        fd, buf = self.proc.stdout.fileno(), b""
+        deadline = time.monotonic() + timeout
+        while not buf.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise RuntimeError(f"gateway server: no answer in {timeout} s: {self._tail()}")
+            b = os.read(fd, 256)
+            if not b:
+                raise RuntimeError(f"gateway server exited ({self.proc.poll()}): "
+                                   f"{self._tail()}")
+            buf += b
+        return buf.decode().strip()
+
+    def _tail(self):
+        try:
+            with open(os.path.join(self.dir, "server.stderr"), "rb") as f:
+                return f.read()[-1500:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def curl_args(self, scheme, path):
+        """curl's arguments in the sandbox for path of this server: --resolve, no lookup."""
+        port = self.ports[scheme]
+        tls = f"--cacert {GATEWAY_CA} " if scheme == "https" else ""
+        return (f"{tls}--resolve {GATEWAY_NAME}:{port}:{self.addr} "
+                f"{scheme}://{GATEWAY_NAME}:{port}{path}")
+
+    def stop(self):
+        while self.rules:
+            chain, handle = self.rules.pop()
+            try:
+                self._nft("delete", "rule", "inet", "withruntime", chain, "handle", handle)
+            except Exception as e:  # keep cleaning: the namespace goes with the daemon anyway
+                log(f"gateway: could not delete rule {handle} of {chain}: {e}")
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            try:
+                os.kill(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for f in (proc.stdin, proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            log(f"gateway server {proc.pid} did not exit")
+
+
 def parse_download(out, want):
     code, size, speed, total = out.split()
     if code != "200" or int(size) != want:
@@ -324,25 +519,36 @@ def parse_download(out, want):
     return {"mib_s": float(speed) / 2**20, "seconds": float(total)}
 
 
-def measure_downloads(args, d, curl, sid):
+def measure_downloads(args, d, curl, sid, gw):
+    """The same download four ways, each over HTTPS and HTTP, interleaved: in the sandbox
+    through the proxy (sandbox_*); in the sandbox from the gateway server, the same netstack and
+    veth without the proxy (sandbox_gateway_*, gw: a started GatewayServer); and direct."""
     size = args.mib << 20
-    url = {"https": f"https://{HOST}/bytes/{size}", "http": f"http://{HOST}/bytes/{size}"}
+    path = f"/bytes/{size}"
+    url = {"https": f"https://{HOST}{path}", "http": f"http://{HOST}{path}"}
     w = f"-w '{DL_FORMAT}'"
     srv = fakenet_server_pid(curl.net)
 
-    def in_sandbox(scheme):
-        t = (d.cpu_user_sys(), d.cpu_usec(sid), proc_cpu(srv))
-        r = d.exec(sid, f"curl -sS -m 240 -o /dev/null {w} --cacert {SANDBOX_CA} "
-                        f"{url[scheme]}")
+    def in_sandbox(what, opts, server, server_pid):
+        """curl opts in the sandbox; CPU of the daemon (the proxy), the sandbox and server."""
+        t = (d.cpu_user_sys(), d.cpu_usec(sid), proc_cpu(server_pid))
+        r = d.exec(sid, f"curl -sS -m 240 -o /dev/null {w} {opts}")
         if r["exit_code"] != 0:
-            raise RuntimeError(f"sandbox curl {scheme}: {str(r)[:500]}")
+            raise RuntimeError(f"sandbox curl {what}: {str(r)[:500]}")
         res = parse_download(r["stdout"], size)
         u, s = d.cpu_user_sys()
         res["cpu_s"] = {"daemon": u + s - sum(t[0]), "daemon_user": u - t[0][0],
                         "daemon_sys": s - t[0][1],
                         "sandbox": (d.cpu_usec(sid) - t[1]) / 1e6,
-                        "fake_server": proc_cpu(srv) - t[2]}
+                        server: proc_cpu(server_pid) - t[2]}
         return res
+
+    def proxied(scheme):
+        return in_sandbox(scheme, f"--cacert {SANDBOX_CA} {url[scheme]}", "fake_server", srv)
+
+    def gateway(scheme):
+        return in_sandbox(f"gateway {scheme}", gw.curl_args(scheme, path), "gateway_server",
+                          gw.pid)
 
     def direct(scheme):
         port = 443 if scheme == "https" else 80
@@ -353,14 +559,21 @@ def measure_downloads(args, d, curl, sid):
         res["cpu_s"] = {"curl": children_cpu() - t[0], "fake_server": proc_cpu(srv) - t[1]}
         return res
 
-    runs = {"sandbox_https": lambda: in_sandbox("https"),
+    runs = {"sandbox_https": lambda: proxied("https"),
+            "sandbox_gateway_https": lambda: gateway("https"),
             "direct_https": lambda: direct("https"),
-            "sandbox_http": lambda: in_sandbox("http"),
+            "sandbox_http": lambda: proxied("http"),
+            "sandbox_gateway_http": lambda: gateway("http"),
             "direct_http": lambda: direct("http")}
     log("download warm-up (1 MiB each way)")
     small = 1 << 20
     d.exec(sid, f"curl -sS -o /dev/null https://{HOST}/bytes/{small} "
                 f"-o /dev/null http://{HOST}/bytes/{small}")
+    for scheme in ("https", "http"):  # and a failure here says what is wrong, before the reps
+        r = d.exec(sid, f"curl -sS -m 60 -o /dev/null {gw.curl_args(scheme, f'/bytes/{small}')}")
+        if r["exit_code"] != 0:
+            raise RuntimeError(f"sandbox curl from the gateway server ({scheme}): "
+                               f"{str(r)[:500]}")
     curl.direct(f"curl -sS -o /dev/null {curl.resolve_opts(443)} https://{HOST}/bytes/{small}")
     samples = {k: [] for k in runs}
     names = list(runs)
@@ -384,6 +597,16 @@ def measure_downloads(args, d, curl, sid):
         out["sandbox_https"]["median_mib_s"] / out["direct_https"]["median_mib_s"], 3)
     out["ratio_proxy_over_direct_http"] = round(
         out["sandbox_http"]["median_mib_s"] / out["direct_http"]["median_mib_s"], 3)
+    for scheme in ("https", "http"):
+        # proxy / direct = (proxy / gateway) x (gateway / direct): what the proxy costs, and
+        # what the sandbox's own network path (gVisor's netstack, the veth) costs
+        gmed = out[f"sandbox_gateway_{scheme}"]["median_mib_s"]
+        out[f"ratio_proxy_over_gateway_{scheme}"] = round(
+            out[f"sandbox_{scheme}"]["median_mib_s"] / gmed, 3)
+        out[f"ratio_gateway_over_direct_{scheme}"] = round(
+            gmed / out[f"direct_{scheme}"]["median_mib_s"], 3)
+    out["gateway_server"] = {"name": GATEWAY_NAME, "addr": gw.addr, "ports": gw.ports,
+                             "interface": gw.ifname}
     out["goal_ratio"] = 0.8
     return out
 
@@ -467,7 +690,7 @@ def measure_lookup(args, d, net, sid):
     n = args.lookup_n
     log(f"name lookups: {n} of each kind in the sandbox, {n} direct")
     quoted = LOOKUP_CLIENT.replace("'", "'\\''")
-    ns = on_ns = d.exec(sid, "sed -n 's/^nameserver //p' /etc/resolv.conf")["stdout"].split()[0]
+    ns = on_ns = sandbox_resolver(d, sid)
     r = d.exec(sid, f"python3 -c '{quoted}' {ns} {HOST} {n} a,aaaa,gai", timeout=120)
     if r["exit_code"] != 0:
         raise RuntimeError(f"sandbox lookup client: {str(r)[:500]}")
@@ -527,7 +750,28 @@ def measure_create(args, on, off):
     return out
 
 
-# ---------------------------------------------------------------- chart
+# ---------------------------------------------------------------- summary and chart
+
+def summary(res):
+    """The downloads in a few lines for the log: medians, the ratios, CPU per GiB."""
+    dl = res["results"]["download"]
+    lines = [f"download {dl['size_mib']} MiB x{dl['repetitions']}, median MiB/s "
+             "(CPU s/GiB: the client (sandbox or direct curl), the daemon, the server):"]
+    for scheme in ("https", "http"):
+        for way in ("direct", "sandbox_gateway", "sandbox"):
+            k = f"{way}_{scheme}"
+            cpu = dl[k]["cpu_seconds_per_gib"]
+            server = cpu.get("fake_server", cpu.get("gateway_server"))
+            lines.append(f"  {k:22} {dl[k]['median_mib_s']:8.1f}   ("
+                         f"{cpu.get('sandbox', cpu.get('curl'))}, {cpu.get('daemon', '-')}, "
+                         f"{server})")
+        lines.append(f"  {scheme}: proxy/direct {dl[f'ratio_proxy_over_direct_{scheme}']:.3f}"
+                     f" = gateway/direct (gVisor's netstack, the veth) "
+                     f"{dl[f'ratio_gateway_over_direct_{scheme}']:.3f}"
+                     f" x proxy/gateway (the proxy) "
+                     f"{dl[f'ratio_proxy_over_gateway_{scheme}']:.3f}")
+    return "\n".join(lines)
+
 
 def chart(res, path):
     try:
@@ -542,21 +786,26 @@ def chart(res, path):
 
     ax = axes[0]
     dl = r["download"]
-    keys = ["direct_https", "sandbox_https", "direct_http", "sandbox_http"]
-    labels = ["HTTPS\ndirect", "HTTPS\nsandbox+proxy", "HTTP\ndirect", "HTTP\nsandbox+proxy"]
-    colors = ["#6a9f4a", "#3b6fb6", "#a8cf8e", "#9db7db"]
+    keys = ["direct_https", "sandbox_gateway_https", "sandbox_https",
+            "direct_http", "sandbox_gateway_http", "sandbox_http"]
+    labels = ["HTTPS\ndirect", "HTTPS\nsandbox→\ngateway", "HTTPS\nsandbox+\nproxy",
+              "HTTP\ndirect", "HTTP\nsandbox→\ngateway", "HTTP\nsandbox+\nproxy"]
+    colors = ["#6a9f4a", "#8e5ea2", "#3b6fb6", "#a8cf8e", "#c6a7d6", "#9db7db"]
     meds = [dl[k]["median_mib_s"] for k in keys]
     err = [[m - dl[k]["min_mib_s"] for m, k in zip(meds, keys)],
            [dl[k]["max_mib_s"] - m for m, k in zip(meds, keys)]]
-    ax.bar(range(4), meds, color=colors, yerr=err, capsize=4)
+    ax.bar(range(len(keys)), meds, color=colors, yerr=err, capsize=4)
     for x, (v, k) in enumerate(zip(meds, keys)):
         ax.text(x + 0.08, v, f"{v:.0f}", ha="left", va="bottom", fontsize=8)
-    ax.set_xticks(range(4))
-    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_xticks(range(len(keys)))
+    ax.set_xticklabels(labels, fontsize=7)
     ax.set_ylabel("MiB/s (median, min–max)")
-    ax.set_title(f"{dl['size_mib']} MiB download ×{dl['repetitions']}: proxy/direct "
-                 f"HTTPS {dl['ratio_proxy_over_direct_https']:.2f}, "
-                 f"HTTP {dl['ratio_proxy_over_direct_http']:.2f}", fontsize=9)
+    ax.set_title(f"{dl['size_mib']} MiB download ×{dl['repetitions']}; proxy/direct = "
+                 "gateway/direct × proxy/gateway:\n" + ", ".join(
+                     f"{sc.upper()} {dl[f'ratio_proxy_over_direct_{sc}']:.2f} = "
+                     f"{dl[f'ratio_gateway_over_direct_{sc}']:.2f} × "
+                     f"{dl[f'ratio_proxy_over_gateway_{sc}']:.2f}" for sc in ("https", "http")),
+                 fontsize=9)
 
     ax = axes[1]
     su = r["setup"]
@@ -664,7 +913,7 @@ def main():
 
     workdir = tempfile.mkdtemp(prefix="wr-egress-bench-")
     net = fakenet.FakeNet(workdir)
-    on = off = None
+    on = off = gw = None
     stop_now = []
 
     def on_term(signum, _frame):
@@ -685,8 +934,13 @@ def main():
         with open(os.path.join(on.state_dir, "ca", "ca.pem"), "rb") as f:
             on.write_file(sid, SANDBOX_CA, f.read())
         version = on.exec(sid, "curl --version | head -1")["stdout"].strip()
+        log("gateway server (the baseline without the proxy)")
+        gw = GatewayServer(on, sid, workdir).start()
+        log(f"gateway server pid {gw.pid} on {gw.addr} ports {gw.ports} ({gw.ifname})")
+        download = measure_downloads(args, on, curl, sid, gw)
+        gw.stop()
         results = {
-            "download": measure_downloads(args, on, curl, sid),
+            "download": download,
             "setup": measure_setup(args, on, curl, sid),
             "lookup": measure_lookup(args, on, net, sid),
         }
@@ -702,17 +956,27 @@ def main():
                        "create_n": args.create_n, "memory_mib": args.memory_mib,
                        "host": HOST, "policy": ALLOW, "rootfs": rootfs, "curl": version,
                        "direct_path": "nsenter --net=<host ns> + chroot into the image "
-                                      "rootfs: the image's curl, --resolve, --cacert"},
+                                      "rootfs: the image's curl, --resolve, --cacert",
+                       "gateway_path": "the sandbox's curl, --resolve to a server (the fake "
+                                       "internet's handler) on the slot's gateway address in "
+                                       "the daemon's gateway namespace, two nft accept rules "
+                                       "before the redirect to the proxy; --cacert its CA"},
             "results": results,
         }
         jpath = base.write_json(args.out, "egress.json", res)
         ppath = os.path.join(args.out, "egress.png")
         drew = chart(res, ppath)
         print(json.dumps(res, indent=2))
+        log(summary(res))
         log(f"wrote {jpath}" + (f" and {ppath}" if drew else "") +
             f" in {res['seconds']:.0f} s")
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if gw is not None:  # before the daemons: its rules are in their namespace
+            try:
+                gw.stop()
+            except Exception as e:
+                log(f"stopping the gateway server: {e}")
         for d in (on, off):
             if d is not None:
                 try:
