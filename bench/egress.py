@@ -494,21 +494,7 @@ class GatewayServer:
             except Exception as e:  # keep cleaning: the namespace goes with the daemon anyway
                 log(f"gateway: could not delete rule {handle} of {chain}: {e}")
         proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            try:
-                os.kill(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for f in (proc.stdin, proc.stdout):
-            try:
-                f.close()
-            except OSError:
-                pass
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
+        if proc is not None and not fakenet.kill_server(proc):
             log(f"gateway server {proc.pid} did not exit")
 
 

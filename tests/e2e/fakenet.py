@@ -201,6 +201,27 @@ def cleanup_stale():
 CA_ENV = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "PIP_CERT")
 
 
+def kill_server(proc, timeout=10):
+    """Stops a server started with pipes (a subprocess.Popen) by its PID: SIGKILL if it still
+    runs, its pipes closed, waited for. False if it did not exit within timeout."""
+    if proc.poll() is None:
+        try:
+            os.kill(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for f in (proc.stdin, proc.stdout):
+        try:
+            if f:
+                f.close()
+        except OSError:
+            pass
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
 def client_env(ca_pem, base=None, **extra):
     """An environment for a client talking to the fake internet: no proxy, no pip
     configuration (PIP_*), and ca_pem as the only trust for OpenSSL, requests, curl and pip."""
@@ -356,20 +377,7 @@ class FakeNet:
         namespaces. Idempotent; safe after a start() that failed halfway."""
         procs, self.proc = self.proc, None
         if procs is not None:
-            if procs.poll() is None:
-                try:
-                    os.kill(procs.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            for s in (procs.stdin, procs.stdout):
-                try:
-                    s.close()
-                except OSError:
-                    pass
-            try:
-                procs.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
+            kill_server(procs)
         errors = []
         for n in list(self._made_ns):
             path = f"/run/netns/{n}"

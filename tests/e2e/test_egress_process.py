@@ -22,7 +22,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 import fakenet  # noqa: E402
 from conftest import SandboxFactory  # noqa: E402
 from test_connections import serve_own  # noqa: E402
-from test_egress import ALLOW_PYPI, BLOCKED_WORDS, EgressDaemon, curl, denied, lookup  # noqa: E402,E501
+from test_egress import (ALLOW_PYPI, BLOCKED_WORDS, EgressDaemon, curl, denied,  # noqa: E402
+                         lookup)
 
 
 @pytest.fixture(scope="module")
