@@ -634,10 +634,12 @@ def parse_setup(out, n):
     return rows
 
 
-def measure_setup(args, d, curl, sid):
+def measure_setup(args, d, curl, sid, gw=None):
     """N small GETs, a new curl process and connection each: HTTPS (TLS done = appconnect) and
     plain HTTP (the proxy's first byte = starttransfer), in the sandbox by name through its
-    resolver and the proxy, and direct with --resolve. Both curls trust the fake CA alone."""
+    resolver and the proxy, and direct with --resolve. Both curls trust the fake CA alone.
+    With gw (GatewayServer) also in the sandbox from the gateway server (--resolve, no proxy):
+    what the sandbox's own network path costs a connection, told apart from the proxy."""
     n = args.setup_n
     w = f"-w '{SETUP_FORMAT}\\n'"
     out = {}
@@ -652,6 +654,13 @@ def measure_setup(args, d, curl, sid):
         sandbox = parse_setup(r["stdout"], n)
         direct = parse_setup(curl.direct(loop.replace("@OPTS@", curl.resolve_opts(port))), n)
         res = {"sandbox_by_name": setup_stats(sandbox), "direct_resolve": setup_stats(direct)}
+        if gw is not None:
+            gloop = (f"for i in $(seq {n}); do curl -sS -m 20 -o /dev/null {w} "
+                     f"{gw.curl_args(scheme, '/bytes/16')}; done")
+            r = d.exec(sid, gloop)
+            if r["exit_code"] != 0:
+                raise RuntimeError(f"sandbox gateway set-up loop: {str(r)[:500]}")
+            res["sandbox_gateway"] = setup_stats(parse_setup(r["stdout"], n))
         keys = ("appconnect", "total") if scheme == "https" else ("starttransfer", "total")
         for k in keys:
             for q in ("p50_ms", "p90_ms"):
@@ -924,10 +933,11 @@ def main():
         gw = GatewayServer(on, sid, workdir).start()
         log(f"gateway server pid {gw.pid} on {gw.addr} ports {gw.ports} ({gw.ifname})")
         download = measure_downloads(args, on, curl, sid, gw)
+        setup = measure_setup(args, on, curl, sid, gw)
         gw.stop()
         results = {
             "download": download,
-            "setup": measure_setup(args, on, curl, sid),
+            "setup": setup,
             "lookup": measure_lookup(args, on, net, sid),
         }
         on.delete(sid)
