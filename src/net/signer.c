@@ -294,6 +294,23 @@ static uint32_t next_id(struct signer_client *c)
     return c->last_id;
 }
 
+static void err_text(const struct signer_answer *a, char *out /* SIGNER_ERR_TEXT_MAX + 1 */);
+
+/* The signer closed while a request was on its way. If it said why first (an ERR to the HELLO,
+ * or to no message: it ended the session), that is the reason; else it has gone. */
+static int gone(struct signer_client *c, struct wr_err *err)
+{
+    ssize_t n = recv(c->sock, c->buf, sizeof(c->buf), MSG_DONTWAIT | MSG_TRUNC);
+    struct signer_answer a;
+    if (n > 0 && (size_t)n <= sizeof(c->buf) && signer_answer_parse(c->buf, (size_t)n, &a) == 0 &&
+        a.type == SIGNER_ERR && (a.id == 0 || a.id == c->hello_id)) {
+        char text[SIGNER_ERR_TEXT_MAX + 1];
+        err_text(&a, text);
+        return session_over(c, EPROTO, err, "the signer ended the session: %s", text);
+    }
+    return session_over(c, EPIPE, err, "the signer has gone");
+}
+
 static int send_request(struct signer_client *c, enum signer_type type, uint32_t id,
                         const void *body, size_t len, struct wr_err *err)
 {
@@ -311,7 +328,7 @@ static int send_request(struct signer_client *c, enum signer_type type, uint32_t
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) /* it may catch up: not over */
         return wr_err_set(err, EAGAIN, "signer: not taking requests (its socket is full)");
     if (n < 0 && (errno == EPIPE || errno == ECONNRESET || errno == ENOTCONN))
-        return session_over(c, EPIPE, err, "the signer has gone");
+        return gone(c, err);
     return session_over(c, n < 0 ? errno : EMSGSIZE, err, "sending: %s",
                         strerror(n < 0 ? errno : EMSGSIZE));
 }
