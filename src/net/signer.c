@@ -301,6 +301,8 @@ static void err_text(const struct signer_answer *a, char *out /* SIGNER_ERR_TEXT
 static int gone(struct signer_client *c, struct wr_err *err)
 {
     ssize_t n = recv(c->sock, c->buf, sizeof(c->buf), MSG_DONTWAIT | MSG_TRUNC);
+    if (n < 0 && errno == ECONNRESET) /* reported once, before what is queued */
+        n = recv(c->sock, c->buf, sizeof(c->buf), MSG_DONTWAIT | MSG_TRUNC);
     struct signer_answer a;
     if (n > 0 && (size_t)n <= sizeof(c->buf) && signer_answer_parse(c->buf, (size_t)n, &a) == 0 &&
         a.type == SIGNER_ERR && (a.id == 0 || a.id == c->hello_id)) {
@@ -424,7 +426,7 @@ static X509 *await_answer(struct signer_client *c, uint32_t id, const char *host
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
             continue;
         if (n < 0 && errno == ECONNRESET)
-            n = 0;
+            continue; /* reported once, before what the signer sent ahead of its close */
         if (n < 0) {
             session_over(c, errno, err, "receiving: %s", strerror(errno));
             return NULL;
