@@ -13,7 +13,6 @@ import pwd
 import signal
 import stat
 import sys
-import time
 
 import pytest
 
@@ -22,6 +21,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import fakenet  # noqa: E402
 from conftest import SandboxFactory  # noqa: E402
 from test_connections import serve_own  # noqa: E402
+from test_egress_bounds import wait_for  # noqa: E402
 from test_egress import (ALLOW_PYPI, BLOCKED_WORDS, EgressDaemon, curl, denied,  # noqa: E402
                          lookup)
 
@@ -42,17 +42,6 @@ def sb(egress):
     f = SandboxFactory(egress.client)
     yield f
     f.cleanup()
-
-
-def wait_for(what, probe, seconds=30, every=0.1):
-    deadline = time.monotonic() + seconds
-    while True:
-        v = probe()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(every)
 
 
 def helper_pids(d):
@@ -88,7 +77,7 @@ def restarted(d, before):
                 h["restarts"] >= 1):
             return now
         return None
-    return wait_for("the egress process and its signer to be started again", probe)
+    return wait_for("the egress process and its signer to be started again", probe, 30)
 
 
 def test_both_run_unprivileged_under_seccomp_and_only_the_signer_holds_the_key(egress):
