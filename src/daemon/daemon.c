@@ -160,13 +160,10 @@ static char *read_pem(const char *path, const char *what, struct wr_err *err)
     return buf;
 }
 
-/* What sandboxes trust besides their image's bundle: the daemon's CA (if networking made one)
- * and --extra-ca-file's certificates. */
-static int read_trust(struct daemon *d, const char *ca_path, struct wr_err *err)
+/* What sandboxes trust besides their image's bundle: the daemon's CA (ca, its PEM text, taken;
+ * NULL if networking made none) and --extra-ca-file's certificates. */
+static int read_trust(struct daemon *d, char *ca, struct wr_err *err)
 {
-    char *ca = ca_path ? read_pem(ca_path, "the daemon's CA", err) : NULL;
-    if (ca_path && !ca)
-        return -1;
     char *extra = NULL;
     if (d->cfg.extra_ca_file[0] &&
         !(extra = read_pem(d->cfg.extra_ca_file, "--extra-ca-file", err))) {
@@ -234,16 +231,21 @@ static int open_gateway(struct daemon *d, struct wr_err *err)
         .slot_state = gw_slot_state, .denied = gw_denied, .allowed = gw_allowed};
     struct wr_err e = {0};
     char cert[PATH_MAX], key[PATH_MAX];
+    char *ca = NULL; /* the CA's text: for the egress process, and for sandboxes to trust */
     if (ensure_ca(d, cert, key, sizeof(cert), &e) == 0) {
+        if (!(ca = read_pem(cert, "the daemon's CA", err)))
+            return -1;
         gc.ca_cert = cert;
         gc.ca_key = key;
+        gc.ca_cert_pem = ca;
         gc.upstream_extra_ca = cfg->extra_ca_file[0] ? cfg->extra_ca_file : NULL;
         d->gw = gateway_open(d->base, &gc, &hooks, d, &e);
     }
     if (d->gw) {
         d->gw_error[0] = '\0';
-        return read_trust(d, cert, err);
+        return read_trust(d, ca, err);
     }
+    free(ca);
     snprintf(d->gw_error, sizeof(d->gw_error), "this host cannot run sandbox networking: %s",
              e.msg);
     if (!strcmp(cfg->egress, "on")) {

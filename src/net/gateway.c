@@ -349,7 +349,6 @@ static void proc_down(struct gateway *g, const char *why)
         g->backoff_ms = 0;
     int delay = g->backoff_ms;
     g->backoff_ms = g->backoff_ms ? (g->backoff_ms * 2 > 5000 ? 5000 : g->backoff_ms * 2) : 100;
-    g->seen.egress_restarts = 0;
     g->base_stats.egress_restarts++;
     struct timeval tv = {.tv_sec = delay / 1000, .tv_usec = (delay % 1000) * 1000};
     event_add(g->ev_restart, &tv);
@@ -487,21 +486,6 @@ static int make_listener(struct gateway *g, struct wr_err *err)
     return fd;
 }
 
-/* The CA certificate's text, for the egress process (which never sees the key). */
-static char *read_small(const char *path, struct wr_err *err)
-{
-    FILE *f = fopen(path, "re");
-    if (!f) {
-        wr_err_sys(err, errno, "%s", path);
-        return NULL;
-    }
-    char *buf = xmalloc(65537);
-    size_t n = fread(buf, 1, 65536, f);
-    fclose(f);
-    buf[n] = '\0';
-    return buf;
-}
-
 struct gateway *gateway_open(struct event_base *base, const struct gateway_config *cfg,
                              const struct gateway_hooks *hooks, void *ctx, struct wr_err *err)
 {
@@ -541,16 +525,15 @@ struct gateway *gateway_open(struct event_base *base, const struct gateway_confi
     }
     if ((g->listen_fd = make_listener(g, err)) < 0)
         goto fail;
-    if (cfg->ca_cert && cfg->ca_key) {
+    if (cfg->ca_cert && cfg->ca_key && cfg->ca_cert_pem) {
         snprintf(g->ca_cert, sizeof(g->ca_cert), "%s", cfg->ca_cert);
         snprintf(g->ca_key, sizeof(g->ca_key), "%s", cfg->ca_key);
-        if (!(g->ca_pem = read_small(cfg->ca_cert, err)))
-            goto fail;
+        g->ca_pem = xstrdup(cfg->ca_cert_pem);
     }
     if (cfg->upstream_extra_ca)
         snprintf(g->extra_ca, sizeof(g->extra_ca), "%s", cfg->upstream_extra_ca);
-    /* the paths are the caller's, for this call only */
-    g->cfg.ca_cert = g->cfg.ca_key = g->cfg.upstream_extra_ca = NULL;
+    /* the paths and the text are the caller's, for this call only */
+    g->cfg.ca_cert = g->cfg.ca_key = g->cfg.upstream_extra_ca = g->cfg.ca_cert_pem = NULL;
     if (!g->ev_restart || proc_start(g, 1, err) < 0) {
         wr_err_prefix(err, "the egress process");
         goto fail;

@@ -55,6 +55,9 @@ struct gateway_config {
     /* The daemon's CA, which signs what the proxy shows sandboxes when it terminates their TLS;
        and certificates the proxy trusts upstream besides the system's (NULL: none). */
     const char *ca_cert, *ca_key, *upstream_extra_ca;
+    /* The CA certificate's text (what ca_cert holds), which the egress process gets: it never
+       sees the key. Required with ca_cert. */
+    const char *ca_cert_pem;
     /* The proxy's cap on connections from all sandboxes (0: PROXY_MAX_CONNS); the daemon sizes
        it to its fd limit (proxy_conns_for_fds). */
     int proxy_max_conns;

@@ -40,8 +40,8 @@ struct np_slot {
     int used;
     char id[GATEWAY_ID_MAX + 1];
     json_t *policy;
-    json_t *inject_json; /* holds the strings inject points at */
-    struct inject inject[32];
+    json_t *inject_json;      /* holds the strings inject points at */
+    struct inject inject[32]; /* SANDBOX_SECRETS_MAX (daemon/secrets.h): all one sandbox has */
     size_t ninject;
     struct resolver *resolver;
     int dns_fd;         /* a resolver to start on it (-1: none) */
